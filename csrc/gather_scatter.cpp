@@ -1,0 +1,251 @@
+// Fused gather-scatter on CPU: out[i] = REDUCE_{e in row i} w[e] * x[col[e]].
+// Forward is parallel over CSR rows (targets), backward over rows of the transpose
+// (sources): each output row is owned by one thread, so there are no atomics and the
+// result does not depend on the thread count.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <torch/extension.h>
+
+#include <limits>
+
+#include "reducer.h"
+
+namespace gnnfuse {
+namespace {
+
+// Features are processed in tiles so the accumulator stays in L1 for very wide rows.
+constexpr int64_t kTile = 512;
+// Source rows are prefetched this many edges ahead; they are random reads into x.
+constexpr int64_t kPrefetchDistance = 4;
+
+template <typename scalar_t>
+inline void prefetch_row(const scalar_t* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(scalar_t));
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 1);
+}
+
+template <typename scalar_t, typename index_t, Reduce R>
+void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col,
+                    const scalar_t* weight, scalar_t* out, index_t* arg,
+                    int64_t num_rows, int64_t F) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Red = Reducer<R>;
+  parallel_over_rows(rowptr, num_rows, [&](int64_t row_begin, int64_t row_end) {
+    acc_t acc[kTile];
+    index_t win[kTile];
+    for (int64_t row = row_begin; row < row_end; ++row) {
+      const int64_t e0 = rowptr[row], e1 = rowptr[row + 1];
+      scalar_t* out_row = out + row * F;
+      if (e0 == e1) {  // empty row: 0 (and no winner)
+        std::fill(out_row, out_row + F, scalar_t(0));
+        if constexpr (Red::kTracksArg) std::fill(arg + row * F, arg + (row + 1) * F, index_t(-1));
+        continue;
+      }
+      for (int64_t f0 = 0; f0 < F; f0 += kTile) {
+        const int64_t nf = std::min(kTile, F - f0);
+        {  // the first edge initialises, so no identity value (and no -inf special case) is needed
+          const acc_t w = weight ? acc_t(weight[e0]) : acc_t(1);
+          const scalar_t* xr = x + static_cast<int64_t>(col[e0]) * F + f0;
+#pragma omp simd
+          for (int64_t f = 0; f < nf; ++f) acc[f] = w * acc_t(xr[f]);
+          if constexpr (Red::kTracksArg) std::fill(win, win + nf, index_t(e0));
+        }
+        for (int64_t e = e0 + 1; e < e1; ++e) {
+          if (e + kPrefetchDistance < e1) {
+            prefetch_row(x + static_cast<int64_t>(col[e + kPrefetchDistance]) * F + f0, nf);
+          }
+          const acc_t w = weight ? acc_t(weight[e]) : acc_t(1);
+          const scalar_t* xr = x + static_cast<int64_t>(col[e]) * F + f0;
+          if constexpr (Red::kTracksArg) {
+            for (int64_t f = 0; f < nf; ++f) {
+              if (Red::update(acc[f], w * acc_t(xr[f]))) win[f] = static_cast<index_t>(e);
+            }
+          } else {
+#pragma omp simd
+            for (int64_t f = 0; f < nf; ++f) Red::update(acc[f], w * acc_t(xr[f]));
+          }
+        }
+        for (int64_t f = 0; f < nf; ++f) out_row[f0 + f] = scalar_t(Red::finish(acc[f], e1 - e0));
+        if constexpr (Red::kTracksArg) std::copy(win, win + nf, arg + row * F + f0);
+      }
+    }
+  });
+}
+
+// For reduce="mul": per (row, feature) the product of the non-zero messages and the number
+// of zero messages, so the backward can form exclusive products without dividing by zero.
+template <typename scalar_t, typename index_t>
+void mul_zero_stats(const scalar_t* x, const index_t* rowptr, const index_t* col,
+                    const scalar_t* weight, at::opmath_type<scalar_t>* prod_nonzero,
+                    int32_t* zero_count, int64_t num_rows, int64_t F) {
+  using acc_t = at::opmath_type<scalar_t>;
+  parallel_over_rows(rowptr, num_rows, [&](int64_t row_begin, int64_t row_end) {
+    for (int64_t row = row_begin; row < row_end; ++row) {
+      acc_t* prod = prod_nonzero + row * F;
+      int32_t* zeros = zero_count + row * F;
+      std::fill(prod, prod + F, acc_t(1));
+      std::fill(zeros, zeros + F, 0);
+      for (int64_t e = rowptr[row]; e < rowptr[row + 1]; ++e) {
+        const acc_t w = weight ? acc_t(weight[e]) : acc_t(1);
+        const scalar_t* xr = x + static_cast<int64_t>(col[e]) * F;
+        for (int64_t f = 0; f < F; ++f) {
+          const acc_t m = w * acc_t(xr[f]);
+          if (m == acc_t(0)) zeros[f] += 1; else prod[f] *= m;
+        }
+      }
+    }
+  });
+}
+
+// Backward over the transpose: for source row j and each edge e = (j -> i) at CSR position p,
+// the gradient of the message m[e, f] = w[e] * x[j, f] is dm = grad_out[i, f] * dOut/dm, and
+//   grad_x[j, f] += dm * w[e],   grad_w[p] = sum_f dm * x[j, f].
+// Each edge is visited once by the thread owning its source row: no atomics, no E x F buffer.
+template <typename scalar_t, typename index_t, Reduce R>
+void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t* rowptr,
+                     const scalar_t* weight, const index_t* t_rowptr, const index_t* t_col,
+                     const index_t* t_pos, const index_t* arg,
+                     const at::opmath_type<scalar_t>* prod_nonzero, const int32_t* zero_count,
+                     scalar_t* grad_x, scalar_t* grad_w, int64_t num_src, int64_t F) {
+  using acc_t = at::opmath_type<scalar_t>;
+  parallel_over_rows(t_rowptr, num_src, [&](int64_t src_begin, int64_t src_end) {
+    std::vector<acc_t> gx(F);
+    for (int64_t j = src_begin; j < src_end; ++j) {
+      std::fill(gx.begin(), gx.end(), acc_t(0));
+      const scalar_t* xj = x + j * F;
+      for (int64_t q = t_rowptr[j]; q < t_rowptr[j + 1]; ++q) {
+        const int64_t i = t_col[q];
+        const int64_t p = t_pos[q];
+        const acc_t w = weight ? acc_t(weight[p]) : acc_t(1);
+        const scalar_t* go = grad_out + i * F;
+        acc_t dot = 0;
+        if constexpr (R == Reduce::Sum || R == Reduce::Mean) {
+          const acc_t scale = (R == Reduce::Mean) ? acc_t(1) / acc_t(rowptr[i + 1] - rowptr[i]) : acc_t(1);
+#pragma omp simd reduction(+ : dot)
+          for (int64_t f = 0; f < F; ++f) {
+            const acc_t dm = acc_t(go[f]) * scale;
+            gx[f] += dm * w;
+            dot += dm * acc_t(xj[f]);
+          }
+        } else if constexpr (R == Reduce::Max || R == Reduce::Min) {
+          const index_t* winner = arg + i * F;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t f = 0; f < F; ++f) {
+            const acc_t dm = (winner[f] == p) ? acc_t(go[f]) : acc_t(0);
+            gx[f] += dm * w;
+            dot += dm * acc_t(xj[f]);
+          }
+        } else {  // Mul: dOut/dm = product of the other messages of the row
+          const acc_t* prod = prod_nonzero + i * F;
+          const int32_t* zeros = zero_count + i * F;
+          for (int64_t f = 0; f < F; ++f) {
+            const acc_t m = w * acc_t(xj[f]);
+            acc_t others = 0;
+            if (zeros[f] == 0) others = prod[f] / m;
+            else if (zeros[f] == 1 && m == acc_t(0)) others = prod[f];
+            const acc_t dm = acc_t(go[f]) * others;
+            gx[f] += dm * w;
+            dot += dm * acc_t(xj[f]);
+          }
+        }
+        if (grad_w) grad_w[p] = scalar_t(dot);
+      }
+      if (grad_x) {
+        scalar_t* gxj = grad_x + j * F;
+        for (int64_t f = 0; f < F; ++f) gxj[f] = scalar_t(gx[f]);
+      }
+    }
+  });
+}
+
+void check_csr_args(const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,
+                    const c10::optional<at::Tensor>& weight) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "gather_scatter: x must be a contiguous 2-D tensor");
+  TORCH_CHECK(rowptr.dim() == 1 && col.dim() == 1 && rowptr.is_contiguous() && col.is_contiguous(),
+              "gather_scatter: rowptr and col must be contiguous 1-D tensors");
+  TORCH_CHECK(rowptr.scalar_type() == col.scalar_type(), "gather_scatter: rowptr and col dtypes differ");
+  if (weight.has_value()) {
+    TORCH_CHECK(weight->dim() == 1 && weight->is_contiguous() && weight->numel() == col.numel() &&
+                    weight->scalar_type() == x.scalar_type(),
+                "gather_scatter: weight must be a contiguous [E] tensor with x's dtype");
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> gather_scatter_forward(const at::Tensor& x, const at::Tensor& rowptr,
+                                                          const at::Tensor& col,
+                                                          const c10::optional<at::Tensor>& weight,
+                                                          const std::string& reduce_name) {
+  check_csr_args(x, rowptr, col, weight);
+  const Reduce reduce = parse_reduce(reduce_name);
+  const int64_t num_rows = rowptr.numel() - 1, F = x.size(1);
+  auto out = at::empty({num_rows, F}, x.options());
+  const bool tracks_arg = reduce == Reduce::Max || reduce == Reduce::Min;
+  auto arg = at::empty({tracks_arg ? num_rows : 0, tracks_arg ? F : 0}, rowptr.options());
+  if (num_rows == 0 || F == 0) return {out, arg};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gather_scatter_forward", [&] {
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gather_scatter_forward_index", [&] {
+      dispatch_reduce(reduce, [&](auto rc) {
+        forward_kernel<scalar_t, index_t, decltype(rc)::value>(
+            x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(),
+            weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr, out.data_ptr<scalar_t>(),
+            tracks_arg ? arg.data_ptr<index_t>() : nullptr, num_rows, F);
+      });
+    });
+  });
+  return {out, arg};
+}
+
+std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
+    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,
+    const c10::optional<at::Tensor>& weight, const at::Tensor& t_rowptr, const at::Tensor& t_col,
+    const at::Tensor& t_pos, const at::Tensor& arg, const std::string& reduce_name, bool need_x_grad,
+    bool need_weight_grad) {
+  check_csr_args(x, rowptr, col, weight);
+  TORCH_CHECK(grad_out.is_contiguous() && grad_out.size(0) == rowptr.numel() - 1 && grad_out.size(1) == x.size(1),
+              "gather_scatter_backward: grad_out must be contiguous [num_rows, F]");
+  TORCH_CHECK(t_rowptr.numel() - 1 <= x.size(0), "gather_scatter_backward: transpose has more rows than x");
+  const Reduce reduce = parse_reduce(reduce_name);
+  const int64_t num_rows = rowptr.numel() - 1, F = x.size(1), num_src = t_rowptr.numel() - 1;
+  // Sources past the transpose's last row have no edges: their gradient stays 0.
+  auto grad_x = need_x_grad ? at::zeros_like(x) : at::empty({0}, x.options());
+  auto grad_w = (need_weight_grad && weight.has_value()) ? at::zeros({col.numel()}, x.options())
+                                                        : at::empty({0}, x.options());
+  if (num_rows == 0 || F == 0 || col.numel() == 0 || (!need_x_grad && grad_w.numel() == 0)) {
+    return {grad_x, grad_w};
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gather_scatter_backward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gather_scatter_backward_index", [&] {
+      const scalar_t* w = weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr;
+      at::Tensor prod_nonzero, zero_count;
+      if (reduce == Reduce::Mul) {
+        prod_nonzero = at::empty({num_rows, F}, x.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+        zero_count = at::empty({num_rows, F}, x.options().dtype(at::kInt));
+        mul_zero_stats<scalar_t, index_t>(x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(),
+                                          col.data_ptr<index_t>(), w, prod_nonzero.data_ptr<acc_t>(),
+                                          zero_count.data_ptr<int32_t>(), num_rows, F);
+      }
+      dispatch_reduce(reduce, [&](auto rc) {
+        backward_kernel<scalar_t, index_t, decltype(rc)::value>(
+            grad_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(), w,
+            t_rowptr.data_ptr<index_t>(), t_col.data_ptr<index_t>(), t_pos.data_ptr<index_t>(),
+            arg.numel() ? arg.data_ptr<index_t>() : nullptr,
+            prod_nonzero.defined() ? prod_nonzero.data_ptr<acc_t>() : nullptr,
+            zero_count.defined() ? zero_count.data_ptr<int32_t>() : nullptr,
+            need_x_grad ? grad_x.data_ptr<scalar_t>() : nullptr,
+            grad_w.numel() ? grad_w.data_ptr<scalar_t>() : nullptr, num_src, F);
+      });
+    });
+  });
+  return {grad_x, grad_w};
+}
+
+}  // namespace
+
+void register_gather_scatter(pybind11::module& m) {
+  m.def("gather_scatter_forward", &gather_scatter_forward);
+  m.def("gather_scatter_backward", &gather_scatter_backward);
+}
+
+}  // namespace gnnfuse

@@ -1,0 +1,106 @@
+// Compile-time reductions: every kernel body is written once and instantiated per Reduce.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace gnnfuse {
+
+enum class Reduce { Sum, Mean, Max, Min, Mul };
+
+inline Reduce parse_reduce(const std::string& name) {
+  if (name == "sum") return Reduce::Sum;
+  if (name == "mean") return Reduce::Mean;
+  if (name == "max") return Reduce::Max;
+  if (name == "min") return Reduce::Min;
+  if (name == "mul") return Reduce::Mul;
+  TORCH_CHECK_VALUE(false, "reduce must be one of sum, mean, max, min, mul; got '", name, "'");
+}
+
+template <Reduce R>
+struct Reducer {
+  static constexpr bool kTracksArg = (R == Reduce::Max || R == Reduce::Min);
+
+  // Folds message `v` into `acc`. Returns true when `v` becomes the new winner (max/min).
+  // The comparison is strict, so ties keep the lowest CSR position; a NaN wins once and
+  // then sticks, which matches torch.scatter_reduce's NaN propagation.
+  template <typename T>
+  static inline bool update(T& acc, T v) {
+    if constexpr (R == Reduce::Sum || R == Reduce::Mean) {
+      acc += v;
+      return false;
+    } else if constexpr (R == Reduce::Mul) {
+      acc *= v;
+      return false;
+    } else {
+      const bool better = (R == Reduce::Max) ? (v > acc) : (v < acc);
+      const bool win = better || (v != v && acc == acc);
+      if (win) acc = v;
+      return win;
+    }
+  }
+
+  template <typename T>
+  static inline T finish(T acc, int64_t count) {
+    if constexpr (R == Reduce::Mean) {
+      return acc / static_cast<T>(count);
+    } else {
+      return acc;
+    }
+  }
+};
+
+// Calls fn(std::integral_constant<Reduce, R>{}) for the runtime value `r`.
+template <typename Fn>
+void dispatch_reduce(Reduce r, Fn&& fn) {
+  using RC = std::integral_constant<Reduce, Reduce::Sum>;
+  switch (r) {
+    case Reduce::Sum: fn(RC{}); break;
+    case Reduce::Mean: fn(std::integral_constant<Reduce, Reduce::Mean>{}); break;
+    case Reduce::Max: fn(std::integral_constant<Reduce, Reduce::Max>{}); break;
+    case Reduce::Min: fn(std::integral_constant<Reduce, Reduce::Min>{}); break;
+    case Reduce::Mul: fn(std::integral_constant<Reduce, Reduce::Mul>{}); break;
+  }
+}
+
+// Runs fn(row_begin, row_end) over [0, num_rows) in parallel. Rows are split so that each
+// part holds about the same number of edges + rows (power-law graphs stay balanced), and a
+// row is never split, so every row is reduced by one thread in CSR order: results are
+// bitwise identical for any thread count.
+template <typename index_t, typename Fn>
+void parallel_over_rows(const index_t* rowptr, int64_t num_rows, Fn&& fn) {
+  if (num_rows <= 0) return;
+  const int64_t total = static_cast<int64_t>(rowptr[num_rows]) + num_rows;
+  constexpr int64_t kMinWorkPerPart = 1 << 14;  // below this, threads cost more than they save
+  int64_t parts = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, total / kMinWorkPerPart));
+  parts = std::min(parts, num_rows);
+  if (parts <= 1) {
+    fn(int64_t{0}, num_rows);
+    return;
+  }
+  std::vector<int64_t> split(parts + 1);
+  split[0] = 0;
+  split[parts] = num_rows;
+  for (int64_t p = 1; p < parts; ++p) {
+    const int64_t target = total * p / parts;
+    int64_t lo = split[p - 1], hi = num_rows;  // first row r with rowptr[r] + r >= target
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (static_cast<int64_t>(rowptr[mid]) + mid < target) lo = mid + 1; else hi = mid;
+    }
+    split[p] = lo;
+  }
+  at::parallel_for(0, parts, 1, [&](int64_t pb, int64_t pe) {
+    for (int64_t p = pb; p < pe; ++p) {
+      if (split[p] < split[p + 1]) fn(split[p], split[p + 1]);
+    }
+  });
+}
+
+}  // namespace gnnfuse

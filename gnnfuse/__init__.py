@@ -1,0 +1,8 @@
+"""gnnfuse: fused gather-scatter message passing for PyTorch."""
+__version__ = "0.1.0"
+
+from .csr import CSR
+from .explain import KernelPlan, explain, show_config
+from .ops.gather_scatter import REDUCTIONS, fused_gather_scatter
+
+__all__ = ["CSR", "KernelPlan", "REDUCTIONS", "explain", "fused_gather_scatter", "show_config"]

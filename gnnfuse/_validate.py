@@ -1,0 +1,68 @@
+"""Argument checks shared by every op. They look only at shapes, dtypes and devices (never at
+index values, which would need a host sync and break torch.compile); value checks live in
+the kernels."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INT32_MAX = 2**31 - 1
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+def require_tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def require_floating(name: str, t: torch.Tensor, allowed: Sequence[torch.dtype] = VALUE_DTYPES) -> None:
+    if t.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise TypeError(f"{name} must have a floating dtype ({names}); got {_describe(t)}")
+
+
+def require_index(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be an int32 or int64 tensor; got {_describe(t)}")
+
+
+def require_shape(name: str, t: torch.Tensor, expected: str, ok: bool) -> None:
+    if not ok:
+        raise ValueError(f"{name} must have shape {expected}; got {_describe(t)}")
+
+
+def require_same_device(**tensors: torch.Tensor | None) -> torch.device:
+    present = {k: v for k, v in tensors.items() if v is not None}
+    devices = {v.device for v in present.values()}
+    if len(devices) > 1:
+        listing = ", ".join(f"{k} on {v.device}" for k, v in present.items())
+        raise ValueError(f"all tensors must be on one device; got {listing}")
+    return next(iter(devices))
+
+
+def require_choice(name: str, value: object, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def require_fits_index(name: str, dtype: torch.dtype, **counts: int) -> None:
+    """int32 indices can address at most 2**31 - 1 nodes and edges."""
+    if dtype != torch.int32:
+        return
+    for what, n in counts.items():
+        if n > INT32_MAX:
+            raise ValueError(f"{name} is int32 but the graph has {n} {what} (> 2**31 - 1); use int64 indices")
+
+
+def require_node_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int; got {value!r}")
+    return value

@@ -1,0 +1,177 @@
+"""``gnnfuse.fused_gather_scatter``: out[i] = REDUCE_{e: dst[e] == i} w[e] * x[src[e]].
+
+Layers, top to bottom:
+  * :func:`fused_gather_scatter` - public API: validation, CSR lookup, backend choice;
+  * ``gnnfuse::gather_scatter`` - the torch.library op on a CSR, with fake and autograd rules;
+  * ``gnnfuse::gather_scatter_backward`` - gradients for x and the edge weights, one op for
+    every reduction (its own derivative is not implemented: double backward raises).
+Kernels: C++ in csrc/gather_scatter.cpp (CPU). No E x F tensor is built, forward or backward.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import reference
+from .._build import load_extension
+from .._validate import (
+    require_choice,
+    require_floating,
+    require_index,
+    require_node_count,
+    require_same_device,
+    require_shape,
+    require_tensor,
+)
+from ..csr import CSR, check_edge_index, csr_for_edge_index
+from ._library import define, no_triton_yet, resolve_backend
+
+REDUCTIONS = ("sum", "mean", "max", "min", "mul")
+ARG_REDUCTIONS = ("max", "min")  # reductions whose forward records the winning edge
+
+OP = define(
+    "gather_scatter(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
+    "Tensor? t_pos, str reduce) -> (Tensor, Tensor)"
+)
+BACKWARD_OP = define(
+    "gather_scatter_backward(Tensor grad_out, Tensor x, Tensor rowptr, Tensor col, Tensor? weight, "
+    "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, str reduce, bool need_x_grad, "
+    "bool need_weight_grad) -> (Tensor, Tensor)"
+)
+# The op's signature: x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order with
+# x's dtype; t_* the cached transpose (only needed for backward; pass them when gradients are
+# wanted). Returns out [N_dst, F] and arg [N_dst, F] (winning CSR position for max/min, -1 for
+# empty rows; shape [0, 0] for other reductions).
+
+
+# ---- kernels --------------------------------------------------------------------------------
+@torch.library.impl(OP, "cpu")
+def _forward_cpu(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
+    return tuple(load_extension().gather_scatter_forward(x, rowptr, col, weight, reduce))
+
+
+@torch.library.impl(BACKWARD_OP, "cpu")
+def _backward_cpu(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
+    return tuple(
+        load_extension().gather_scatter_backward(
+            grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad
+        )
+    )
+
+
+# ---- fake (shape) rules for torch.compile ------------------------------------------------------
+@torch.library.register_fake(OP)
+def _forward_fake(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
+    num_dst = rowptr.shape[0] - 1
+    out = x.new_empty(num_dst, x.shape[1])
+    arg = rowptr.new_empty((num_dst, x.shape[1]) if reduce in ARG_REDUCTIONS else (0, 0))
+    return out, arg
+
+
+@torch.library.register_fake(BACKWARD_OP)
+def _backward_fake(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
+    grad_x = torch.empty_like(x) if need_x_grad else x.new_empty(0)
+    grad_w = x.new_empty(col.shape[0]) if (need_w_grad and weight is not None) else x.new_empty(0)
+    return grad_x, grad_w
+
+
+# ---- autograd ---------------------------------------------------------------------------------
+def _setup_context(ctx, inputs, output):
+    x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce = inputs
+    ctx.reduce = reduce
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(x, rowptr, col, weight, t_rowptr, t_col, t_pos, output[1])
+
+
+def _backward(ctx, grad_out, _grad_arg):
+    x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg = ctx.saved_tensors
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
+    if t_rowptr is None:  # op called directly without the transpose: build it now
+        t_rowptr, t_col, t_pos = CSR(rowptr, col, col, x.shape[0]).transpose_parts()
+    grad_x, grad_w = torch.ops.gnnfuse.gather_scatter_backward(
+        grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, ctx.reduce, need_x, need_w
+    )
+    return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "gnnfuse.fused_gather_scatter does not support double backward (differentiating its gradient); "
+        "use backend='reference' if you need higher-order derivatives"
+    )
+
+
+torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
+torch.library.register_autograd(BACKWARD_OP, _no_double_backward, setup_context=lambda ctx, inputs, output: None)
+
+
+# ---- public API ---------------------------------------------------------------------------------
+def fused_gather_scatter(
+    x: torch.Tensor,
+    edge_index_or_csr: torch.Tensor | CSR,
+    reduce: str = "sum",
+    *,
+    edge_weight: torch.Tensor | None = None,
+    num_nodes: int | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Gathers source rows of ``x`` along edges and reduces them into target rows.
+
+    Args:
+        x: [N_src, *feat] node features (float16, bfloat16, float32, float64).
+        edge_index_or_csr: PyG ``edge_index`` [2, E] (row 0 source, row 1 target; int32 or
+            int64), a PyG ``EdgeIndex``, or a :class:`gnnfuse.CSR`. A raw tensor is sorted
+            once and cached on that tensor object.
+        reduce: "sum" | "mean" | "max" | "min" | "mul". Empty target rows give 0.
+        edge_weight: optional [E] weights in edge_index order, cast to x's dtype; differentiable.
+        num_nodes: number of target nodes (default: ``x.size(0)``, or the CSR's row count).
+        backend: "auto" | "cpu" | "triton" | "reference" (env ``GNNFUSE_BACKEND`` replaces "auto").
+
+    Returns:
+        [N_dst, *feat]. Half types accumulate in float32. max/min send each (row, feature)'s
+        gradient to one winning edge: the lowest CSR position (= first in edge order) among ties.
+    """
+    x = require_tensor("x", x)
+    require_floating("x", x)
+    require_shape("x", x, "[N, *feat]", x.dim() >= 1)
+    require_choice("reduce", reduce, REDUCTIONS)
+    csr = _as_csr(edge_index_or_csr, x, num_nodes)
+    device = require_same_device(x=x, edge_index=csr.col, edge_weight=edge_weight)
+    backend = resolve_backend(backend, device)
+    if x.shape[0] < csr.num_src:
+        raise ValueError(f"x has {x.shape[0]} rows but the graph has {csr.num_src} source nodes")
+    weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
+
+    feat = x.shape[1:]
+    x2 = x.reshape(x.shape[0], -1).contiguous()
+    if backend == "reference":
+        out = reference.gather_scatter(x2, csr.col, csr.row(), csr.num_dst, reduce, weight)
+    elif backend == "triton":
+        raise no_triton_yet("fused_gather_scatter")
+    else:
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+        transpose = csr.transpose_parts() if wants_grad else (None, None, None)
+        out, _ = torch.ops.gnnfuse.gather_scatter(x2, csr.rowptr, csr.col, weight, *transpose, reduce)
+    return out.reshape(csr.num_dst, *feat)
+
+
+def _as_csr(graph: torch.Tensor | CSR, x: torch.Tensor, num_nodes: int | None) -> CSR:
+    if isinstance(graph, CSR):
+        require_index("edge_index_or_csr (CSR.col)", graph.col)
+        if num_nodes is not None and num_nodes != graph.num_dst:
+            raise ValueError(f"num_nodes={num_nodes} disagrees with the CSR's {graph.num_dst} target rows")
+        return graph
+    if not isinstance(graph, torch.Tensor):
+        raise TypeError(f"edge_index_or_csr must be an edge_index tensor or a gnnfuse.CSR; got {type(graph).__name__}")
+    check_edge_index(graph)
+    require_same_device(x=x, edge_index=graph)
+    num_dst = x.shape[0] if num_nodes is None else require_node_count("num_nodes", num_nodes)
+    return csr_for_edge_index(graph, x.shape[0], num_dst)
+
+
+def _weight_in_csr_order(edge_weight: torch.Tensor | None, csr: CSR, dtype: torch.dtype) -> torch.Tensor | None:
+    if edge_weight is None:
+        return None
+    edge_weight = require_tensor("edge_weight", edge_weight)
+    require_floating("edge_weight", edge_weight)
+    require_shape("edge_weight", edge_weight, f"[E] = [{csr.num_edges}]", edge_weight.shape == (csr.num_edges,))
+    return edge_weight.to(dtype).index_select(0, csr.perm)

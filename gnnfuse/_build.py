@@ -1,7 +1,9 @@
 """Just-in-time build of the C++ CPU kernels in ``csrc/``.
 
-The extension is compiled once per (sources, torch version, Python, CPU model) into a cache
-directory and reused by every later process. Concurrency and crashes:
+The kernels form a few small extensions (``EXTENSIONS``), one per op family, so changing one
+kernel rebuilds only its own. Each is compiled once per (its sources, the shared headers,
+torch version, Python, CPU model) into a cache directory and reused by every later process.
+Concurrency and crashes:
 
 * an exclusive ``fcntl.lockf`` lock serialises builds across processes; the kernel drops the
   lock when its holder dies, so a compile killed mid-way never blocks the next import;
@@ -26,10 +28,13 @@ from types import ModuleType
 
 import torch
 
-_EXTENSION_PREFIX = "gnnfuse_cpu"
+# extension name -> its .cpp files in csrc/ (exactly one of them defines PYBIND11_MODULE).
+EXTENSIONS: dict[str, list[str]] = {
+    "graph": ["csr.cpp", "gather_scatter.cpp", "graph_module.cpp"],
+}
 _lock = threading.Lock()
-_module: ModuleType | None = None
-_error: BaseException | None = None
+_modules: dict[str, ModuleType] = {}
+_errors: dict[str, BuildError] = {}
 
 
 class BuildError(RuntimeError):
@@ -40,14 +45,15 @@ def source_dir() -> Path:
     """``csrc/`` of a source checkout, else the copy shipped inside the wheel."""
     here = Path(__file__).resolve().parent
     for candidate in (here.parent / "csrc", here / "_csrc"):
-        if (candidate / "extension.cpp").is_file():
+        if (candidate / "reducer.h").is_file():
             return candidate
-    raise BuildError(f"gnnfuse C++ sources not found next to {here} (looked for csrc/extension.cpp)")
+    raise BuildError(f"gnnfuse C++ sources not found next to {here} (looked for csrc/)")
 
 
-def _sources() -> list[Path]:
+def _sources(extension: str) -> list[Path]:
+    """The extension's .cpp files plus every shared header."""
     root = source_dir()
-    return sorted(root.glob("*.cpp")) + sorted(root.glob("*.h"))
+    return [root / name for name in EXTENSIONS[extension]] + sorted(root.glob("*.h"))
 
 
 def _cpu_model() -> str:
@@ -60,9 +66,9 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def build_key() -> str:
+def build_key(extension: str) -> str:
     digest = hashlib.sha256()
-    for path in _sources():
+    for path in _sources(extension):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     for part in (torch.__version__, sys.version, _cpu_model(), os.environ.get("CXX", "")):
@@ -70,10 +76,13 @@ def build_key() -> str:
     return digest.hexdigest()[:16]
 
 
-def build_dir() -> Path:
+def cache_root() -> Path:
     root = os.environ.get("GNNFUSE_BUILD_DIR")
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gnnfuse"
-    return base / f"{_EXTENSION_PREFIX}_{build_key()}"
+    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gnnfuse"
+
+
+def build_dir(extension: str) -> Path:
+    return cache_root() / f"gnnfuse_{extension}_{build_key(extension)}"
 
 
 def compiler() -> str | None:
@@ -104,10 +113,11 @@ def _import_built(directory: Path, name: str) -> ModuleType:
     return module
 
 
-def _build(directory: Path) -> ModuleType:
+def _build(extension: str) -> ModuleType:
     from torch.utils import cpp_extension
 
-    name = f"{_EXTENSION_PREFIX}_{directory.name.rsplit('_', 1)[-1]}"
+    directory = build_dir(extension)
+    name = directory.name  # unique per source hash, so a rebuilt module never clashes with a loaded one
     marker = directory / "BUILD_OK"
     if marker.exists():
         return _import_built(directory, name)
@@ -124,7 +134,7 @@ def _build(directory: Path) -> ModuleType:
             try:
                 module = cpp_extension.load(
                     name=name,
-                    sources=[str(p) for p in _sources() if p.suffix == ".cpp"],
+                    sources=[str(p) for p in _sources(extension) if p.suffix == ".cpp"],
                     extra_cflags=flags,
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(directory),
@@ -135,32 +145,33 @@ def _build(directory: Path) -> ModuleType:
                     f"building gnnfuse's C++ kernels in {directory} failed: {exc}\n"
                     "Set GNNFUSE_BUILD_VERBOSE=1 for the compiler output. backend='reference' still works."
                 ) from exc
-            marker.write_text(build_key())
+            marker.write_text(directory.name)
             return module
         finally:
             fcntl.lockf(lock_file, fcntl.LOCK_UN)
 
 
-def load_extension() -> ModuleType:
-    """The compiled CPU kernels, building them on first use. Raises BuildError on failure."""
-    global _module, _error
-    if _module is not None:
-        return _module
+def load_extension(extension: str = "graph") -> ModuleType:
+    """The compiled CPU kernels of ``extension``, built on first use. Raises BuildError on failure
+    (and again on later calls, without retrying the compile)."""
+    module = _modules.get(extension)
+    if module is not None:
+        return module
     with _lock:
-        if _module is None:
-            if _error is not None:
-                raise _error
+        if extension not in _modules:
+            if extension in _errors:
+                raise _errors[extension]
             try:
-                _module = _build(build_dir())
+                _modules[extension] = _build(extension)
             except BuildError as exc:
-                _error = exc
+                _errors[extension] = exc
                 raise
-    return _module
+    return _modules[extension]
 
 
-def extension_available() -> bool:
+def extension_available(extension: str = "graph") -> bool:
     try:
-        load_extension()
+        load_extension(extension)
         return True
     except BuildError:
         return False

@@ -93,8 +93,10 @@ def config() -> dict[str, str]:
         "compiler": f"{cxx}: {_first_line([cxx, '--version'])}" if cxx else "not found (CPU kernels cannot build)",
         "cpu threads (torch / OpenMP)": str(torch.get_num_threads()),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
-        "build dir": str(_build.build_dir()),
-        "cpu kernels built": str((_build.build_dir() / "BUILD_OK").exists()),
+        "build cache": str(_build.cache_root()),
+        "cpu kernels built": ", ".join(
+            f"{name}={(_build.build_dir(name) / 'BUILD_OK').exists()}" for name in _build.EXTENSIONS
+        ),
         "cuda device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
         "GNNFUSE_BACKEND": os.environ.get("GNNFUSE_BACKEND", "unset"),
     }

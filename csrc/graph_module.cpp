@@ -1,5 +1,5 @@
-// Python entry points of the CPU kernels. Each kernel file registers its own functions;
-// the schemas, validation and autograd live in gnnfuse/ops/.
+// Python entry points of the graph kernels (CSR build + gather-scatter). Schemas,
+// validation and autograd live in gnnfuse/ops/.
 #include <torch/extension.h>
 
 namespace gnnfuse {
@@ -10,5 +10,4 @@ void register_gather_scatter(pybind11::module& m);
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   gnnfuse::register_csr(m);
   gnnfuse::register_gather_scatter(m);
-  m.def("openmp_threads", [] { return at::get_num_threads(); });
 }

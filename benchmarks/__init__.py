@@ -1,0 +1,1 @@
+"""gnnfuse benchmark suite (see benchmarks/README.md)."""

@@ -1,0 +1,124 @@
+"""Timing, machine description and result files shared by every benchmark script."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmup: int = 2, repeat: int = 7,
+          max_seconds: float = 5.0) -> dict[str, float]:
+    """Median and min wall time (ms) of ``fn()`` after ``warmup`` calls; CUDA events on GPU.
+
+    Stops early (with at least 3 samples) once ``max_seconds`` of timed calls are spent, so
+    slow anchors do not dominate a run.
+    """
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples: list[float] = []
+    spent = 0.0
+    for _ in range(repeat):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            ms = (time.perf_counter() - t0) * 1e3
+        samples.append(ms)
+        spent += ms / 1e3
+        if spent > max_seconds and len(samples) >= 3:
+            break
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "samples": len(samples)}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device | str = "cpu") -> dict[str, object]:
+    """What the numbers were measured on."""
+    device = torch.device(device)
+    info: dict[str, object] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": cpu_model(),
+        "cpu_threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def device_label(device: torch.device | str = "cpu") -> str:
+    """Short file-name label, e.g. 'cpu-2t' or 'h100'."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device).lower()
+        for gpu in ("h200", "h100", "a100", "l4", "t4"):
+            if gpu in name:
+                return gpu
+        return "cuda"
+    return f"cpu-{torch.get_num_threads()}t"
+
+
+def markdown_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> str:
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        return "" if v is None else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def save_results(name: str, meta: dict[str, object], rows: list[dict[str, object]], columns: Sequence[str],
+                 out_dir: Path | str | None = None, notes: str = "") -> Path:
+    """Writes <out_dir>/<name>.json (raw) and <name>.md (table). Returns the .md path."""
+    out = Path(out_dir) if out_dir else RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    header = f"# {name}\n\n" + "\n".join(f"- {k}: {v}" for k, v in meta.items()) + "\n\n"
+    md = out / f"{name}.md"
+    md.write_text(header + (notes + "\n\n" if notes else "") + markdown_table(rows, columns) + "\n")
+    return md
+
+
+def geomean(values: Sequence[float]) -> float:
+    vals = [v for v in values if v and v > 0]
+    return statistics.geometric_mean(vals) if vals else float("nan")

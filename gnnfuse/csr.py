@@ -25,6 +25,7 @@ class CSR:
     perm: torch.Tensor  # [E] original edge id of each CSR position
     num_src: int  # number of source nodes (columns)
     _transpose: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _row: torch.Tensor | None = field(default=None, repr=False)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -89,11 +90,13 @@ class CSR:
         return self.rowptr[1:] - self.rowptr[:-1]
 
     def row(self) -> torch.Tensor:
-        """Target of each CSR position."""
-        return torch.repeat_interleave(
-            torch.arange(self.num_dst, device=self.device, dtype=self.index_dtype), self.in_degree(),
-            output_size=self.num_edges,
-        )
+        """Target of each CSR position (the expanded rowptr), built once."""
+        if self._row is None:
+            self._row = torch.repeat_interleave(
+                torch.arange(self.num_dst, device=self.device, dtype=self.index_dtype), self.in_degree(),
+                output_size=self.num_edges,
+            )
+        return self._row
 
     def to_edge_index(self) -> torch.Tensor:
         """[2, E] edge_index in CSR order (original order: index with ``perm``)."""

@@ -54,3 +54,27 @@ def gather_scatter(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_ds
     else:
         out = zeros.scatter_reduce(0, index, msg, _SCATTER_REDUCE[reduce], include_self=False)
     return out.to(x.dtype).reshape(num_dst, *feat)
+
+
+# ---- structured density scatter ----
+def structured_flat_index(wa: torch.Tensor, wbwc: torch.Tensor) -> torch.Tensor:
+    """The explicit flat indices [C * nx * ny * nz] (int64) of a structured scatter:
+    wa[c, ix] + wbwc[c, iy, iz] in density_cube's (c, ix, iy, iz) order."""
+    return (wa.long()[:, :, None, None] + wbwc.long()[:, None, :, :]).reshape(-1)
+
+
+def structured_scatter_add(density_cube: torch.Tensor, wa: torch.Tensor, wbwc: torch.Tensor, map_size: int,
+                           check_bounds: bool = True) -> torch.Tensor:
+    """out[wa[c, ix] + wbwc[c, iy, iz]] += density_cube[c, ix, iy, iz], out [map_size]; half types
+    accumulate in float32. Out-of-range indices raise (check_bounds) or are dropped."""
+    flat = structured_flat_index(wa, wbwc)
+    values = density_cube.reshape(-1)
+    bad = (flat < 0) | (flat >= map_size)
+    if flat.numel() and bool(bad.any()):
+        if check_bounds:
+            raise ValueError(f"structured_scatter_add: flat index {int(flat[bad][0])} (wa + wbwc) is outside "
+                             f"[0, map_size={map_size})")
+        flat, values = flat[~bad], values[~bad]
+    work_dtype = torch.float32 if density_cube.dtype in (torch.float16, torch.bfloat16) else density_cube.dtype
+    out = torch.zeros(map_size, dtype=work_dtype, device=density_cube.device)
+    return out.index_add(0, flat, values.to(work_dtype)).to(density_cube.dtype)

@@ -45,8 +45,9 @@ def make_atoms(C: int, n: int, grid: int, *, sort: bool, seed: int = 0, dtype=to
     r = torch.arange(n)
     wa = ((x0[:, None] + r) % grid) * grid * grid
     wbwc = (((y0[:, None] + r) % grid) * grid)[:, :, None] + ((z0[:, None] + r) % grid)[:, None, :]
-    cube = torch.rand(C, n, n, n, generator=g, dtype=torch.float32).to(dtype)
-    return cube.to(device), wa.to(index_dtype).to(device), wbwc.to(index_dtype).to(device), grid**3
+    gd = torch.Generator(device).manual_seed(seed)
+    cube = torch.rand(C, n, n, n, generator=gd, dtype=torch.float32, device=device).to(dtype)
+    return cube, wa.to(index_dtype).to(device), wbwc.to(index_dtype).to(device), grid**3
 
 
 def _row(config, sort, method, timing, **extra):

@@ -1,6 +1,6 @@
 """Triton kernels of ``gnnfuse.structured_scatter_add`` (forward scatter, backward gather).
 
-One program handles ``BLOCK`` consecutive elements of one atom's flattened box
+One program handles ``BLOCK`` (<= 1024) consecutive elements of one atom's flattened box
 (c, ix * ny * nz + iy * nz + iz): it loads the cube values contiguously, forms the flat index
 wa[c, ix] + wbwc[c, iy, iz] (both rows stay in L1/L2) and
 
@@ -25,14 +25,14 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024
+MAX_BLOCK = 1024  # elements per program; small boxes get one program of next_pow2(nx*ny*nz) lanes
 NUM_WARPS = 4
 
 
 @triton.jit
 def _scatter_kernel(cube_ptr, wa_ptr, bc_ptr, out_ptr, map_size, nx, nyz, BLOCK: tl.constexpr):
     c = tl.program_id(0).to(tl.int64)
-    e = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # offset inside the atom's box: int32 is enough
     nxyz = nx * nyz
     inside = e < nxyz
     ix = e // nyz
@@ -48,7 +48,7 @@ def _scatter_kernel(cube_ptr, wa_ptr, bc_ptr, out_ptr, map_size, nx, nyz, BLOCK:
 @triton.jit
 def _gather_kernel(grad_out_ptr, wa_ptr, bc_ptr, grad_cube_ptr, map_size, nx, nyz, BLOCK: tl.constexpr):
     c = tl.program_id(0).to(tl.int64)
-    e = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # offset inside the atom's box: int32 is enough
     nxyz = nx * nyz
     inside = e < nxyz
     ix = e // nyz
@@ -79,8 +79,12 @@ def check_bounds(op: str, wa: torch.Tensor, wbwc: torch.Tensor, map_size: int) -
         )
 
 
-def _grid(wa: torch.Tensor, nyz: int) -> tuple[int, int]:
-    return (wa.shape[0], triton.cdiv(wa.shape[1] * nyz, BLOCK))
+def _block(nxyz: int) -> int:
+    return max(128, min(MAX_BLOCK, triton.next_power_of_2(max(nxyz, 1))))
+
+
+def _grid(wa: torch.Tensor, nyz: int, block: int) -> tuple[int, int]:
+    return (wa.shape[0], triton.cdiv(wa.shape[1] * nyz, block))
 
 
 def scatter(density_cube: torch.Tensor, wa: torch.Tensor, wbwc: torch.Tensor, map_size: int,
@@ -92,8 +96,9 @@ def scatter(density_cube: torch.Tensor, wa: torch.Tensor, wbwc: torch.Tensor, ma
     out = torch.zeros(map_size, dtype=torch.float32 if half else density_cube.dtype, device=density_cube.device)
     nyz = wbwc.shape[1] * wbwc.shape[2]
     if density_cube.numel() and map_size:
-        _scatter_kernel[_grid(wa, nyz)](density_cube, wa, wbwc, out, map_size, wa.shape[1], nyz,
-                                        BLOCK=BLOCK, num_warps=NUM_WARPS)
+        block = _block(wa.shape[1] * nyz)
+        _scatter_kernel[_grid(wa, nyz, block)](density_cube, wa, wbwc, out, map_size, wa.shape[1], nyz,
+                                               BLOCK=block, num_warps=NUM_WARPS)
     return out.to(density_cube.dtype) if half else out
 
 
@@ -106,6 +111,7 @@ def gather(grad_out: torch.Tensor, wa: torch.Tensor, wbwc: torch.Tensor, check: 
     ny, nz = wbwc.shape[1], wbwc.shape[2]
     grad_cube = torch.empty((C, nx, ny, nz), dtype=grad_out.dtype, device=grad_out.device)
     if grad_cube.numel():
-        _gather_kernel[_grid(wa, ny * nz)](grad_out, wa, wbwc, grad_cube, map_size, nx, ny * nz,
-                                           BLOCK=BLOCK, num_warps=NUM_WARPS)
+        block = _block(nx * ny * nz)
+        _gather_kernel[_grid(wa, ny * nz, block)](grad_out, wa, wbwc, grad_cube, map_size, nx, ny * nz,
+                                                  BLOCK=block, num_warps=NUM_WARPS)
     return grad_cube

@@ -206,21 +206,29 @@ def test_opcheck(index_dtype, device):
     torch.library.opcheck(torch.ops.gnnfuse.structured_gather.default, (grad_out, wa, wbwc, 3, 2, True))
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_torch_compile_fullgraph(device):
+def test_torch_compile_fullgraph(device, dynamic):
     torch._dynamo.reset()
     cube, wa, wbwc, M = make_atoms(dtype=torch.float32, index_dtype=torch.int32, device=device)
 
     def f(c):
         return (gnnfuse.structured_scatter_add(c * 2, wa, wbwc, M) ** 2).sum()
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(f, fullgraph=True, dynamic=dynamic, backend="aot_eager")
     c1, c2 = cube.clone().requires_grad_(), cube.clone().requires_grad_()
     loss_c, loss_e = compiled(c1), f(c2)
     loss_c.backward()
     loss_e.backward()
     torch.testing.assert_close(loss_c, loss_e)
     torch.testing.assert_close(c1.grad, c2.grad)
+
+    def g(c, buf):  # map_size from a tensor's shape: a SymInt when dynamic
+        return gnnfuse.structured_scatter_add(c, wa, wbwc, buf.shape[0]) + buf
+
+    buf = torch.ones(M, device=device)
+    torch.testing.assert_close(torch.compile(g, fullgraph=True, dynamic=dynamic, backend="aot_eager")(cube, buf),
+                               g(cube, buf))
 
 
 def test_torch_compile_inductor():

@@ -31,6 +31,7 @@ import torch
 # extension name -> its .cpp files in csrc/ (exactly one of them defines PYBIND11_MODULE).
 EXTENSIONS: dict[str, list[str]] = {
     "graph": ["csr.cpp", "gather_scatter.cpp", "graph_module.cpp"],
+    "planarity": ["planarity.cpp"],
     "density": ["density_scatter.cpp"],
 }
 _lock = threading.Lock()

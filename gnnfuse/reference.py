@@ -78,3 +78,41 @@ def structured_scatter_add(density_cube: torch.Tensor, wa: torch.Tensor, wbwc: t
     work_dtype = torch.float32 if density_cube.dtype in (torch.float16, torch.bfloat16) else density_cube.dtype
     out = torch.zeros(map_size, dtype=work_dtype, device=density_cube.device)
     return out.index_add(0, flat, values.to(work_dtype)).to(density_cube.dtype)
+
+
+# ---- planarity NLL ----
+_HALF_LOG_2PI = 0.9189385332046727417803297364056176
+
+
+def planarity_normals(centred: list[torch.Tensor]) -> torch.Tensor:
+    """Unit normals [sum P, 3] (float64, detached) of centred planes [P, n, 3]: the eigenvector of the
+    smallest eigenvalue of each 3x3 covariance, from one batched eigh; zero where it is not finite."""
+    if not centred:
+        return torch.zeros(0, 3, dtype=torch.float64)
+    cov = torch.cat([(c.transpose(1, 2) @ c) / c.shape[1] for c in centred]).detach()
+    finite = torch.isfinite(cov).all(dim=(1, 2))
+    safe = torch.where(finite[:, None, None], cov, torch.zeros_like(cov))
+    vectors = torch.linalg.eigh(safe).eigenvectors[..., 0]
+    return torch.where(finite[:, None], vectors, torch.zeros_like(vectors))
+
+
+def planarity_nll(xyz: torch.Tensor, plane_groups) -> torch.Tensor:
+    """sum_p [sum_a 0.5 (d_pa/s_p)^2 + n (log s_p + 0.5 log 2 pi)], d_pa = (x_pa - c_p) . n_p.
+
+    Computed in float64 (result cast to xyz's dtype); normals detached; autograd through the rest.
+    """
+    x = xyz.to(torch.float64)
+    centred = []
+    for indices, _ in plane_groups:
+        pts = x[indices.long()]  # [P, n, 3]
+        centred.append(pts - pts.mean(dim=1, keepdim=True))
+    normals = planarity_normals(centred).to(x.device)
+    total = x.new_zeros(())
+    start = 0
+    for c, (_, sigmas) in zip(centred, plane_groups):
+        P, n = c.shape[0], c.shape[1]
+        d = (c * normals[start:start + P, None, :]).sum(-1)  # [P, n]
+        s = sigmas.to(torch.float64)
+        total = total + (0.5 * (d / s[:, None]) ** 2).sum() + n * (torch.log(s) + _HALF_LOG_2PI).sum()
+        start += P
+    return total.to(xyz.dtype)

@@ -1,0 +1,181 @@
+"""``gnnfuse.planarity_nll``: Gaussian NLL of the atoms' distances to their best-fit planes.
+
+Layers, top to bottom:
+  * :func:`planarity_nll` - public API: validation, dtype handling, backend choice;
+  * ``gnnfuse::planarity_nll`` - the torch.library op on lists of buckets (``Tensor[]``), with
+    fake and autograd rules; it returns the loss plus float64 normals and per-atom coefficients
+    (saved for backward, which is then a pure scatter);
+  * ``gnnfuse::planarity_nll_backward`` - analytic gradients for the positions (and sigmas).
+Kernels: C++ in csrc/planarity.cpp (CPU, deterministic, no atomics), Triton in
+gnnfuse/triton/planarity.py (CUDA; also CPU tensors under ``TRITON_INTERPRET=1``).
+
+Maths (per plane p of n atoms, sigma s_p): c_p = centroid; n_p = unit eigenvector of the smallest
+eigenvalue of the 3x3 covariance, in float64, detached, from a fused Jacobi solver (zero when the
+covariance is not finite); d_pa = (x_pa - c_p) . n_p;
+NLL_p = sum_a 0.5 (d_pa / s_p)^2 + n (log s_p + 0.5 log 2 pi); the result is sum_p NLL_p.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import reference
+from .._build import load_extension
+from .._validate import require_floating, require_index, require_same_device, require_shape, require_tensor
+from ._library import define, resolve_backend
+
+POSITION_DTYPES = (torch.float32, torch.float64)
+
+OP = define("planarity_nll(Tensor xyz, Tensor[] indices, Tensor[] sigmas, bool triton) -> (Tensor, Tensor, Tensor)")
+BACKWARD_OP = define(
+    "planarity_nll_backward(Tensor grad, Tensor xyz, Tensor[] indices, Tensor[] sigmas, Tensor planes, "
+    "Tensor coef, bool need_sigma_grad, bool triton) -> (Tensor, Tensor)"
+)
+# The op's signature: xyz [A, 3] contiguous float32/float64; indices[b] [P_b, n_b] contiguous
+# int32/int64; sigmas[b] [P_b] contiguous with xyz's dtype. ``triton`` picks the Triton kernels
+# for CPU tensors (interpreter only; CUDA tensors always use Triton). Returns the scalar loss
+# (xyz's dtype) and, for the backward (non-differentiable, float64, bucket/plane/atom order):
+# planes [sum_b P_b, 4] = (unit normal, sum_a d_pa^2) and coef [sum_b P_b n_b] =
+# (d_pa - mean_a d_pa) / s_p^2, so that dNLL/dx_pa = coef_pa * n_p and the backward is a pure
+# scatter. The backward returns grad_xyz [A, 3] and grad_sigmas [sum_b P_b] ([0] if not needed).
+
+
+def _triton():
+    from ..triton import planarity as kernels  # imported lazily: CPU users need no Triton
+
+    return kernels
+
+
+# ---- kernels --------------------------------------------------------------------------------
+@torch.library.impl(OP, "cpu")
+def _forward_cpu(xyz, indices, sigmas, triton):
+    if triton:
+        return _triton().forward(xyz, indices, sigmas)
+    return tuple(load_extension("planarity").planarity_forward(xyz, indices, sigmas))
+
+
+@torch.library.impl(OP, "cuda")
+def _forward_cuda(xyz, indices, sigmas, triton):
+    return _triton().forward(xyz, indices, sigmas)
+
+
+@torch.library.impl(BACKWARD_OP, "cpu")
+def _backward_cpu(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad, triton):
+    if triton:
+        return _triton().backward(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad)
+    return tuple(
+        load_extension("planarity").planarity_backward(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad)
+    )
+
+
+@torch.library.impl(BACKWARD_OP, "cuda")
+def _backward_cuda(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad, triton):
+    return _triton().backward(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad)
+
+
+# ---- fake (shape) rules for torch.compile ------------------------------------------------------
+def _num_planes(indices):
+    return sum(idx.shape[0] for idx in indices)
+
+
+@torch.library.register_fake(OP)
+def _forward_fake(xyz, indices, sigmas, triton):
+    entries = sum(idx.shape[0] * idx.shape[1] for idx in indices)
+    return (xyz.new_empty(()), xyz.new_empty((_num_planes(indices), 4), dtype=torch.float64),
+            xyz.new_empty((entries,), dtype=torch.float64))
+
+
+@torch.library.register_fake(BACKWARD_OP)
+def _backward_fake(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad, triton):
+    grad_sigma = xyz.new_empty(_num_planes(indices)) if need_sigma_grad else xyz.new_empty(0)
+    return torch.empty_like(xyz), grad_sigma
+
+
+# ---- autograd ---------------------------------------------------------------------------------
+def _setup_context(ctx, inputs, output):
+    xyz, indices, sigmas, triton = inputs
+    ctx.triton = triton
+    ctx.num_buckets = len(indices)
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.save_for_backward(xyz, output[1], output[2], *indices, *sigmas)
+
+
+def _backward(ctx, grad_loss, _grad_planes, _grad_coef):
+    xyz, planes, coef, *rest = ctx.saved_tensors
+    indices, sigmas = rest[: ctx.num_buckets], rest[ctx.num_buckets :]
+    need_sigma = ctx.needs_input_grad[2]
+    if isinstance(need_sigma, (list, tuple)):
+        need_sigma = any(need_sigma)
+    grad_xyz, grad_sigma = torch.ops.gnnfuse.planarity_nll_backward(
+        grad_loss, xyz, indices, sigmas, planes, coef, bool(need_sigma), ctx.triton
+    )
+    none = [None] * ctx.num_buckets
+    grad_sigmas = list(torch.split(grad_sigma, [s.shape[0] for s in sigmas])) if need_sigma else none
+    return (grad_xyz if ctx.needs_input_grad[0] else None), none, grad_sigmas, None
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "gnnfuse.planarity_nll does not support double backward (differentiating its gradient); "
+        "use backend='reference' if you need higher-order derivatives"
+    )
+
+
+torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
+torch.library.register_autograd(BACKWARD_OP, _no_double_backward, setup_context=lambda ctx, inputs, output: None)
+
+
+# ---- public API ---------------------------------------------------------------------------------
+def planarity_nll(xyz: torch.Tensor, plane_groups, *, backend: str = "auto") -> torch.Tensor:
+    """Planarity restraint: sum over planes of the Gaussian NLL of the atoms' out-of-plane distances.
+
+    Args:
+        xyz: [A, 3] atom positions, float32 or float64 (differentiable).
+        plane_groups: list of buckets ``(indices, sigmas)``, one per plane size n: ``indices``
+            [P, n] int32/int64 atom ids, ``sigmas`` [P] positive floats (cast to xyz's dtype;
+            differentiable too). An empty list gives 0.
+        backend: "auto" | "cpu" | "triton" | "reference" (env ``GNNFUSE_BACKEND`` replaces "auto").
+
+    Returns:
+        A 0-dim tensor with xyz's dtype and device:
+        sum_p [sum_a 0.5 (d_pa / s_p)^2 + n (log s_p + 0.5 log 2 pi)], d_pa = (x_pa - c_p) . n_p.
+
+    The normals are float64 and carry no gradient. A plane whose covariance is not finite (NaN/Inf
+    or overflowing positions) gets a zero normal: no error, no host sync. Gradients are analytic;
+    on CPU they are deterministic (no atomics). Atom ids are range-checked on CPU (IndexError);
+    on CUDA an out-of-range id reads as a zero position (no check, which would need a sync).
+    """
+    xyz = require_tensor("xyz", xyz)
+    require_floating("xyz", xyz, POSITION_DTYPES)
+    require_shape("xyz", xyz, "[A, 3]", xyz.dim() == 2 and xyz.shape[1] == 3)
+    indices, sigmas = _check_groups(xyz, plane_groups)
+    device = require_same_device(xyz=xyz, **{f"plane_groups[{b}]": i for b, i in enumerate(indices)},
+                                 **{f"plane_groups[{b}] sigmas": s for b, s in enumerate(sigmas)})
+    backend = resolve_backend(backend, device)
+    if backend == "reference":
+        return reference.planarity_nll(xyz, list(zip(indices, sigmas)))
+    indices = [i.contiguous() for i in indices]
+    sigmas = [s.to(xyz.dtype).contiguous() for s in sigmas]
+    use_triton = backend == "triton" and device.type == "cpu"
+    loss, _, _ = torch.ops.gnnfuse.planarity_nll(xyz.contiguous(), indices, sigmas, use_triton)
+    return loss
+
+
+def _check_groups(xyz: torch.Tensor, plane_groups) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    if not isinstance(plane_groups, (list, tuple)):
+        raise TypeError(f"plane_groups must be a list of (indices, sigmas) pairs; got {type(plane_groups).__name__}")
+    indices, sigmas = [], []
+    for b, group in enumerate(plane_groups):
+        if not isinstance(group, (list, tuple)) or len(group) != 2:
+            raise TypeError(f"plane_groups[{b}] must be a pair (indices [P, n], sigmas [P]); got {type(group).__name__}")
+        idx = require_tensor(f"plane_groups[{b}] indices", group[0])
+        sig = require_tensor(f"plane_groups[{b}] sigmas", group[1])
+        require_index(f"plane_groups[{b}] indices", idx)
+        require_shape(f"plane_groups[{b}] indices", idx, "[P, n] with n >= 1", idx.dim() == 2 and idx.shape[1] >= 1)
+        require_floating(f"plane_groups[{b}] sigmas", sig)
+        require_shape(f"plane_groups[{b}] sigmas", sig, f"[P] = [{idx.shape[0]}]", sig.shape == (idx.shape[0],))
+        indices.append(idx)
+        sigmas.append(sig)
+    return indices, sigmas
+
+
+__all__ = ["planarity_nll"]

@@ -1,0 +1,237 @@
+"""Triton kernels of ``gnnfuse.planarity_nll`` (see gnnfuse/ops/planarity.py for the maths).
+
+One program per block of ``BLOCK`` planes of one bucket; a static loop over the bucket's n atoms
+(n is a compile-time constant, one specialisation per plane size). Per plane, in float64:
+centroid, 3x3 covariance, a fixed number of cyclic Jacobi sweeps (branch-free: no host sync, so
+the call can be captured in a CUDA graph), the normal of the smallest eigenvalue (zero when
+the covariance is not finite), the distances, the NLL, and per (plane, atom) the backward
+coefficient (d - mean d) / s^2. The backward is then a pure scatter: it reads the upstream
+gradient from device memory and adds g * coef * n_p to the atoms with atomics (GPU results may differ in the last bits from run to
+run; the CPU kernels are the deterministic ones).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 128
+SWEEPS = 6  # cyclic sweeps of 3 rotations; a 3x3 converges to double precision in 4-5
+HALF_LOG_2PI = 0.9189385332046727417803297364056176
+
+
+@triton.jit
+def _rotate(app, aqq, apq, arp, arq, v0p, v0q, v1p, v1q, v2p, v2q):
+    """One Jacobi rotation zeroing apq (r is the third index); returns the updated entries."""
+    # t = tan of the rotation angle = sgn(h) 2apq / (|h| + sqrt(h^2 + 4apq^2)), h = aqq - app, with
+    # both terms scaled by their maximum first (no overflow, no underflow, no 0/0).
+    h = aqq - app
+    p2 = 2.0 * apq
+    m = tl.maximum(tl.abs(h), tl.abs(p2))
+    nonzero = (apq != 0.0) & (m > 0.0)
+    rm = 1.0 / tl.where(nonzero, m, 1.0)
+    hn = h * rm
+    pn = p2 * rm
+    den = tl.abs(hn) + tl.sqrt(hn * hn + pn * pn)
+    t = pn / tl.where(nonzero, den, 1.0)
+    t = tl.where(h < 0.0, -t, t)
+    t = tl.where(nonzero, t, 0.0)
+    c = 1.0 / tl.sqrt(t * t + 1.0)
+    s = t * c
+    tau = s / (1.0 + c)
+    app_new = app - t * apq
+    aqq_new = aqq + t * apq
+    arp_new = arp - s * (arq + tau * arp)
+    arq_new = arq + s * (arp - tau * arq)
+    v0p_new = v0p - s * (v0q + tau * v0p)
+    v0q_new = v0q + s * (v0p - tau * v0q)
+    v1p_new = v1p - s * (v1q + tau * v1p)
+    v1q_new = v1q + s * (v1p - tau * v1q)
+    v2p_new = v2p - s * (v2q + tau * v2p)
+    v2q_new = v2q + s * (v2p - tau * v2q)
+    return app_new, aqq_new, arp_new, arq_new, v0p_new, v0q_new, v1p_new, v1q_new, v2p_new, v2q_new
+
+
+@triton.jit
+def _centroid(xyz_ptr, idx_ptr, rows, mask, A, N: tl.constexpr, BLOCK_P: tl.constexpr):
+    sx = tl.zeros([BLOCK_P], dtype=tl.float64)
+    sy = tl.zeros([BLOCK_P], dtype=tl.float64)
+    sz = tl.zeros([BLOCK_P], dtype=tl.float64)
+    for a in tl.static_range(N):
+        i = tl.load(idx_ptr + rows * N + a, mask=mask, other=0).to(tl.int64)
+        ok = mask & (i >= 0) & (i < A)
+        sx += tl.load(xyz_ptr + i * 3, mask=ok, other=0.0).to(tl.float64)
+        sy += tl.load(xyz_ptr + i * 3 + 1, mask=ok, other=0.0).to(tl.float64)
+        sz += tl.load(xyz_ptr + i * 3 + 2, mask=ok, other=0.0).to(tl.float64)
+    return sx / N, sy / N, sz / N
+
+
+@triton.jit
+def _forward_kernel(xyz_ptr, idx_ptr, sigma_ptr, plane_ptr, coef_ptr, loss_ptr, P, A,
+                    N: tl.constexpr, BLOCK_P: tl.constexpr, SWEEPS_: tl.constexpr, HALF_LOG_2PI_: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask = rows < P
+    cx, cy, cz = _centroid(xyz_ptr, idx_ptr, rows, mask, A, N, BLOCK_P)
+    c00 = tl.zeros([BLOCK_P], dtype=tl.float64)
+    c01 = tl.zeros([BLOCK_P], dtype=tl.float64)
+    c02 = tl.zeros([BLOCK_P], dtype=tl.float64)
+    c11 = tl.zeros([BLOCK_P], dtype=tl.float64)
+    c12 = tl.zeros([BLOCK_P], dtype=tl.float64)
+    c22 = tl.zeros([BLOCK_P], dtype=tl.float64)
+    for a in tl.static_range(N):
+        i = tl.load(idx_ptr + rows * N + a, mask=mask, other=0).to(tl.int64)
+        ok = mask & (i >= 0) & (i < A)
+        x = tl.load(xyz_ptr + i * 3, mask=ok, other=0.0).to(tl.float64) - cx
+        y = tl.load(xyz_ptr + i * 3 + 1, mask=ok, other=0.0).to(tl.float64) - cy
+        z = tl.load(xyz_ptr + i * 3 + 2, mask=ok, other=0.0).to(tl.float64) - cz
+        c00 += x * x
+        c01 += x * y
+        c02 += x * z
+        c11 += y * y
+        c12 += y * z
+        c22 += z * z
+    c00 = c00 / N
+    c01 = c01 / N
+    c02 = c02 / N
+    c11 = c11 / N
+    c12 = c12 / N
+    c22 = c22 / N
+    # non-finite covariance -> zero normal (x - x == 0 exactly for finite x, NaN otherwise)
+    probe = c00 + c01 + c02 + c11 + c12 + c22
+    finite = (c00 - c00 == 0.0) & (c01 - c01 == 0.0) & (c02 - c02 == 0.0) & (c11 - c11 == 0.0) \
+        & (c12 - c12 == 0.0) & (c22 - c22 == 0.0) & (probe == probe)
+    scale = tl.maximum(tl.maximum(tl.abs(c00), tl.abs(c11)), tl.abs(c22))
+    scale = tl.maximum(scale, tl.maximum(tl.maximum(tl.abs(c01), tl.abs(c02)), tl.abs(c12)))
+    inv = tl.where(finite & (scale > 0.0), 1.0 / tl.where(scale > 0.0, scale, 1.0), 0.0)
+    a00 = c00 * inv
+    a01 = c01 * inv
+    a02 = c02 * inv
+    a11 = c11 * inv
+    a12 = c12 * inv
+    a22 = c22 * inv
+    a00 = tl.where(finite, a00, 0.0)
+    a01 = tl.where(finite, a01, 0.0)
+    a02 = tl.where(finite, a02, 0.0)
+    a11 = tl.where(finite, a11, 0.0)
+    a12 = tl.where(finite, a12, 0.0)
+    a22 = tl.where(finite, a22, 0.0)
+    one = tl.full([BLOCK_P], 1.0, tl.float64)
+    zero = tl.zeros([BLOCK_P], dtype=tl.float64)
+    v00, v01, v02 = one, zero, zero
+    v10, v11, v12 = zero, one, zero
+    v20, v21, v22 = zero, zero, one
+    for _ in tl.static_range(SWEEPS_):
+        # (p, q, r) = (0, 1, 2)
+        a00, a11, a02, a12, v00, v01, v10, v11, v20, v21 = _rotate(
+            a00, a11, a01, a02, a12, v00, v01, v10, v11, v20, v21)
+        a01 = zero
+        # (0, 2, 1)
+        a00, a22, a01, a12, v00, v02, v10, v12, v20, v22 = _rotate(
+            a00, a22, a02, a01, a12, v00, v02, v10, v12, v20, v22)
+        a02 = zero
+        # (1, 2, 0)
+        a11, a22, a01, a02, v01, v02, v11, v12, v21, v22 = _rotate(
+            a11, a22, a12, a01, a02, v01, v02, v11, v12, v21, v22)
+        a12 = zero
+    pick1 = a11 < a00
+    lam = tl.where(pick1, a11, a00)
+    nx = tl.where(pick1, v01, v00)
+    ny = tl.where(pick1, v11, v10)
+    nz = tl.where(pick1, v21, v20)
+    pick2 = a22 < lam
+    nx = tl.where(pick2, v02, nx)
+    ny = tl.where(pick2, v12, ny)
+    nz = tl.where(pick2, v22, nz)
+    norm = tl.sqrt(nx * nx + ny * ny + nz * nz)
+    rn = tl.where(finite, 1.0 / norm, 0.0)
+    nx = nx * rn
+    ny = ny * rn
+    nz = nz * rn
+    tl.store(plane_ptr + rows * 4, nx, mask=mask)
+    tl.store(plane_ptr + rows * 4 + 1, ny, mask=mask)
+    tl.store(plane_ptr + rows * 4 + 2, nz, mask=mask)
+    sum_d = tl.zeros([BLOCK_P], dtype=tl.float64)
+    sq = tl.zeros([BLOCK_P], dtype=tl.float64)
+    for a in tl.static_range(N):
+        i = tl.load(idx_ptr + rows * N + a, mask=mask, other=0).to(tl.int64)
+        ok = mask & (i >= 0) & (i < A)
+        x = tl.load(xyz_ptr + i * 3, mask=ok, other=0.0).to(tl.float64) - cx
+        y = tl.load(xyz_ptr + i * 3 + 1, mask=ok, other=0.0).to(tl.float64) - cy
+        z = tl.load(xyz_ptr + i * 3 + 2, mask=ok, other=0.0).to(tl.float64) - cz
+        d = x * nx + y * ny + z * nz
+        tl.store(coef_ptr + rows * N + a, d, mask=mask)  # d for now; scaled below
+        sum_d += d
+        sq += d * d
+    s = tl.load(sigma_ptr + rows, mask=mask, other=1.0).to(tl.float64)
+    inv_s2 = 1.0 / (s * s)
+    mean_d = sum_d / N
+    for a in tl.static_range(N):  # coef = (d - mean d) / s^2; each program re-reads only its own stores
+        d = tl.load(coef_ptr + rows * N + a, mask=mask, other=0.0)
+        tl.store(coef_ptr + rows * N + a, (d - mean_d) * inv_s2, mask=mask)
+    tl.store(plane_ptr + rows * 4 + 3, sq, mask=mask)
+    loss = 0.5 * sq * inv_s2 + N * (tl.log(s) + HALF_LOG_2PI_)
+    tl.store(loss_ptr + rows, loss, mask=mask)
+
+
+@triton.jit
+def _backward_kernel(grad_ptr, idx_ptr, sigma_ptr, plane_ptr, coef_ptr, gxyz_ptr, gsigma_ptr, P, A,
+                     N: tl.constexpr, BLOCK_P: tl.constexpr, NEED_SIGMA: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask = rows < P
+    g = tl.load(grad_ptr).to(tl.float64)  # upstream gradient: read on the device, no host sync
+    nx = tl.load(plane_ptr + rows * 4, mask=mask, other=0.0)
+    ny = tl.load(plane_ptr + rows * 4 + 1, mask=mask, other=0.0)
+    nz = tl.load(plane_ptr + rows * 4 + 2, mask=mask, other=0.0)
+    if NEED_SIGMA:
+        s = tl.load(sigma_ptr + rows, mask=mask, other=1.0).to(tl.float64)
+        sq = tl.load(plane_ptr + rows * 4 + 3, mask=mask, other=0.0)
+        gs = g * (N / s - sq / (s * s * s))
+        tl.store(gsigma_ptr + rows, gs.to(gsigma_ptr.dtype.element_ty), mask=mask)
+    out_ty = gxyz_ptr.dtype.element_ty
+    for a in tl.static_range(N):
+        i = tl.load(idx_ptr + rows * N + a, mask=mask, other=0).to(tl.int64)
+        ok = mask & (i >= 0) & (i < A)
+        f = g * tl.load(coef_ptr + rows * N + a, mask=mask, other=0.0)
+        tl.atomic_add(gxyz_ptr + i * 3, (f * nx).to(out_ty), mask=ok)
+        tl.atomic_add(gxyz_ptr + i * 3 + 1, (f * ny).to(out_ty), mask=ok)
+        tl.atomic_add(gxyz_ptr + i * 3 + 2, (f * nz).to(out_ty), mask=ok)
+
+
+def forward(xyz: torch.Tensor, indices: list[torch.Tensor], sigmas: list[torch.Tensor]):
+    """(loss [] in xyz's dtype, planes [sum P, 4] float64, coef [sum P*n] float64): see ops/planarity.py."""
+    total = sum(int(i.shape[0]) for i in indices)
+    entries = sum(int(i.shape[0]) * int(i.shape[1]) for i in indices)
+    planes = xyz.new_empty((total, 4), dtype=torch.float64)
+    coef = xyz.new_empty(entries, dtype=torch.float64)
+    per_plane = xyz.new_zeros(total, dtype=torch.float64)
+    start = entry = 0
+    for idx, sig in zip(indices, sigmas):
+        P, n = int(idx.shape[0]), int(idx.shape[1])
+        if P:
+            grid = (triton.cdiv(P, BLOCK),)
+            _forward_kernel[grid](xyz, idx, sig, planes[start:start + P], coef[entry:entry + P * n],
+                                  per_plane[start:start + P], P, xyz.shape[0],
+                                  N=n, BLOCK_P=BLOCK, SWEEPS_=SWEEPS, HALF_LOG_2PI_=HALF_LOG_2PI)
+        start += P
+        entry += P * n
+    return per_plane.sum().to(xyz.dtype), planes, coef
+
+
+def backward(grad: torch.Tensor, xyz: torch.Tensor, indices: list[torch.Tensor], sigmas: list[torch.Tensor],
+             planes: torch.Tensor, coef: torch.Tensor, need_sigma_grad: bool):
+    """(grad_xyz [A, 3], grad_sigma [sum P] or [0]), both in xyz's dtype."""
+    total = int(planes.shape[0])
+    grad = grad.reshape(1).contiguous()
+    grad_xyz = torch.zeros_like(xyz)
+    grad_sigma = xyz.new_empty(total if need_sigma_grad else 0)
+    start = entry = 0
+    for idx, sig in zip(indices, sigmas):
+        P, n = int(idx.shape[0]), int(idx.shape[1])
+        if P:
+            gs = grad_sigma[start:start + P] if need_sigma_grad else grad_sigma
+            grid = (triton.cdiv(P, BLOCK),)
+            _backward_kernel[grid](grad, idx, sig, planes[start:start + P], coef[entry:entry + P * n], grad_xyz, gs,
+                                   P, xyz.shape[0], N=n, BLOCK_P=BLOCK, NEED_SIGMA=need_sigma_grad)
+        start += P
+        entry += P * n
+    return grad_xyz, grad_sigma

@@ -41,7 +41,8 @@ class CSR:
         reused = _from_pyg_edge_index(edge_index, num_src, num_dst)
         if reused is not None:
             return reused
-        edge_index = edge_index.as_subclass(torch.Tensor)  # plain tensor: no subclass dispatch in the op
+        if type(edge_index) is not torch.Tensor:  # plain tensor: no subclass dispatch in the op
+            edge_index = edge_index.as_subclass(torch.Tensor)
         rowptr, col, perm = coo_to_csr(edge_index[1], edge_index[0], num_dst, num_src)
         return cls(rowptr, col, perm, num_src)
 

@@ -46,7 +46,7 @@ def gather_scatter(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_ds
         is_best = (msg == target) | (msg.isnan() & target.isnan())
         # first winning edge of each (row, feature) in edge order: running count of winners == 1
         running = torch.cumsum(is_best.long(), 0)
-        before_row = torch.zeros_like(running[:1]).expand(1, -1)
+        before_row = running.new_zeros(1, running.shape[1])
         row_start = torch.searchsorted(dst, torch.arange(num_dst, device=dst.device))
         prior = torch.cat([before_row, running])[row_start][dst]
         first = is_best & (running - prior == 1)

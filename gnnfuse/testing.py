@@ -23,7 +23,7 @@ def random_graph(num_src: int, num_dst: int, num_edges: int, *, seed: int = 0, p
     """edge_index [2, E] with uniform sources and uniform or Zipf-like (power-law) targets."""
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(0, max(num_src, 1), (num_edges,), generator=g)
-    if power_law and num_dst > 0:
+    if power_law and num_dst > 0 and num_edges > 0:
         ranks = torch.arange(1, num_dst + 1, dtype=torch.float64)
         dst = torch.multinomial(1.0 / ranks, num_edges, replacement=True, generator=g)
         dst = torch.randperm(num_dst, generator=g)[dst]  # hubs at random ids, not at 0

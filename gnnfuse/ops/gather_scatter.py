@@ -5,9 +5,12 @@ Layers, top to bottom:
   * ``gnnfuse::gather_scatter`` - the torch.library op on a CSR, with fake and autograd rules;
   * ``gnnfuse::gather_scatter_backward`` - gradients for x and the edge weights, one op for
     every reduction (its own derivative is not implemented: double backward raises).
-Kernels: C++ in csrc/gather_scatter.cpp (CPU). No E x F tensor is built, forward or backward.
+Kernels: C++ in csrc/gather_scatter.cpp (CPU), Triton in gnnfuse/triton/gather_scatter.py (CUDA).
+No E x F tensor is built, forward or backward.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -23,7 +26,7 @@ from .._validate import (
     require_tensor,
 )
 from ..csr import CSR, check_edge_index, csr_for_edge_index
-from ._library import define, no_triton_yet, resolve_backend
+from ._library import define, resolve_backend
 
 REDUCTIONS = ("sum", "mean", "max", "min", "mul")
 ARG_REDUCTIONS = ("max", "min")  # reductions whose forward records the winning edge
@@ -55,6 +58,22 @@ def _backward_cpu(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg,
         load_extension().gather_scatter_backward(
             grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad
         )
+    )
+
+
+@torch.library.impl(OP, "cuda")
+def _forward_cuda(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
+    from ..triton import gather_scatter as triton_gs  # lazy: Triton is only needed on GPU
+
+    return triton_gs.forward(x, rowptr, col, weight, reduce)
+
+
+@torch.library.impl(BACKWARD_OP, "cuda")
+def _backward_cuda(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
+    from ..triton import gather_scatter as triton_gs
+
+    return triton_gs.backward(
+        grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad
     )
 
 
@@ -142,15 +161,18 @@ def fused_gather_scatter(
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
 
     feat = x.shape[1:]
-    x2 = x.reshape(x.shape[0], -1).contiguous()
+    x2 = x.reshape(x.shape[0], math.prod(feat)).contiguous()
     if backend == "reference":
         out = reference.gather_scatter(x2, csr.col, csr.row(), csr.num_dst, reduce, weight)
-    elif backend == "triton":
-        raise no_triton_yet("fused_gather_scatter")
     else:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
         transpose = csr.transpose_parts() if wants_grad else (None, None, None)
-        out, _ = torch.ops.gnnfuse.gather_scatter(x2, csr.rowptr, csr.col, weight, *transpose, reduce)
+        if backend == "triton" and x2.device.type == "cpu":  # Triton interpreter (TRITON_INTERPRET=1)
+            from ..triton.gather_scatter import gather_scatter_autograd
+
+            out, _ = gather_scatter_autograd(x2, csr.rowptr, csr.col, weight, *transpose, reduce)
+        else:  # CPU kernels, or the Triton kernels registered as the op's CUDA implementation
+            out, _ = torch.ops.gnnfuse.gather_scatter(x2, csr.rowptr, csr.col, weight, *transpose, reduce)
     return out.reshape(csr.num_dst, *feat)
 
 

@@ -23,8 +23,8 @@
 namespace {
 
 constexpr int64_t kPlaneBlock = 256;     // planes per parallel work item
-constexpr int64_t kBlockGrain = 4;       // at least this many blocks per thread (small inputs run inline)
-constexpr int64_t kAtomGrain = 16384;    // atoms per parallel work item in the scatter
+constexpr int64_t kBlockGrain = 1;       // blocks per parallel work item
+constexpr int64_t kAtomGrain = 4096;     // atoms per parallel work item in the scatter
 constexpr int kMaxSweeps = 12;           // Jacobi sweeps (3 rotations each); 4-5 are typical
 constexpr double kHalfLog2Pi = 0.91893853320467274178032973640562;
 

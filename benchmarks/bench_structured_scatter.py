@@ -163,19 +163,26 @@ def main(argv=None):
     meta = machine(device)
     meta["load_average"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
     rows: list[dict] = []
+    columns = ["atoms", "box", "map", "sorted", "method", "threads", "median_ms", "min_ms", "vs_index_add",
+               "vs_seed", "speedup", "efficiency"]
+    name = f"structured_scatter_{label}_{dt.date.today().isoformat()}"
+
+    def save(final=False):  # after every step, so a run cut short still leaves its results
+        meta["load_average_end"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
+        meta["complete"] = final
+        notes = ("float32 values, int32 indices. vs_index_add / vs_seed: time of the anchor / time of the row "
+                 "(backward rows: vs index_select). Scaling rows: speedup over the first thread count, "
+                 "efficiency = speedup / threads.\n\n" + summarize(rows))
+        return save_results(name, meta, rows, columns, out_dir=args.out, notes=notes), notes
+
+    if thread_counts:
+        run_scaling(thread_counts, rows, timing_args)
+        save()
     for config in configs:
         for sort in (True, False):
             run_config(config, sort, device, rows, timing_args)
-    if thread_counts:
-        run_scaling(thread_counts, rows, timing_args)
-    meta["load_average_end"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    columns = ["atoms", "box", "map", "sorted", "method", "threads", "median_ms", "min_ms", "vs_index_add",
-               "vs_seed", "speedup", "efficiency"]
-    notes = ("float32 values, int32 indices. vs_index_add / vs_seed: time of the anchor / time of the row "
-             "(backward rows: vs index_select). Scaling rows: speedup over the first thread count, "
-             "efficiency = speedup / threads.\n\n" + summarize(rows))
-    name = f"structured_scatter_{label}_{dt.date.today().isoformat()}"
-    path = save_results(name, meta, rows, columns, out_dir=args.out, notes=notes)
+        save()
+    path, notes = save(final=True)
     print(notes)
     print(f"wrote {path} and {path.with_suffix('.json')}")
 

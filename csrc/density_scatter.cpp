@@ -235,7 +235,10 @@ void gather_kernel(const scalar_t* grad_out, const index_t* wa, const index_t* b
         for (int64_t ix = 0; ix < nx; ++ix) {
           const scalar_t* g = grad_out + static_cast<int64_t>(war[ix]);
           for (int64_t iy = 0; iy < ny; ++iy) {
-            std::copy_n(g + static_cast<int64_t>(bcr[iy * nz]), nz, dst + ix * nyz + iy * nz);
+            const scalar_t* __restrict from = g + static_cast<int64_t>(bcr[iy * nz]);
+            scalar_t* __restrict to = dst + ix * nyz + iy * nz;
+#pragma omp simd
+            for (int64_t iz = 0; iz < nz; ++iz) to[iz] = from[iz];
           }
         }
       } else if (alo + blo >= 0 && ahi + bhi < map_size) {

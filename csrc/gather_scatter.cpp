@@ -25,12 +25,15 @@ inline void prefetch_row(const scalar_t* p, int64_t n) {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 1);
 }
 
-template <typename scalar_t, typename index_t, Reduce R>
+// TrackArg: max/min record the winning CSR position per (row, feature) for the backward;
+// inference skips it and keeps the inner loop a plain vectorised max/min.
+template <typename scalar_t, typename index_t, Reduce R, bool TrackArg>
 void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col,
                     const scalar_t* weight, scalar_t* out, index_t* arg,
                     int64_t num_rows, int64_t F) {
   using acc_t = at::opmath_type<scalar_t>;
   using Red = Reducer<R>;
+  static_assert(!TrackArg || Red::kTracksArg, "only max/min have a winner to track");
   parallel_over_rows(rowptr, num_rows, [&](int64_t row_begin, int64_t row_end) {
     acc_t acc[kTile];
     index_t win[kTile];
@@ -39,7 +42,7 @@ void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col
       scalar_t* out_row = out + row * F;
       if (e0 == e1) {  // empty row: 0 (and no winner)
         std::fill(out_row, out_row + F, scalar_t(0));
-        if constexpr (Red::kTracksArg) std::fill(arg + row * F, arg + (row + 1) * F, index_t(-1));
+        if constexpr (TrackArg) std::fill(arg + row * F, arg + (row + 1) * F, index_t(-1));
         continue;
       }
       for (int64_t f0 = 0; f0 < F; f0 += kTile) {
@@ -49,7 +52,7 @@ void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col
           const scalar_t* xr = x + static_cast<int64_t>(col[e0]) * F + f0;
 #pragma omp simd
           for (int64_t f = 0; f < nf; ++f) acc[f] = w * acc_t(xr[f]);
-          if constexpr (Red::kTracksArg) std::fill(win, win + nf, index_t(e0));
+          if constexpr (TrackArg) std::fill(win, win + nf, index_t(e0));
         }
         for (int64_t e = e0 + 1; e < e1; ++e) {
           if (e + kPrefetchDistance < e1) {
@@ -57,9 +60,14 @@ void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col
           }
           const acc_t w = weight ? acc_t(weight[e]) : acc_t(1);
           const scalar_t* xr = x + static_cast<int64_t>(col[e]) * F + f0;
-          if constexpr (Red::kTracksArg) {
+          if constexpr (TrackArg) {
+            const index_t pos = static_cast<index_t>(e);
+#pragma omp simd
             for (int64_t f = 0; f < nf; ++f) {
-              if (Red::update(acc[f], w * acc_t(xr[f]))) win[f] = static_cast<index_t>(e);
+              const acc_t v = w * acc_t(xr[f]);
+              const bool take = Red::wins(v, acc[f]);  // branch-free so the loop vectorises
+              acc[f] = take ? v : acc[f];
+              win[f] = take ? pos : win[f];
             }
           } else {
 #pragma omp simd
@@ -67,7 +75,7 @@ void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col
           }
         }
         for (int64_t f = 0; f < nf; ++f) out_row[f0 + f] = scalar_t(Red::finish(acc[f], e1 - e0));
-        if constexpr (Red::kTracksArg) std::copy(win, win + nf, arg + row * F + f0);
+        if constexpr (TrackArg) std::copy(win, win + nf, arg + row * F + f0);
       }
     }
   });
@@ -100,60 +108,77 @@ void mul_zero_stats(const scalar_t* x, const index_t* rowptr, const index_t* col
 
 // Backward over the transpose: for source row j and each edge e = (j -> i) at CSR position p,
 // the gradient of the message m[e, f] = w[e] * x[j, f] is dm = grad_out[i, f] * dOut/dm, and
-//   grad_x[j, f] += dm * w[e],   grad_w[p] = sum_f dm * x[j, f].
+//   grad_x[j, f] += dm * w[e],   grad_w[p] = sum_f dm * x[j, f]   (only when NeedW).
 // Each edge is visited once by the thread owning its source row: no atomics, no E x F buffer.
-template <typename scalar_t, typename index_t, Reduce R>
+template <typename scalar_t, typename index_t, Reduce R, bool NeedW>
 void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t* rowptr,
                      const scalar_t* weight, const index_t* t_rowptr, const index_t* t_col,
                      const index_t* t_pos, const index_t* arg,
                      const at::opmath_type<scalar_t>* prod_nonzero, const int32_t* zero_count,
                      scalar_t* grad_x, scalar_t* grad_w, int64_t num_src, int64_t F) {
   using acc_t = at::opmath_type<scalar_t>;
+  // grad_w needs the whole row's dot product, so with NeedW the features are not tiled.
+  const int64_t tile = NeedW ? F : std::min(kTile, F);
   parallel_over_rows(t_rowptr, num_src, [&](int64_t src_begin, int64_t src_end) {
-    std::vector<acc_t> gx(F);
+    std::vector<acc_t> gx_buf(tile);
+    acc_t* gx = gx_buf.data();
     for (int64_t j = src_begin; j < src_end; ++j) {
-      std::fill(gx.begin(), gx.end(), acc_t(0));
-      const scalar_t* xj = x + j * F;
-      for (int64_t q = t_rowptr[j]; q < t_rowptr[j + 1]; ++q) {
-        const int64_t i = t_col[q];
-        const int64_t p = t_pos[q];
-        const acc_t w = weight ? acc_t(weight[p]) : acc_t(1);
-        const scalar_t* go = grad_out + i * F;
-        acc_t dot = 0;
-        if constexpr (R == Reduce::Sum || R == Reduce::Mean) {
-          const acc_t scale = (R == Reduce::Mean) ? acc_t(1) / acc_t(rowptr[i + 1] - rowptr[i]) : acc_t(1);
+      const int64_t q0 = t_rowptr[j], q1 = t_rowptr[j + 1];
+      for (int64_t f0 = 0; f0 < F; f0 += tile) {
+        const int64_t nf = std::min(tile, F - f0);
+        std::fill(gx, gx + nf, acc_t(0));
+        const scalar_t* xj = x + j * F + f0;
+        for (int64_t q = q0; q < q1; ++q) {
+          if (q + kPrefetchDistance < q1) {
+            prefetch_row(grad_out + static_cast<int64_t>(t_col[q + kPrefetchDistance]) * F + f0, nf);
+          }
+          const int64_t i = t_col[q];
+          const int64_t p = t_pos[q];
+          const acc_t w = weight ? acc_t(weight[p]) : acc_t(1);
+          const scalar_t* go = grad_out + i * F + f0;
+          acc_t dot = 0;
+          if constexpr (R == Reduce::Sum || R == Reduce::Mean) {
+            const acc_t scale = (R == Reduce::Mean) ? acc_t(1) / acc_t(rowptr[i + 1] - rowptr[i]) : acc_t(1);
+            const acc_t ws = w * scale;
+            if constexpr (NeedW) {
 #pragma omp simd reduction(+ : dot)
-          for (int64_t f = 0; f < F; ++f) {
-            const acc_t dm = acc_t(go[f]) * scale;
-            gx[f] += dm * w;
-            dot += dm * acc_t(xj[f]);
-          }
-        } else if constexpr (R == Reduce::Max || R == Reduce::Min) {
-          const index_t* winner = arg + i * F;
+              for (int64_t f = 0; f < nf; ++f) {
+                gx[f] += acc_t(go[f]) * ws;
+                dot += acc_t(go[f]) * acc_t(xj[f]);
+              }
+              dot *= scale;
+            } else {
+#pragma omp simd
+              for (int64_t f = 0; f < nf; ++f) gx[f] += acc_t(go[f]) * ws;
+            }
+          } else if constexpr (R == Reduce::Max || R == Reduce::Min) {
+            const index_t* winner = arg + i * F + f0;
+            const index_t pos = static_cast<index_t>(p);
 #pragma omp simd reduction(+ : dot)
-          for (int64_t f = 0; f < F; ++f) {
-            const acc_t dm = (winner[f] == p) ? acc_t(go[f]) : acc_t(0);
-            gx[f] += dm * w;
-            dot += dm * acc_t(xj[f]);
+            for (int64_t f = 0; f < nf; ++f) {
+              const acc_t dm = (winner[f] == pos) ? acc_t(go[f]) : acc_t(0);
+              gx[f] += dm * w;
+              if constexpr (NeedW) dot += dm * acc_t(xj[f]);
+            }
+          } else {  // Mul: dOut/dm = product of the row's other messages
+            const acc_t* prod = prod_nonzero + i * F + f0;
+            const int32_t* zeros = zero_count + i * F + f0;
+            for (int64_t f = 0; f < nf; ++f) {
+              const acc_t m = w * acc_t(xj[f]);
+              acc_t others = 0;
+              if (zeros[f] == 0) others = prod[f] / m;
+              else if (zeros[f] == 1 && m == acc_t(0)) others = prod[f];
+              const acc_t dm = acc_t(go[f]) * others;
+              gx[f] += dm * w;
+              if constexpr (NeedW) dot += dm * acc_t(xj[f]);
+            }
           }
-        } else {  // Mul: dOut/dm = product of the other messages of the row
-          const acc_t* prod = prod_nonzero + i * F;
-          const int32_t* zeros = zero_count + i * F;
-          for (int64_t f = 0; f < F; ++f) {
-            const acc_t m = w * acc_t(xj[f]);
-            acc_t others = 0;
-            if (zeros[f] == 0) others = prod[f] / m;
-            else if (zeros[f] == 1 && m == acc_t(0)) others = prod[f];
-            const acc_t dm = acc_t(go[f]) * others;
-            gx[f] += dm * w;
-            dot += dm * acc_t(xj[f]);
-          }
+          if constexpr (NeedW) grad_w[p] = scalar_t(dot);
         }
-        if (grad_w) grad_w[p] = scalar_t(dot);
-      }
-      if (grad_x) {
-        scalar_t* gxj = grad_x + j * F;
-        for (int64_t f = 0; f < F; ++f) gxj[f] = scalar_t(gx[f]);
+        if (grad_x) {
+          scalar_t* gxj = grad_x + j * F + f0;
+          for (int64_t f = 0; f < nf; ++f) gxj[f] = scalar_t(gx[f]);
+        }
       }
     }
   });
@@ -175,21 +200,29 @@ void check_csr_args(const at::Tensor& x, const at::Tensor& rowptr, const at::Ten
 std::tuple<at::Tensor, at::Tensor> gather_scatter_forward(const at::Tensor& x, const at::Tensor& rowptr,
                                                           const at::Tensor& col,
                                                           const c10::optional<at::Tensor>& weight,
-                                                          const std::string& reduce_name) {
+                                                          const std::string& reduce_name, bool need_arg) {
   check_csr_args(x, rowptr, col, weight);
   const Reduce reduce = parse_reduce(reduce_name);
   const int64_t num_rows = rowptr.numel() - 1, F = x.size(1);
   auto out = at::empty({num_rows, F}, x.options());
-  const bool tracks_arg = reduce == Reduce::Max || reduce == Reduce::Min;
+  const bool tracks_arg = need_arg && (reduce == Reduce::Max || reduce == Reduce::Min);
   auto arg = at::empty({tracks_arg ? num_rows : 0, tracks_arg ? F : 0}, rowptr.options());
   if (num_rows == 0 || F == 0) return {out, arg};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gather_scatter_forward", [&] {
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gather_scatter_forward_index", [&] {
       dispatch_reduce(reduce, [&](auto rc) {
-        forward_kernel<scalar_t, index_t, decltype(rc)::value>(
-            x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(),
-            weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr, out.data_ptr<scalar_t>(),
-            tracks_arg ? arg.data_ptr<index_t>() : nullptr, num_rows, F);
+        constexpr Reduce R = decltype(rc)::value;
+        auto run = [&](auto track) {
+          forward_kernel<scalar_t, index_t, R, decltype(track)::value>(
+              x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(),
+              weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr, out.data_ptr<scalar_t>(),
+              tracks_arg ? arg.data_ptr<index_t>() : nullptr, num_rows, F);
+        };
+        if constexpr (Reducer<R>::kTracksArg) {
+          if (tracks_arg) run(std::true_type{}); else run(std::false_type{});
+        } else {
+          run(std::false_type{});
+        }
       });
     });
   });
@@ -207,11 +240,14 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
   TORCH_CHECK(t_rowptr.numel() - 1 <= x.size(0), "gather_scatter_backward: transpose has more rows than x");
   const Reduce reduce = parse_reduce(reduce_name);
   const int64_t num_rows = rowptr.numel() - 1, F = x.size(1), num_src = t_rowptr.numel() - 1;
-  // Sources past the transpose's last row have no edges: their gradient stays 0.
-  auto grad_x = need_x_grad ? at::zeros_like(x) : at::empty({0}, x.options());
-  auto grad_w = (need_weight_grad && weight.has_value()) ? at::zeros({col.numel()}, x.options())
-                                                        : at::empty({0}, x.options());
-  if (num_rows == 0 || F == 0 || col.numel() == 0 || (!need_x_grad && grad_w.numel() == 0)) {
+  auto grad_x = need_x_grad ? at::empty_like(x) : at::empty({0}, x.options());
+  // Sources past the transpose's last row have no edges: their gradient is 0.
+  if (need_x_grad && x.size(0) > num_src) grad_x.narrow(0, num_src, x.size(0) - num_src).zero_();
+  const bool need_w = need_weight_grad && weight.has_value();
+  auto grad_w = need_w ? at::empty({col.numel()}, x.options()) : at::empty({0}, x.options());
+  if (F == 0 || col.numel() == 0 || (!need_x_grad && !need_w)) {
+    if (need_x_grad) grad_x.zero_();
+    if (need_w) grad_w.zero_();
     return {grad_x, grad_w};
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gather_scatter_backward", [&] {
@@ -227,14 +263,17 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
                                           zero_count.data_ptr<int32_t>(), num_rows, F);
       }
       dispatch_reduce(reduce, [&](auto rc) {
-        backward_kernel<scalar_t, index_t, decltype(rc)::value>(
+        auto run = [&](auto need_w_tag) {
+        backward_kernel<scalar_t, index_t, decltype(rc)::value, decltype(need_w_tag)::value>(
             grad_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(), w,
             t_rowptr.data_ptr<index_t>(), t_col.data_ptr<index_t>(), t_pos.data_ptr<index_t>(),
             arg.numel() ? arg.data_ptr<index_t>() : nullptr,
             prod_nonzero.defined() ? prod_nonzero.data_ptr<acc_t>() : nullptr,
             zero_count.defined() ? zero_count.data_ptr<int32_t>() : nullptr,
             need_x_grad ? grad_x.data_ptr<scalar_t>() : nullptr,
-            grad_w.numel() ? grad_w.data_ptr<scalar_t>() : nullptr, num_src, F);
+            need_w ? grad_w.data_ptr<scalar_t>() : nullptr, num_src, F);
+        };
+        if (need_w) run(std::true_type{}); else run(std::false_type{});
       });
     });
   });

@@ -39,11 +39,17 @@ struct Reducer {
       acc *= v;
       return false;
     } else {
-      const bool better = (R == Reduce::Max) ? (v > acc) : (v < acc);
-      const bool win = better || (v != v && acc == acc);
-      if (win) acc = v;
+      const bool win = wins(v, acc);
+      acc = win ? v : acc;
       return win;
     }
+  }
+
+  // Whether message `v` replaces the current best `acc` (max/min), without branches.
+  template <typename T>
+  static inline bool wins(T v, T acc) {
+    const bool better = (R == Reduce::Max) ? (v > acc) : (v < acc);
+    return better | ((v != v) & (acc == acc));
   }
 
   template <typename T>

@@ -41,15 +41,15 @@ BACKWARD_OP = define(
     "bool need_weight_grad) -> (Tensor, Tensor)"
 )
 # The op's signature: x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order with
-# x's dtype; t_* the cached transpose (only needed for backward; pass them when gradients are
-# wanted). Returns out [N_dst, F] and arg [N_dst, F] (winning CSR position for max/min, -1 for
-# empty rows; shape [0, 0] for other reductions).
+# x's dtype; t_* the cached transpose, passed exactly when gradients are wanted. Returns out
+# [N_dst, F] and arg: for max/min with the transpose given, [N_dst, F] winning CSR positions
+# (-1 for empty rows), needed by the backward; otherwise [0, 0] (inference skips tracking).
 
 
 # ---- kernels --------------------------------------------------------------------------------
 @torch.library.impl(OP, "cpu")
 def _forward_cpu(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
-    return tuple(load_extension().gather_scatter_forward(x, rowptr, col, weight, reduce))
+    return tuple(load_extension().gather_scatter_forward(x, rowptr, col, weight, reduce, t_rowptr is not None))
 
 
 @torch.library.impl(BACKWARD_OP, "cpu")
@@ -82,7 +82,8 @@ def _backward_cuda(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg
 def _forward_fake(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
     num_dst = rowptr.shape[0] - 1
     out = x.new_empty(num_dst, x.shape[1])
-    arg = rowptr.new_empty((num_dst, x.shape[1]) if reduce in ARG_REDUCTIONS else (0, 0))
+    tracks_arg = reduce in ARG_REDUCTIONS and t_rowptr is not None
+    arg = rowptr.new_empty((num_dst, x.shape[1]) if tracks_arg else (0, 0))
     return out, arg
 
 
@@ -104,8 +105,10 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_out, _grad_arg):
     x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg = ctx.saved_tensors
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
-    if t_rowptr is None:  # op called directly without the transpose: build it now
+    if t_rowptr is None:  # op called directly without the transpose: build it (and max/min winners) now
         t_rowptr, t_col, t_pos = CSR(rowptr, col, col, x.shape[0]).transpose_parts()
+        if ctx.reduce in ARG_REDUCTIONS:
+            _, arg = torch.ops.gnnfuse.gather_scatter(x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.reduce)
     grad_x, grad_w = torch.ops.gnnfuse.gather_scatter_backward(
         grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, ctx.reduce, need_x, need_w
     )

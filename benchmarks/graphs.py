@@ -42,27 +42,9 @@ def synthetic_edge_index(name: str, *, scale: float = 1.0, seed: int = 0, device
 
 def real_edge_index(name: str) -> tuple[torch.Tensor, int] | None:
     """Cora / CiteSeer / Facebook from the shared data folder, or None when it is absent."""
-    from gnnfuse.testing import data_root
+    from gnnfuse.datasets import load_facebook_edge_index, load_planetoid
 
-    root = data_root()
-    if root is None:
-        return None
-    if name in ("Cora", "CiteSeer"):
-        import shutil
-        import tempfile
-
-        from torch_geometric.datasets import Planetoid
-
-        tmp = tempfile.mkdtemp(prefix="gnnfuse-planetoid-")
-        shutil.copytree(root / "planetoid" / name, f"{tmp}/{name}")
-        data = Planetoid(tmp, name)[0]
-        return data.edge_index, data.num_nodes
     if name == "Facebook":
-        import numpy as np
-
-        edges = np.loadtxt(root / "musae-facebook" / "facebook_edges.csv", delimiter=",", skiprows=1, dtype=np.int64)
-        from torch_geometric.utils import to_undirected
-
-        ei = to_undirected(torch.from_numpy(edges).t())
-        return ei, int(ei.max()) + 1
-    raise KeyError(name)
+        return load_facebook_edge_index()
+    data = load_planetoid(name)
+    return None if data is None else (data.edge_index, data.num_nodes)

@@ -1,10 +1,9 @@
 """Helpers shared by the test suite and benchmarks: graphs, dtypes, tolerances, data paths."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
+
+from .datasets import data_root  # noqa: F401  (re-exported for tests)
 
 VALUE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -38,14 +37,3 @@ def hub_graph(num_nodes: int, hub_degree: int, num_hubs: int = 2, *, seed: int =
     dst = torch.arange(num_hubs).repeat_interleave(hub_degree) * (num_nodes // max(num_hubs, 1))
     src = torch.randint(0, num_nodes, (dst.numel(),), generator=g)
     return torch.stack([src, dst])
-
-
-def data_root() -> Path | None:
-    """Directory of the shared real datasets: $GNNFUSE_DATA, else ../shared/data next to the repo."""
-    env = os.environ.get("GNNFUSE_DATA")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parents[2] / "shared" / "data")
-    for path in candidates:
-        if path.is_dir():
-            return path
-    return None

@@ -38,7 +38,7 @@ _KERNELS = {
         "backward row-parallel over the cached transpose"
     ),
     "reference": "gnnfuse/reference.py: index_select + scatter_reduce (materialises E x F)",
-    "triton": "not implemented yet",
+    "triton": "gnnfuse/triton/gather_scatter.py (plan chosen per graph: see gather_scatter_dispatch.py)",
 }
 
 
@@ -57,14 +57,28 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, backend:
         notes.append("divides by in-degree; empty rows give 0")
     if chosen == "reference":
         notes.append("deterministic on CPU; on CUDA scatter_reduce uses atomics")
+    kernel, deterministic = _KERNELS[chosen], chosen == "cpu" or (chosen == "reference" and x.device.type == "cpu")
+    if chosen == "triton":
+        from .triton.gather_scatter_dispatch import choose
+
+        if isinstance(edge_index_or_csr, CSR):
+            num_dst, num_edges = edge_index_or_csr.num_dst, edge_index_or_csr.num_edges
+        else:
+            num_dst, num_edges = x.shape[0], index.shape[1]
+        feat = 1
+        for d in x.shape[1:]:
+            feat *= d
+        plan = choose(reduce, num_dst, num_edges, feat, x.dtype)
+        kernel, deterministic = plan.describe(), plan.deterministic
+        notes.append("backward: atomic-free CSR over the cached transpose + per-edge dot for edge_weight")
     return KernelPlan(
         backend=chosen,
-        kernel=_KERNELS[chosen],
+        kernel=kernel,
         reduce=reduce,
         value_dtype=x.dtype,
         accumulate_dtype=torch.float32 if half else x.dtype,
         index_dtype=index.dtype,
-        deterministic=chosen == "cpu" or (chosen == "reference" and x.device.type == "cpu"),
+        deterministic=deterministic,
         threads=torch.get_num_threads() if x.device.type == "cpu" else 0,
         notes="; ".join(notes),
     )

@@ -65,7 +65,7 @@ def _backward_cpu(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg,
 def _forward_cuda(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
     from ..triton import gather_scatter as triton_gs  # lazy: Triton is only needed on GPU
 
-    return triton_gs.forward(x, rowptr, col, weight, reduce)
+    return triton_gs.forward(x, rowptr, col, weight, reduce, track_arg=t_rowptr is not None)
 
 
 @torch.library.impl(BACKWARD_OP, "cuda")

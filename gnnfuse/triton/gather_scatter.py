@@ -1,0 +1,623 @@
+"""Triton kernels of ``gnnfuse::gather_scatter`` (forward) and ``gather_scatter_backward``.
+
+Layers: @triton.jit kernels, then host launchers ("check, allocate, launch"), then an
+autograd.Function used on CPU tensors under TRITON_INTERPRET=1 (on CUDA the torch.library op
+carries the autograd rule and calls :func:`forward` / :func:`backward` below). Tile choice
+lives in gather_scatter_dispatch.py.
+
+Forward kernels (see the dispatch module for when each runs):
+  * ``_csr_fwd_kernel`` + ``_combine_kernel``: a work list splits every row into pieces of at
+    most SEG edges; one program per (piece, feature tile) gathers [BLOCK_E, BLOCK_F] tiles of x
+    and reduces them in registers. Rows of one piece write ``out`` directly; pieces of split
+    (hub) rows write float32 partials that ``_combine_kernel`` folds in CSR order. No atomics:
+    bitwise deterministic. Handles sum/mean/max/min/mul and max/min's winning positions.
+  * ``_coo_kernel``: one program per (block of BLOCK_E consecutive CSR edges, feature tile);
+    a segmented inclusive scan over the tile's target ids sums runs of equal target; a run
+    fully inside the block is stored, a run touching the block edge is added with a relaxed
+    atomic (about one atomic per row per block). ``SEGMENTED=False`` is the fully-atomic
+    baseline.
+Backward (no E x F tensor): ``_csr_bwd_x_kernel`` walks the cached transpose with the same
+work-list splitting (dm = d out / d message; grad_x[j] += dm * w), ``_grad_w_kernel`` is a
+per-edge dot over features in CSR order, ``_mul_stats_kernel`` precomputes, for reduce="mul",
+the product of non-zero messages and the zero count per (row, feature).
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+import triton
+import triton.language as tl
+
+from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs
+
+_CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "mul": 4}
+SUM, MEAN, MAX, MIN, MUL = 0, 1, 2, 3, 4
+_BIG = tl.constexpr(2**62)
+_COMBINE_K = 32  # partials folded per step by the second pass
+
+
+# =============================================================================================
+# kernels
+# =============================================================================================
+@triton.jit
+def _mul_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def _seg_add(v1, r1, v2, r2):
+    return tl.where(r1 == r2, v1 + v2, v2), r2
+
+
+@triton.jit
+def _tile_winner(v, m2, pos, REDUCE: tl.constexpr):
+    """Per feature: the winning value of the tile and its lowest position (first NaN wins)."""
+    isnan = (v != v) & m2
+    nan_pos = tl.min(tl.where(isnan, pos, _BIG), axis=0)
+    if REDUCE == 2:
+        clean = tl.where(isnan | (m2 == 0), float("-inf"), v)
+        best = tl.max(clean, axis=0)
+    else:
+        clean = tl.where(isnan | (m2 == 0), float("inf"), v)
+        best = tl.min(clean, axis=0)
+    best_pos = tl.min(tl.where((clean == best[None, :]) & m2 & (isnan == 0), pos, _BIG), axis=0)
+    has_nan = nan_pos < _BIG
+    val = tl.where(has_nan, float("nan"), best)
+    at = tl.where(has_nan, nan_pos, best_pos)
+    return val, at
+
+
+@triton.jit
+def _merge_winner(acc, arg, val, at, REDUCE: tl.constexpr):
+    """Folds a later winner (val, at) into (acc, arg): strict comparison, NaN sticks, -1 = none."""
+    if REDUCE == 2:
+        better = val > acc
+    else:
+        better = val < acc
+    win = (better | ((val != val) & (acc == acc)) | (arg < 0)) & (at >= 0)
+    return tl.where(win, val, acc), tl.where(win, at, arg)
+
+
+@triton.jit
+def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
+                    seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
+                    REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
+                    SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """TRACK: max/min also record the winning CSR position (only when a backward will need it)."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    nft = tl.cdiv(F, BLOCK_F)
+    s = pid // nft
+    ft = pid % nft
+    row = tl.load(seg_row_ptr + s)
+    k = s - tl.load(seg_ptr_ptr + row)
+    r0 = tl.load(rowptr_ptr + row).to(tl.int64)
+    r1 = tl.load(rowptr_ptr + row + 1).to(tl.int64)
+    start = r0 + k * SEG
+    end = tl.minimum(start + SEG, r1)
+    offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = offs_f < F
+    # Element-wise accumulators over the loop (one per edge lane and feature), reduced across
+    # lanes once after it: no cross-warp reduction per tile.
+    lane = tl.arange(0, BLOCK_E)
+    if REDUCE == 4:
+        acc2 = tl.full([BLOCK_E, BLOCK_F], 1.0, ACC)
+    elif REDUCE == 2:
+        acc2 = tl.full([BLOCK_E, BLOCK_F], float("-inf"), ACC)
+    elif REDUCE == 3:
+        acc2 = tl.full([BLOCK_E, BLOCK_F], float("inf"), ACC)
+    else:
+        acc2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
+    arg2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int32)  # winning position - start, per lane
+    for e0 in range(start, end, BLOCK_E):
+        offs_e = e0 + lane
+        emask = offs_e < end
+        c = tl.load(col_ptr + offs_e, mask=emask, other=0).to(tl.int64)
+        m2 = emask[:, None] & fmask[None, :]
+        if REDUCE == 4:
+            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=1.0).to(ACC)
+        elif REDUCE == 2 and not TRACK:
+            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=float("-inf")).to(ACC)
+        elif REDUCE == 3 and not TRACK:
+            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=float("inf")).to(ACC)
+        else:
+            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+        if HAS_W:
+            w = tl.load(w_ptr + offs_e, mask=emask, other=1.0).to(ACC)
+            v = v * w[:, None]
+        if REDUCE <= 1:
+            acc2 += v
+        elif REDUCE == 4:
+            acc2 = acc2 * v
+        elif not TRACK:  # values only: masked lanes hold -inf/+inf; a NaN wins and sticks
+            if REDUCE == 2:
+                acc2 = tl.where((v > acc2) | (v != v), v, acc2)
+            else:
+                acc2 = tl.where((v < acc2) | (v != v), v, acc2)
+        else:
+            if REDUCE == 2:
+                better = v > acc2
+            else:
+                better = v < acc2
+            win = (better | ((v != v) & (acc2 == acc2)) | (arg2 < 0)) & m2
+            acc2 = tl.where(win, v, acc2)
+            rel = (e0 - start).to(tl.int32) + lane
+            arg2 = tl.where(win, rel[:, None] + tl.zeros([BLOCK_E, BLOCK_F], tl.int32), arg2)
+    arg = tl.full([BLOCK_F], -1, tl.int64)
+    if REDUCE <= 1:
+        acc = tl.sum(acc2, axis=0)
+    elif REDUCE == 4:
+        acc = tl.reduce(acc2, 0, _mul_combine)
+    elif not TRACK:
+        isnan = acc2 != acc2
+        has_nan = tl.max(isnan.to(tl.int32), axis=0) > 0
+        if REDUCE == 2:
+            best = tl.max(tl.where(isnan, float("-inf"), acc2), axis=0)
+        else:
+            best = tl.min(tl.where(isnan, float("inf"), acc2), axis=0)
+        acc = tl.where(has_nan, float("nan"), best)
+    else:
+        acc, at = _tile_winner(acc2, arg2 >= 0, arg2.to(tl.int64), REDUCE)
+        arg = tl.where(at < _BIG, start + at, -1)
+    slot = tl.load(slot_ptr + row)
+    if slot < 0:  # the whole row is ours: finish and write
+        count = r1 - r0
+        res = acc
+        if REDUCE == 1:
+            res = acc / tl.maximum(count, 1).to(ACC)
+        if REDUCE >= 2:
+            res = tl.where(count > 0, acc, 0.0)
+        if (REDUCE == 2 or REDUCE == 3) and TRACK:
+            tl.store(arg_ptr + row * F + offs_f, arg.to(arg_ptr.dtype.element_ty), mask=fmask)
+        tl.store(out_ptr + row * F + offs_f, res.to(out_ptr.dtype.element_ty), mask=fmask)
+    else:  # a piece of a split row: partial, folded by _combine_kernel
+        tl.store(part_ptr + (slot + k) * F + offs_f, acc.to(part_ptr.dtype.element_ty), mask=fmask)
+        if (REDUCE == 2 or REDUCE == 3) and TRACK:
+            tl.store(parg_ptr + (slot + k) * F + offs_f, arg, mask=fmask)
+
+
+@triton.jit
+def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows_ptr, seg_ptr_ptr, slot_ptr, F,
+                    REDUCE: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BLOCK_F: tl.constexpr):
+    """Second pass over split rows: folds the row's partials (BLOCK_K at a time) in CSR order."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    nft = tl.cdiv(F, BLOCK_F)
+    i = pid // nft
+    ft = pid % nft
+    row = tl.load(split_rows_ptr + i)
+    npieces = tl.load(seg_ptr_ptr + row + 1) - tl.load(seg_ptr_ptr + row)
+    slot = tl.load(slot_ptr + row)
+    offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = offs_f < F
+    if REDUCE == 4:
+        acc = tl.full([BLOCK_F], 1.0, ACC)
+    else:
+        acc = tl.zeros([BLOCK_F], ACC)
+    arg = tl.full([BLOCK_F], -1, tl.int64)
+    for k0 in range(0, npieces, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kmask = offs_k < npieces
+        m2 = kmask[:, None] & fmask[None, :]
+        ptrs = (slot + offs_k)[:, None] * F + offs_f[None, :]
+        if REDUCE == 4:
+            v = tl.load(part_ptr + ptrs, mask=m2, other=1.0).to(ACC)
+            acc = acc * tl.reduce(v, 0, _mul_combine)
+        elif REDUCE <= 1:
+            v = tl.load(part_ptr + ptrs, mask=m2, other=0.0).to(ACC)
+            acc += tl.sum(v, axis=0)
+        else:
+            v = tl.load(part_ptr + ptrs, mask=m2, other=0.0).to(ACC)
+            if TRACK:
+                a = tl.load(parg_ptr + ptrs, mask=m2, other=-1)
+            else:  # piece order stands in for CSR order
+                a = (slot + offs_k)[:, None] + tl.zeros([BLOCK_K, BLOCK_F], tl.int64)
+            # partials come in CSR order, so the lowest winning CSR position is the first piece's
+            val, at = _tile_winner(v, m2, a, REDUCE)
+            acc, arg = _merge_winner(acc, arg, val, at, REDUCE)
+    res = acc
+    if REDUCE == 1:
+        count = (tl.load(rowptr_ptr + row + 1) - tl.load(rowptr_ptr + row)).to(ACC)
+        res = acc / count
+    if (REDUCE == 2 or REDUCE == 3) and TRACK:
+        tl.store(arg_ptr + row * F + offs_f, arg.to(arg_ptr.dtype.element_ty), mask=fmask)
+    tl.store(out_ptr + row * F + offs_f, res.to(out_ptr.dtype.element_ty), mask=fmask)
+
+
+@triton.jit
+def _coo_kernel(x_ptr, row_ptr, col_ptr, w_ptr, out_ptr, E, F,
+                HAS_W: tl.constexpr, SEGMENTED: tl.constexpr, ACC64: tl.constexpr,
+                BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    ACC = tl.float64 if ACC64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    nft = tl.cdiv(F, BLOCK_F)
+    eb = pid // nft
+    ft = pid % nft
+    lane = tl.arange(0, BLOCK_E)
+    offs_e = eb * BLOCK_E + lane
+    emask = offs_e < E
+    offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = offs_f < F
+    r = tl.load(row_ptr + offs_e, mask=emask, other=-1).to(tl.int64)
+    c = tl.load(col_ptr + offs_e, mask=emask, other=0).to(tl.int64)
+    m2 = emask[:, None] & fmask[None, :]
+    v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+    if HAS_W:
+        w = tl.load(w_ptr + offs_e, mask=emask, other=0.0).to(ACC)
+        v = v * w[:, None]
+    dst = out_ptr + r[:, None] * F + offs_f[None, :]
+    if SEGMENTED:
+        r2 = r[:, None] + tl.zeros([BLOCK_E, BLOCK_F], tl.int64)
+        run, _ = tl.associative_scan((v, r2), 0, _seg_add)
+        r_next = tl.load(row_ptr + offs_e + 1, mask=(offs_e + 1) < E, other=-1).to(tl.int64)
+        is_end = emask & (r != r_next)
+        write = emask & (is_end | (lane == BLOCK_E - 1))
+        first = eb * BLOCK_E
+        first_r = tl.load(row_ptr + first).to(tl.int64)
+        prev_r = tl.load(row_ptr + first - 1, mask=first > 0, other=-1).to(tl.int64)
+        cont = (r == first_r) & (prev_r == first_r)  # the block's first run began in an earlier block
+        shared = write & (~is_end | cont)
+        alone = write & is_end & ~cont
+        tl.store(dst, run.to(out_ptr.dtype.element_ty), mask=m2 & (alone[:, None] != 0))
+        tl.atomic_add(dst, run.to(out_ptr.dtype.element_ty), mask=m2 & (shared[:, None] != 0), sem="relaxed")
+    else:
+        tl.atomic_add(dst, v.to(out_ptr.dtype.element_ty), mask=m2, sem="relaxed")
+
+
+@triton.jit
+def _dm(g, i, p, rowptr_ptr, arg_ptr, prod_ptr, zc_ptr, m, emask, m2, offs_f, F,
+        REDUCE: tl.constexpr, ACC: tl.constexpr):
+    """d out[i, f] / d message * grad_out[i, f] for a [BLOCK_E, BLOCK_F] tile of edges."""
+    if REDUCE == 1:
+        deg = tl.load(rowptr_ptr + i + 1, mask=emask, other=1) - tl.load(rowptr_ptr + i, mask=emask, other=0)
+        g = g / tl.maximum(deg, 1).to(ACC)[:, None]
+    if REDUCE == 2 or REDUCE == 3:
+        a = tl.load(arg_ptr + i[:, None] * F + offs_f[None, :], mask=m2, other=-1).to(tl.int64)
+        g = tl.where(a == p[:, None], g, 0.0)
+    if REDUCE == 4:
+        prod = tl.load(prod_ptr + i[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+        zc = tl.load(zc_ptr + i[:, None] * F + offs_f[None, :], mask=m2, other=2)
+        safe = tl.where(m == 0, 1.0, m)
+        others = tl.where(zc == 0, prod / safe, tl.where((zc == 1) & (m == 0), prod, 0.0))
+        g = g * others
+    return g
+
+
+@triton.jit
+def _csr_bwd_x_kernel(go_ptr, x_ptr, rowptr_ptr, w_ptr, t_rowptr_ptr, t_col_ptr, t_pos_ptr, arg_ptr,
+                      prod_ptr, zc_ptr, gx_ptr, part_ptr, seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
+                      REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr,
+                      SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """grad_x[j] = sum over transpose row j of dm * w; pieces of split rows go to partials."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    nft = tl.cdiv(F, BLOCK_F)
+    s = pid // nft
+    ft = pid % nft
+    j = tl.load(seg_row_ptr + s)
+    k = s - tl.load(seg_ptr_ptr + j)
+    q0 = tl.load(t_rowptr_ptr + j).to(tl.int64)
+    q1 = tl.load(t_rowptr_ptr + j + 1).to(tl.int64)
+    start = q0 + k * SEG
+    end = tl.minimum(start + SEG, q1)
+    offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = offs_f < F
+    acc2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
+    xj = tl.zeros([BLOCK_F], ACC)
+    if REDUCE == 4:
+        xj = tl.load(x_ptr + j * F + offs_f, mask=fmask, other=0.0).to(ACC)
+    for e0 in range(start, end, BLOCK_E):
+        offs_q = e0 + tl.arange(0, BLOCK_E)
+        qmask = offs_q < end
+        i = tl.load(t_col_ptr + offs_q, mask=qmask, other=0).to(tl.int64)
+        p = tl.load(t_pos_ptr + offs_q, mask=qmask, other=-2).to(tl.int64)
+        m2 = qmask[:, None] & fmask[None, :]
+        g = tl.load(go_ptr + i[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+        w = tl.full([BLOCK_E], 1.0, ACC)
+        if HAS_W:
+            w = tl.load(w_ptr + p, mask=qmask, other=0.0).to(ACC)
+        m = w[:, None] * xj[None, :]
+        dm = _dm(g, i, p, rowptr_ptr, arg_ptr, prod_ptr, zc_ptr, m, qmask, m2, offs_f, F, REDUCE, ACC)
+        if HAS_W:
+            dm = dm * w[:, None]
+        acc2 += tl.where(m2, dm, 0.0)
+    acc = tl.sum(acc2, axis=0)
+    slot = tl.load(slot_ptr + j)
+    if slot < 0:
+        tl.store(gx_ptr + j * F + offs_f, acc.to(gx_ptr.dtype.element_ty), mask=fmask)
+    else:
+        tl.store(part_ptr + (slot + k) * F + offs_f, acc.to(part_ptr.dtype.element_ty), mask=fmask)
+
+
+@triton.jit
+def _grad_w_kernel(go_ptr, x_ptr, rowptr_ptr, row_ptr, col_ptr, w_ptr, arg_ptr, prod_ptr, zc_ptr, gw_ptr, E, F,
+                   REDUCE: tl.constexpr, ACC64: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """grad_w[p] = sum_f dm[p, f] * x[col[p], f], one program per block of CSR positions."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    offs_p = pid * BLOCK_E + tl.arange(0, BLOCK_E)
+    pmask = offs_p < E
+    i = tl.load(row_ptr + offs_p, mask=pmask, other=0).to(tl.int64)
+    j = tl.load(col_ptr + offs_p, mask=pmask, other=0).to(tl.int64)
+    w = tl.load(w_ptr + offs_p, mask=pmask, other=0.0).to(ACC)
+    dot = tl.zeros([BLOCK_E], ACC)
+    for f0 in range(0, F, BLOCK_F):
+        offs_f = f0 + tl.arange(0, BLOCK_F)
+        m2 = pmask[:, None] & (offs_f < F)[None, :]
+        g = tl.load(go_ptr + i[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+        xv = tl.load(x_ptr + j[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+        dm = _dm(g, i, offs_p, rowptr_ptr, arg_ptr, prod_ptr, zc_ptr, w[:, None] * xv, pmask, m2, offs_f, F,
+                 REDUCE, ACC)
+        dot += tl.sum(tl.where(m2, dm * xv, 0.0), axis=1)
+    tl.store(gw_ptr + offs_p, dot.to(gw_ptr.dtype.element_ty), mask=pmask)
+
+
+@triton.jit
+def _mul_stats_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, prod_ptr, zc_ptr, F,
+                      HAS_W: tl.constexpr, ACC64: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """reduce="mul" backward helper: product of the non-zero messages and number of zero ones."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    nft = tl.cdiv(F, BLOCK_F)
+    row = pid // nft
+    ft = pid % nft
+    r0 = tl.load(rowptr_ptr + row).to(tl.int64)
+    r1 = tl.load(rowptr_ptr + row + 1).to(tl.int64)
+    offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = offs_f < F
+    prod = tl.full([BLOCK_F], 1.0, ACC)
+    zc = tl.zeros([BLOCK_F], tl.int32)
+    for e0 in range(r0, r1, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)
+        emask = offs_e < r1
+        c = tl.load(col_ptr + offs_e, mask=emask, other=0).to(tl.int64)
+        m2 = emask[:, None] & fmask[None, :]
+        v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=1.0).to(ACC)
+        if HAS_W:
+            v = v * tl.load(w_ptr + offs_e, mask=emask, other=1.0).to(ACC)[:, None]
+        zero = (v == 0) & m2
+        prod = prod * tl.reduce(tl.where(zero, 1.0, v), 0, _mul_combine)
+        zc += tl.sum(zero.to(tl.int32), axis=0)
+    tl.store(prod_ptr + row * F + offs_f, prod.to(prod_ptr.dtype.element_ty), mask=fmask)
+    tl.store(zc_ptr + row * F + offs_f, zc, mask=fmask)
+
+
+# =============================================================================================
+# work lists (cached per rowptr tensor object)
+# =============================================================================================
+class _WorkList:
+    """Rows split into pieces of at most ``seg`` edges.
+
+    seg_row[s]: row of piece s; seg_ptr[r]: first piece of row r; slot[r]: first partial slot
+    of row r if it is split (more than one piece), else -1; split_rows: the split rows.
+    """
+
+    def __init__(self, rowptr: torch.Tensor, seg: int):
+        n = rowptr.numel() - 1
+        dev = rowptr.device
+        deg = (rowptr[1:] - rowptr[:-1]).long()
+        pieces = ((deg + seg - 1) // seg).clamp_(min=1)
+        self.seg_ptr = torch.zeros(n + 1, dtype=torch.long, device=dev)
+        torch.cumsum(pieces, 0, out=self.seg_ptr[1:])
+        split = pieces > 1
+        split_pieces = torch.where(split, pieces, 0)
+        slot_end = torch.cumsum(split_pieces, 0)
+        self.slot = torch.where(split, slot_end - split_pieces, -1)
+        self.split_rows = torch.nonzero(split).flatten()
+        totals = torch.stack([self.seg_ptr[-1], slot_end[-1] if n else self.seg_ptr[-1] * 0]).tolist()  # 1 sync
+        self.num_pieces, self.num_partials = int(totals[0]), int(totals[1])
+        self.seg_row = torch.repeat_interleave(torch.arange(n, device=dev), pieces, output_size=self.num_pieces)
+        self.max_degree = None
+
+
+_cache: dict[tuple, tuple[weakref.ref, int, object]] = {}
+
+
+def _cached(kind: str, t: torch.Tensor, key: tuple, build):
+    """Cache keyed on the tensor object (identity + in-place version); dies with the tensor."""
+    k = (kind, id(t)) + key
+    hit = _cache.get(k)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    value = build()
+    try:
+        ref = weakref.ref(t, lambda _r, k=k: _cache.pop(k, None))
+    except TypeError:
+        return value
+    _cache[k] = (ref, t._version, value)
+    return value
+
+
+def work_list(rowptr: torch.Tensor, seg: int) -> _WorkList:
+    return _cached("work", rowptr, (seg,), lambda: _WorkList(rowptr, seg))
+
+
+def expanded_rows(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
+    """Target of each CSR position (what CSR.row() holds), cached on rowptr."""
+    def build():
+        n = rowptr.numel() - 1
+        deg = rowptr[1:] - rowptr[:-1]
+        return torch.repeat_interleave(torch.arange(n, device=rowptr.device, dtype=rowptr.dtype), deg,
+                                       output_size=num_edges)
+    return _cached("rows", rowptr, (num_edges,), build)
+
+
+# =============================================================================================
+# launchers
+# =============================================================================================
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check(x, rowptr, col, weight):
+    torch._check(x.dim() == 2 and x.is_contiguous(), lambda: "gather_scatter: x must be a contiguous 2-D tensor")
+    torch._check(rowptr.dtype == col.dtype, lambda: "gather_scatter: rowptr and col dtypes differ")
+    if weight is not None:
+        torch._check(weight.shape == col.shape and weight.dtype == x.dtype and weight.is_contiguous(),
+                     lambda: "gather_scatter: weight must be a contiguous [E] tensor with x's dtype")
+
+
+def plan_for(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, reduce: str,
+             kernel: str | None = None, **overrides) -> Plan:
+    plan = choose(reduce, rowptr.numel() - 1, col.numel(), x.shape[1], x.dtype, kernel=kernel)
+    if overrides:
+        plan = Plan(**{**plan.__dict__, **overrides})
+    return plan
+
+
+def autotune_enabled() -> bool:
+    """GNNFUSE_AUTOTUNE=1: the first call per (graph, F, dtype, reduce) times the config
+    builder's candidates and keeps the fastest (cached on the rowptr tensor)."""
+    return os.environ.get("GNNFUSE_AUTOTUNE") == "1"
+
+
+def _tuned(x, rowptr, col, weight, reduce, plan: Plan, track_arg: bool = True) -> Plan:
+    from triton.testing import do_bench
+
+    def build():
+        n, F = rowptr.numel() - 1, x.shape[1]
+        avg = col.numel() / max(n, 1)
+        cands = csr_configs(F, avg, x.element_size()) if plan.kernel == "csr" else coo_configs(F, x.element_size())
+        best, best_ms = plan, float("inf")
+        for cfg in cands:
+            p = Plan(**{**plan.__dict__, **cfg})
+            ms = do_bench(lambda p=p: forward(x, rowptr, col, weight, reduce, track_arg=track_arg, plan=p),
+                          warmup=5, rep=25,
+                          return_mode="median")
+            if ms < best_ms:
+                best, best_ms = p, ms
+        return Plan(**{**best.__dict__, "reason": best.reason + f"; autotuned {len(cands)} configs"})
+
+    return _cached("tune", rowptr, (plan.kernel, reduce, x.shape[1], x.dtype, weight is None), build)
+
+
+def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: torch.Tensor | None,
+            reduce: str, *, track_arg: bool = True, kernel: str | None = None,
+            plan: Plan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """out [N_dst, F] and arg ([N_dst, F] for max/min when ``track_arg``, else [0, 0]); see the op's
+    contract (the op tracks winners exactly when it is given the transpose, i.e. for backward)."""
+    _check(x, rowptr, col, weight)
+    code = _CODES[reduce]
+    n, F, E = rowptr.numel() - 1, x.shape[1], col.numel()
+    tracks = reduce in ("max", "min") and track_arg
+    arg = torch.empty((n, F) if tracks else (0, 0), dtype=rowptr.dtype, device=x.device)
+    if plan is None:
+        plan = plan_for(x, rowptr, col, reduce, kernel)
+        if autotune_enabled() and x.is_cuda:
+            plan = _tuned(x, rowptr, col, weight, reduce, plan, track_arg)
+    acc64 = x.dtype == torch.float64
+    if n == 0 or F == 0:
+        return x.new_zeros(n, F), arg
+    w = weight if weight is not None else x  # dummy pointer when HAS_W is False
+    nft = triton.cdiv(F, plan.block_f)
+    if plan.kernel in ("coo", "atomic") and reduce in ("sum", "mean"):
+        half = x.dtype in (torch.float16, torch.bfloat16)
+        out = torch.zeros(n, F, dtype=torch.float32 if half else x.dtype, device=x.device)
+        if E:
+            rows = expanded_rows(rowptr, E)
+            grid = (triton.cdiv(E, plan.block_e) * nft,)
+            _coo_kernel[grid](x, rows, col, w, out, E, F, HAS_W=weight is not None,
+                              SEGMENTED=plan.kernel == "coo", ACC64=acc64, BLOCK_E=plan.block_e,
+                              BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+        if reduce == "mean":
+            out.div_((rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(out.dtype))
+        return out.to(x.dtype), arg
+    wl = work_list(rowptr, plan.seg)
+    out = torch.empty(n, F, dtype=x.dtype, device=x.device)
+    # (unused pointer arguments get any tensor: no allocation for them)
+    part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device) if wl.num_partials else out
+    parg = torch.empty(wl.num_partials, F, dtype=torch.long, device=x.device) if wl.num_partials and tracks else col
+    arg_p = arg if tracks else col
+    _csr_fwd_kernel[(wl.num_pieces * nft,)](
+        x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F,
+        REDUCE=code, HAS_W=weight is not None, ACC64=acc64, TRACK=tracks, SEG=plan.seg, BLOCK_E=plan.block_e,
+        BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+    if wl.split_rows.numel():
+        _combine_kernel[(wl.split_rows.numel() * nft,)](
+            part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F,
+            REDUCE=code, ACC64=acc64, TRACK=tracks, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f, num_warps=4)
+    return out, arg
+
+
+def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad,
+             *, plan: Plan | None = None):
+    """(grad_x, grad_w) per the op's contract; empty tensors for gradients not asked for."""
+    _check(x, rowptr, col, weight)
+    code = _CODES[reduce]
+    n, F, E = rowptr.numel() - 1, x.shape[1], col.numel()
+    grad_out = grad_out.contiguous()
+    acc64 = x.dtype == torch.float64
+    want_w = need_w_grad and weight is not None
+    grad_x = torch.empty_like(x) if need_x_grad else x.new_empty(0)
+    grad_w = x.new_empty(E) if want_w else x.new_empty(0)
+    if n == 0 or F == 0 or E == 0:
+        return (grad_x.zero_() if need_x_grad else grad_x), (grad_w.zero_() if want_w else grad_w)
+    if plan is None:
+        plan = choose(reduce, t_rowptr.numel() - 1, E, F, x.dtype, deterministic=True)
+    w = weight if weight is not None else x
+    arg_p = arg if arg.numel() else rowptr
+    prod = zc = x  # dummies
+    if reduce == "mul":
+        prod = torch.empty(n, F, dtype=_acc_dtype(x.dtype), device=x.device)
+        zc = torch.empty(n, F, dtype=torch.int32, device=x.device)
+        bf = plan.block_f
+        _mul_stats_kernel[(n * triton.cdiv(F, bf),)](x, rowptr, col, w, prod, zc, F, HAS_W=weight is not None,
+                                                     ACC64=acc64, BLOCK_E=plan.block_e, BLOCK_F=bf,
+                                                     num_warps=plan.num_warps)
+    if need_x_grad:
+        nt = t_rowptr.numel() - 1
+        if nt < x.shape[0]:
+            grad_x[nt:].zero_()
+        wl = work_list(t_rowptr, plan.seg)
+        nft = triton.cdiv(F, plan.block_f)
+        part = x  # unused unless some rows are split
+        if wl.num_partials:
+            part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device)
+        _csr_bwd_x_kernel[(wl.num_pieces * nft,)](
+            grad_out, x, rowptr, w, t_rowptr, t_col, t_pos, arg_p, prod, zc, grad_x, part,
+            wl.seg_row, wl.seg_ptr, wl.slot, F, REDUCE=code, HAS_W=weight is not None, ACC64=acc64,
+            SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+        if wl.split_rows.numel():
+            _combine_kernel[(wl.split_rows.numel() * nft,)](
+                part, part, grad_x, rowptr, t_rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F,
+                REDUCE=SUM, ACC64=acc64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f, num_warps=4)
+    if want_w:
+        rows = expanded_rows(rowptr, E)
+        be = 32
+        bf = min(plan.block_f, 128)
+        _grad_w_kernel[(triton.cdiv(E, be),)](grad_out, x, rowptr, rows, col, w, arg_p, prod, zc, grad_w, E, F,
+                                              REDUCE=code, ACC64=acc64, BLOCK_E=be, BLOCK_F=bf,
+                                              num_warps=max(1, be * bf // 1024))
+    return grad_x, grad_w
+
+
+# =============================================================================================
+# autograd for CPU tensors under TRITON_INTERPRET=1 (CUDA goes through the torch.library op)
+# =============================================================================================
+class _GatherScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
+        out, arg = forward(x, rowptr, col, weight, reduce, track_arg=True)
+        ctx.reduce = reduce
+        ctx.mark_non_differentiable(arg)
+        ctx.save_for_backward(x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg)
+        return out, arg
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_arg):
+        x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
+        grad_x, grad_w = backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, ctx.reduce,
+                                  need_x, need_w)
+        return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
+
+
+def gather_scatter_autograd(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
+    """Forward + autograd through the Triton launchers directly (for CPU tensors, interpreter)."""
+    if t_rowptr is None:
+        from ..csr import CSR
+        t_rowptr, t_col, t_pos = CSR(rowptr, col, col, x.shape[0]).transpose_parts()
+    return _GatherScatter.apply(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce)

@@ -1,0 +1,212 @@
+"""Triton backend of fused_gather_scatter: every kernel against the pure-torch reference.
+
+Without CUDA these run on tiny CPU tensors in the Triton interpreter (TRITON_INTERPRET=1, set
+by conftest.py); with CUDA the same tests run on the GPU, plus opcheck, gradcheck and a
+torch.compile(fullgraph=True) check.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import gnnfuse  # noqa: E402
+from gnnfuse import reference  # noqa: E402
+from gnnfuse.csr import CSR  # noqa: E402
+from gnnfuse.testing import TOLERANCES, random_graph  # noqa: E402
+from gnnfuse.triton import gather_scatter as tgs  # noqa: E402
+from gnnfuse.triton.gather_scatter_dispatch import choose  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+def _graph(index_dtype=torch.int64, scale=1):
+    """Power-law targets with a hub row, several empty rows and one isolated source."""
+    n_src, n_dst = 24 * scale, 16 * scale
+    ei = random_graph(n_src - 1, n_dst, 70 * scale, power_law=True, seed=3)
+    hub = torch.stack([torch.randint(0, n_src - 1, (40 * scale,), generator=torch.Generator().manual_seed(4)),
+                       torch.full((40 * scale,), 5)])
+    ei = torch.cat([ei, hub], 1)
+    ei = ei[:, ei[1] % 7 != 3]  # empty rows
+    return CSR.from_edge_index(ei.to(index_dtype).to(DEVICE), (n_src, n_dst))
+
+
+def _ref(x, csr, reduce, w):
+    return reference.gather_scatter(x.double(), csr.col, csr.row(), csr.num_dst, reduce,
+                                    None if w is None else w.double())
+
+
+# small tiles so hub rows are split over several programs and COO blocks cut rows
+_TINY = dict(block_e=16, seg=16)
+
+
+@pytest.mark.parametrize("kernel,reduce", [("csr", r) for r in ("sum", "mean", "max", "min", "mul")]
+                         + [("coo", "sum"), ("coo", "mean"), ("atomic", "sum")])
+def test_forward_kernel(kernel, reduce):
+    csr = _graph()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(csr.num_src, 20, generator=g).to(DEVICE)
+    w = torch.rand(csr.num_edges, generator=g).to(DEVICE) + 0.5
+    for weight in (None, w):
+        plan = tgs.plan_for(x, csr.rowptr, csr.col, reduce, kernel, **_TINY)
+        out, arg = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=plan)
+        torch.testing.assert_close(out.double(), _ref(x, csr, reduce, weight), atol=1e-5, rtol=1e-5)
+        if reduce in ("max", "min"):
+            ref_arg, _ = _cpu_arg(x, csr, weight, reduce)
+            assert torch.equal(arg.cpu(), ref_arg)
+            untracked, no_arg = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, track_arg=False, plan=plan)
+            assert torch.equal(untracked, out) and no_arg.shape == (0, 0)
+        else:
+            assert arg.shape == (0, 0)
+
+
+def _cpu_arg(x, csr, weight, reduce):
+    c = csr.to("cpu")  # with the transpose, the CPU op records max/min winners too
+    return tuple(reversed(torch.ops.gnnfuse.gather_scatter(
+        x.cpu(), c.rowptr, c.col, None if weight is None else weight.cpu(), *c.transpose_parts(), reduce)))
+
+
+def test_max_ties_nan_and_inf_follow_cpu():
+    csr = _graph()
+    x = torch.randint(-2, 3, (csr.num_src, 8)).float()
+    x[3, 0], x[7, 1], x[9, 2] = float("nan"), float("-inf"), float("inf")
+    x = x.to(DEVICE)
+    for reduce in ("max", "min"):
+        out, arg = tgs.forward(x, csr.rowptr, csr.col, None, reduce,
+                               plan=tgs.plan_for(x, csr.rowptr, csr.col, reduce, "csr", **_TINY))
+        ref_arg, ref_out = _cpu_arg(x, csr, None, reduce)
+        assert torch.equal(arg.cpu(), ref_arg)
+        torch.testing.assert_close(out.cpu(), ref_out, equal_nan=True)
+        untracked, _ = tgs.forward(x, csr.rowptr, csr.col, None, reduce, track_arg=False,
+                                   plan=tgs.plan_for(x, csr.rowptr, csr.col, reduce, "csr", **_TINY))
+        torch.testing.assert_close(untracked, out, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype,index_dtype,kernel", [
+    (torch.float16, torch.int32, "csr"), (torch.bfloat16, torch.int64, "coo"),
+    (torch.float64, torch.int32, "coo"), (torch.float64, torch.int64, "csr"),
+])
+def test_dtypes(dtype, index_dtype, kernel):
+    csr = _graph(index_dtype)
+    x = torch.randn(csr.num_src, 16, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
+    reduce = "max" if kernel == "csr" else "mean"
+    out, _ = tgs.forward(x, csr.rowptr, csr.col, None, reduce,
+                         plan=tgs.plan_for(x, csr.rowptr, csr.col, reduce, kernel, **_TINY))
+    assert out.dtype == dtype
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.double(), _ref(x, csr, reduce, None), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "mul"])
+def test_backward_matches_cpu(reduce):
+    """x and edge_weight gradients through fused_gather_scatter(backend="triton") vs the CPU kernels."""
+    ei = random_graph(20, 14, 90, power_law=True, seed=7, index_dtype=torch.int32)
+    g = torch.Generator().manual_seed(2)
+    x0 = torch.randn(20, 6, generator=g, dtype=torch.float64)
+    if reduce == "mul":
+        x0[[1, 4], :3] = 0.0  # single and double zeros in products
+    w0 = torch.rand(ei.shape[1], generator=g, dtype=torch.float64) + 0.5
+    grad = torch.randn(14, 6, generator=g, dtype=torch.float64)
+    results = []
+    for backend, dev in (("triton", DEVICE), ("cpu", "cpu")):
+        x = x0.to(dev).requires_grad_()
+        w = w0.to(dev).requires_grad_()
+        out = gnnfuse.fused_gather_scatter(x, ei.to(dev), reduce, edge_weight=w, num_nodes=14, backend=backend)
+        results.append([t.cpu() for t in (out, *torch.autograd.grad(out, (x, w), grad.to(dev)))])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9)
+
+
+def test_backward_kernels_split_rows():
+    """Tiny pieces in the transpose too: grad_x partials are combined in order."""
+    csr = _graph()
+    t_rowptr, t_col, t_pos = csr.transpose_parts()
+    x = torch.randn(csr.num_src, 10, dtype=torch.float64).to(DEVICE)
+    go = torch.randn(csr.num_dst, 10, dtype=torch.float64).to(DEVICE)
+    plan = tgs.plan_for(x, t_rowptr, t_col, "sum", "csr", block_e=16, seg=16)
+    gx, gw = tgs.backward(go, x, csr.rowptr, csr.col, None, t_rowptr, t_col, t_pos,
+                          csr.rowptr.new_empty(0, 0), "sum", True, False, plan=plan)
+    ref = torch.zeros_like(x).index_add_(0, csr.col.long(), go[csr.row().long()])
+    torch.testing.assert_close(gx, ref)
+    assert gw.numel() == 0
+
+
+def test_dispatch_and_explain():
+    assert choose("sum", 1000, 3000, 32, torch.float32).kernel == "coo"
+    assert choose("sum", 1000, 9000, 128, torch.float32).kernel == "csr"
+    assert choose("sum", 1000, 300000, 64, torch.float32).kernel == "csr"
+    assert choose("max", 1000, 3000, 32, torch.float32).kernel == "csr"
+    assert choose("sum", 1000, 3000, 32, torch.float32, deterministic=True).kernel == "csr"
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert choose("sum", 1000, 3000, 32, torch.float32).deterministic
+    finally:
+        torch.use_deterministic_algorithms(False)
+    csr = _graph()
+    x = torch.randn(csr.num_src, 8, device=DEVICE)
+    plan = gnnfuse.explain(x, csr, "sum", backend="triton")
+    assert plan.backend == "triton" and "BLOCK_F" in plan.kernel
+
+
+def test_multidim_features_and_empty_graph():
+    csr = _graph()
+    x = torch.randn(csr.num_src, 2, 3, device=DEVICE)
+    out = gnnfuse.fused_gather_scatter(x, csr, "sum", backend="triton")
+    ref = gnnfuse.fused_gather_scatter(x.cpu(), csr.to("cpu"), "sum", backend="reference")
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-5)
+    empty = CSR.from_edge_index(torch.empty(2, 0, dtype=torch.long, device=DEVICE), (4, 3))
+    out = gnnfuse.fused_gather_scatter(torch.randn(4, 5, device=DEVICE), empty, "max", backend="triton")
+    assert out.shape == (3, 5) and not out.any()
+
+
+# ---- CUDA only ---------------------------------------------------------------------------------
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "mul"])
+def test_cuda_auto_vs_reference(dtype, reduce):
+    ei = random_graph(3000, 2000, 40000, power_law=True, seed=11).cuda()
+    x = torch.randn(3000, 72, device="cuda").to(dtype)
+    if reduce == "mul":
+        x = 1 + 0.01 * x
+    out = gnnfuse.fused_gather_scatter(x, ei, reduce, num_nodes=2000)
+    ref = gnnfuse.fused_gather_scatter(x.double(), ei, reduce, num_nodes=2000, backend="reference")
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.double(), ref, atol=atol * 4, rtol=rtol * 4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "mul"])
+def test_cuda_opcheck_and_gradcheck(reduce):
+    csr = _graph(scale=2)
+    t = csr.transpose_parts()
+    x = torch.randn(csr.num_src, 5, device="cuda", dtype=torch.float64, requires_grad=True)
+    w = (torch.rand(csr.num_edges, device="cuda", dtype=torch.float64) + 0.5).requires_grad_()
+    torch.library.opcheck(torch.ops.gnnfuse.gather_scatter, (x, csr.rowptr, csr.col, w, *t, reduce))
+    torch.autograd.gradcheck(lambda a, b: gnnfuse.fused_gather_scatter(a, csr, reduce, edge_weight=b), (x, w))
+
+
+@needs_cuda
+def test_cuda_compile_fullgraph_and_deterministic():
+    ei = random_graph(500, 400, 5000, power_law=True, seed=5).cuda()
+    x = torch.randn(500, 32, device="cuda", requires_grad=True)
+    fn = torch.compile(lambda a: gnnfuse.fused_gather_scatter(a, ei, "mean", num_nodes=400).relu().sum(),
+                       fullgraph=True)
+    loss = fn(x)
+    loss.backward()
+    ref_x = x.detach().clone().requires_grad_()
+    gnnfuse.fused_gather_scatter(ref_x, ei, "mean", num_nodes=400, backend="reference").relu().sum().backward()
+    torch.testing.assert_close(x.grad, ref_x.grad, atol=1e-5, rtol=1e-5)
+    torch.use_deterministic_algorithms(True)
+    try:
+        a = gnnfuse.fused_gather_scatter(x.detach(), ei, "sum", num_nodes=400)
+        b = gnnfuse.fused_gather_scatter(x.detach(), ei, "sum", num_nodes=400)
+        assert torch.equal(a, b)
+    finally:
+        torch.use_deterministic_algorithms(False)

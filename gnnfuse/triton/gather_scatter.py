@@ -356,33 +356,47 @@ def _grad_w_kernel(go_ptr, x_ptr, rowptr_ptr, row_ptr, col_ptr, w_ptr, arg_ptr, 
 
 
 @triton.jit
-def _mul_stats_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, prod_ptr, zc_ptr, F,
-                      HAS_W: tl.constexpr, ACC64: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
-    """reduce="mul" backward helper: product of the non-zero messages and number of zero ones."""
+def _mul_stats_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, prod_ptr, zc_ptr, pprod_ptr, pzc_ptr,
+                      seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
+                      HAS_W: tl.constexpr, ACC64: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_F: tl.constexpr):
+    """reduce="mul" backward helper: product of the non-zero messages and number of zero ones,
+    per (row, feature); same work list as the forward (pieces of split rows go to partials)."""
     ACC = tl.float64 if ACC64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
     nft = tl.cdiv(F, BLOCK_F)
-    row = pid // nft
+    s = pid // nft
     ft = pid % nft
+    row = tl.load(seg_row_ptr + s)
+    k = s - tl.load(seg_ptr_ptr + row)
     r0 = tl.load(rowptr_ptr + row).to(tl.int64)
     r1 = tl.load(rowptr_ptr + row + 1).to(tl.int64)
+    start = r0 + k * SEG
+    end = tl.minimum(start + SEG, r1)
     offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = offs_f < F
-    prod = tl.full([BLOCK_F], 1.0, ACC)
-    zc = tl.zeros([BLOCK_F], tl.int32)
-    for e0 in range(r0, r1, BLOCK_E):
+    prod2 = tl.full([BLOCK_E, BLOCK_F], 1.0, ACC)
+    zc2 = tl.zeros([BLOCK_E, BLOCK_F], tl.int32)
+    for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + tl.arange(0, BLOCK_E)
-        emask = offs_e < r1
+        emask = offs_e < end
         c = tl.load(col_ptr + offs_e, mask=emask, other=0).to(tl.int64)
         m2 = emask[:, None] & fmask[None, :]
         v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=1.0).to(ACC)
         if HAS_W:
             v = v * tl.load(w_ptr + offs_e, mask=emask, other=1.0).to(ACC)[:, None]
         zero = (v == 0) & m2
-        prod = prod * tl.reduce(tl.where(zero, 1.0, v), 0, _mul_combine)
-        zc += tl.sum(zero.to(tl.int32), axis=0)
-    tl.store(prod_ptr + row * F + offs_f, prod.to(prod_ptr.dtype.element_ty), mask=fmask)
-    tl.store(zc_ptr + row * F + offs_f, zc, mask=fmask)
+        prod2 = prod2 * tl.where(zero, 1.0, v)
+        zc2 += zero.to(tl.int32)
+    prod = tl.reduce(prod2, 0, _mul_combine)
+    zc = tl.sum(zc2, axis=0)
+    slot = tl.load(slot_ptr + row)
+    if slot < 0:
+        tl.store(prod_ptr + row * F + offs_f, prod.to(prod_ptr.dtype.element_ty), mask=fmask)
+        tl.store(zc_ptr + row * F + offs_f, zc, mask=fmask)
+    else:
+        tl.store(pprod_ptr + (slot + k) * F + offs_f, prod.to(pprod_ptr.dtype.element_ty), mask=fmask)
+        tl.store(pzc_ptr + (slot + k) * F + offs_f, zc.to(pzc_ptr.dtype.element_ty), mask=fmask)
 
 
 # =============================================================================================
@@ -564,9 +578,20 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
         prod = torch.empty(n, F, dtype=_acc_dtype(x.dtype), device=x.device)
         zc = torch.empty(n, F, dtype=torch.int32, device=x.device)
         bf = plan.block_f
-        _mul_stats_kernel[(n * triton.cdiv(F, bf),)](x, rowptr, col, w, prod, zc, F, HAS_W=weight is not None,
-                                                     ACC64=acc64, BLOCK_E=plan.block_e, BLOCK_F=bf,
-                                                     num_warps=plan.num_warps)
+        nft = triton.cdiv(F, bf)
+        wl = work_list(rowptr, plan.seg)
+        pprod = pzc = prod  # partials (float; counts are exact below 2**24) only if rows are split
+        if wl.num_partials:
+            pprod = torch.empty(wl.num_partials, F, dtype=prod.dtype, device=x.device)
+            pzc = torch.empty(wl.num_partials, F, dtype=torch.float32, device=x.device)
+        _mul_stats_kernel[(wl.num_pieces * nft,)](
+            x, rowptr, col, w, prod, zc, pprod, pzc, wl.seg_row, wl.seg_ptr, wl.slot, F, HAS_W=weight is not None,
+            ACC64=acc64, SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=bf, num_warps=plan.num_warps)
+        if wl.split_rows.numel():
+            for part, dst, code_ in ((pprod, prod, MUL), (pzc, zc, SUM)):
+                _combine_kernel[(wl.split_rows.numel() * nft,)](
+                    part, part, dst, rowptr, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F,
+                    REDUCE=code_, ACC64=acc64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=bf, num_warps=4)
     if need_x_grad:
         nt = t_rowptr.numel() - 1
         if nt < x.shape[0]:

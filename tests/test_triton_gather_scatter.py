@@ -124,6 +124,22 @@ def test_backward_matches_cpu(reduce):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9)
 
 
+@pytest.mark.parametrize("dtype,reduce", [(torch.float16, "mean"), (torch.bfloat16, "max")])
+def test_backward_half(dtype, reduce):
+    ei = random_graph(20, 14, 90, power_law=True, seed=8)
+    x0 = torch.randn(20, 8, generator=torch.Generator().manual_seed(3)).to(dtype)
+    grad = torch.randn(14, 8, generator=torch.Generator().manual_seed(4)).to(dtype)
+    x = x0.to(DEVICE).requires_grad_()
+    out = gnnfuse.fused_gather_scatter(x, ei.to(DEVICE), reduce, num_nodes=14, backend="triton")
+    (gx,) = torch.autograd.grad(out, x, grad.to(DEVICE))
+    xr = x0.double().requires_grad_()
+    ref = gnnfuse.fused_gather_scatter(xr, ei, reduce, num_nodes=14, backend="reference")
+    (gr,) = torch.autograd.grad(ref, xr, grad.double())
+    assert gx.dtype == dtype
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(gx.double().cpu(), gr, atol=atol, rtol=rtol)
+
+
 def test_backward_kernels_split_rows():
     """Tiny pieces in the transpose too: grad_x partials are combined in order."""
     csr = _graph()

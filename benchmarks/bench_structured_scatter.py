@@ -12,7 +12,8 @@ Rows (float32 values, int32 indices unless noted), all measured in one run:
                      element of every overlapping atom range-checked (C++ baseline in the same .cpp);
   * ``serial``       (CPU) a plain serial loop without checks (C++);
   * ``backward`` / ``index_select`` the gradient (structured gather) and its explicit-index anchor.
-CPU thread scaling (``--threads``): gnnfuse and seed on sorted atoms, for each thread count.
+CPU thread scaling (``--threads``): gnnfuse and seed on sorted atoms, for each thread count, and
+a control (``torch.add`` in place on two tensors of the cube's size) showing how the machine itself scales.
 Atoms sit at random corners of a periodic NxNxN map; "sorted" orders them by their 1-D corner
 index (x-major), as a map builder sorting atoms by centre would.
 One results file pair (.json + .md) per run, named with the device and the date.
@@ -96,13 +97,17 @@ def run_scaling(thread_counts, rows, timing_args):
     """CPU thread scaling on sorted atoms (gnnfuse and the seed design)."""
     cube, wa, wbwc, M = make_atoms(*SCALING_CONFIG, sort=True)
     ext = load_extension("density")
+    # control: a plain parallel torch op of similar size, to tell the machine's own scaling
+    # (memory bandwidth, other load) from the kernel's
+    a, b = torch.rand(cube.numel()), torch.rand(cube.numel())
     before = torch.get_num_threads()
     base = {}
     try:
         for n in thread_counts:
             torch.set_num_threads(n)
             for method, fn in (("gnnfuse", lambda: gnnfuse.structured_scatter_add(cube, wa, wbwc, M)),
-                               ("seed", lambda: ext.structured_scatter_seed_baseline(cube, wa, wbwc, M))):
+                               ("seed", lambda: ext.structured_scatter_seed_baseline(cube, wa, wbwc, M)),
+                               ("control_torch_add", lambda: torch.add(a, b, out=a))):
                 timing = bench(fn, "cpu", **timing_args)
                 base.setdefault(method, timing["median_ms"] * thread_counts[0])
                 speedup = base[method] / timing["median_ms"]
@@ -128,8 +133,8 @@ def summarize(rows):
             lines.append("- reference point (C=20000, 12^3, 160^3, sorted, float32, int32): "
                          + ", ".join(f"{r['method']} {r['median_ms']:.2f} ms" for r in ref))
     for r in rows:
-        if r["method"] == "scaling:gnnfuse":
-            lines.append(f"- scaling gnnfuse, {r['threads']} threads: efficiency {r['efficiency']:.2f}")
+        if r["method"].startswith("scaling:") and r["threads"] != 1:
+            lines.append(f"- scaling {r['method'][8:]}, {r['threads']} threads: efficiency {r['efficiency']:.2f}")
     return "\n".join(lines)
 
 

@@ -15,8 +15,14 @@ namespace {
 
 // Features are processed in tiles so the accumulator stays in L1 for very wide rows.
 constexpr int64_t kTile = 512;
-// Source rows are prefetched this many edges ahead; they are random reads into x.
-constexpr int64_t kPrefetchDistance = 4;
+// Source rows are random reads into x, so upcoming rows are prefetched. Narrow rows need a
+// longer look-ahead to keep enough bytes in flight (measured on arxiv-like, 1 thread: no
+// prefetch 68 ms, 4 ahead 25.5 ms, 16 ahead 20.3 ms at F=32; 16 ahead is best at F=128 too,
+// within noise of 8).
+template <typename scalar_t>
+inline int64_t prefetch_distance(int64_t row_elems) {
+  return row_elems * static_cast<int64_t>(sizeof(scalar_t)) <= 512 ? 16 : 8;
+}
 
 template <typename scalar_t>
 inline void prefetch_row(const scalar_t* p, int64_t n) {
@@ -47,6 +53,7 @@ void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col
       }
       for (int64_t f0 = 0; f0 < F; f0 += kTile) {
         const int64_t nf = std::min(kTile, F - f0);
+        const int64_t ahead = prefetch_distance<scalar_t>(nf);
         {  // the first edge initialises, so no identity value (and no -inf special case) is needed
           const acc_t w = weight ? acc_t(weight[e0]) : acc_t(1);
           const scalar_t* xr = x + static_cast<int64_t>(col[e0]) * F + f0;
@@ -55,9 +62,7 @@ void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col
           if constexpr (TrackArg) std::fill(win, win + nf, index_t(e0));
         }
         for (int64_t e = e0 + 1; e < e1; ++e) {
-          if (e + kPrefetchDistance < e1) {
-            prefetch_row(x + static_cast<int64_t>(col[e + kPrefetchDistance]) * F + f0, nf);
-          }
+          if (e + ahead < e1) prefetch_row(x + static_cast<int64_t>(col[e + ahead]) * F + f0, nf);
           const acc_t w = weight ? acc_t(weight[e]) : acc_t(1);
           const scalar_t* xr = x + static_cast<int64_t>(col[e]) * F + f0;
           if constexpr (TrackArg) {
@@ -126,12 +131,11 @@ void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t*
       const int64_t q0 = t_rowptr[j], q1 = t_rowptr[j + 1];
       for (int64_t f0 = 0; f0 < F; f0 += tile) {
         const int64_t nf = std::min(tile, F - f0);
+        const int64_t ahead = prefetch_distance<scalar_t>(nf);
         std::fill(gx, gx + nf, acc_t(0));
         const scalar_t* xj = x + j * F + f0;
         for (int64_t q = q0; q < q1; ++q) {
-          if (q + kPrefetchDistance < q1) {
-            prefetch_row(grad_out + static_cast<int64_t>(t_col[q + kPrefetchDistance]) * F + f0, nf);
-          }
+          if (q + ahead < q1) prefetch_row(grad_out + static_cast<int64_t>(t_col[q + ahead]) * F + f0, nf);
           const int64_t i = t_col[q];
           const int64_t p = t_pos[q];
           const acc_t w = weight ? acc_t(weight[p]) : acc_t(1);

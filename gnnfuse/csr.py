@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._validate import require_fits_index, require_index, require_node_count, require_shape, require_tensor
+from ._validate import INDEX_DTYPES, INT32_MAX, require_fits_index, require_index, require_node_count, require_shape, require_tensor
 from .ops.coo_to_csr import coo_to_csr
 
 
@@ -29,31 +29,38 @@ class CSR:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_edge_index(cls, edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = None) -> CSR:
+    def from_edge_index(cls, edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = None, *,
+                        index_dtype: torch.dtype | None = None) -> CSR:
         """Sorts ``edge_index`` [2, E] (row 0 = source, row 1 = target) by target, stably.
 
         ``num_nodes`` is an int (square graph) or ``(num_src, num_dst)``; when None it is
-        ``max(edge_index) + 1`` (one host sync). A PyG ``EdgeIndex`` sorted by row or column
-        reuses its cached CSC instead of sorting again.
+        ``max(edge_index) + 1`` (one host sync). ``index_dtype`` of the CSR: by default int32
+        whenever nodes and edges fit (half the index memory traffic of int64, whatever
+        edge_index's dtype), else int64. A PyG ``EdgeIndex`` sorted by row or column reuses its
+        cached CSC (and dtype) instead of sorting again.
         """
         check_edge_index(edge_index)
         num_src, num_dst = _sizes(edge_index, num_nodes)
-        reused = _from_pyg_edge_index(edge_index, num_src, num_dst)
-        if reused is not None:
-            return reused
+        if index_dtype is None:
+            reused = _from_pyg_edge_index(edge_index, num_src, num_dst)
+            if reused is not None:
+                return reused
+        index_dtype = _index_dtype(index_dtype, num_src, num_dst, edge_index.shape[1])
         if type(edge_index) is not torch.Tensor:  # plain tensor: no subclass dispatch in the op
             edge_index = edge_index.as_subclass(torch.Tensor)
+        edge_index = edge_index.to(index_dtype)
         rowptr, col, perm = coo_to_csr(edge_index[1], edge_index[0], num_dst, num_src)
         return cls(rowptr, col, perm, num_src)
 
     @classmethod
-    def from_scipy(cls, matrix, index_dtype: torch.dtype = torch.int64) -> CSR:
+    def from_scipy(cls, matrix, *, index_dtype: torch.dtype | None = None) -> CSR:
         """From a scipy sparse matrix of shape (num_dst, num_src): A[i, j] != 0 is an edge j -> i.
 
         Edge ids follow ``matrix.tocsr()``'s storage order, so its ``.data`` is the matching
-        ``edge_weight``.
+        ``edge_weight``. ``index_dtype`` as in :meth:`from_edge_index`.
         """
         m = matrix.tocsr()
+        index_dtype = _index_dtype(index_dtype, m.shape[1], m.shape[0], m.nnz)
         rowptr = torch.from_numpy(m.indptr).to(index_dtype)
         col = torch.from_numpy(m.indices).to(index_dtype)
         perm = torch.arange(col.numel(), dtype=index_dtype)
@@ -142,6 +149,16 @@ def check_edge_index(edge_index: object) -> torch.Tensor:
     require_index("edge_index", edge_index)
     require_shape("edge_index", edge_index, "[2, E]", edge_index.dim() == 2 and edge_index.shape[0] == 2)
     return edge_index
+
+
+def _index_dtype(requested: torch.dtype | None, num_src: int, num_dst: int, num_edges: int) -> torch.dtype:
+    """int32 when everything fits (unless int64 is requested), else int64."""
+    if requested is None:
+        return torch.int32 if max(num_src, num_dst, num_edges) <= INT32_MAX else torch.int64
+    if requested not in INDEX_DTYPES:
+        raise TypeError(f"index_dtype must be torch.int32 or torch.int64; got {requested}")
+    require_fits_index("index_dtype", requested, edges=num_edges, nodes=max(num_src, num_dst))
+    return requested
 
 
 def _sizes(edge_index: torch.Tensor, num_nodes) -> tuple[int, int]:

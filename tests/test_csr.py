@@ -14,7 +14,7 @@ from gnnfuse.testing import INDEX_DTYPES, random_graph
 @pytest.mark.parametrize("num_edges", [0, 1, 50, 200_000])  # the last is split across threads
 def test_matches_stable_sort(index_dtype, num_edges):
     edge_index = random_graph(300, 200, num_edges, seed=num_edges, power_law=True, index_dtype=index_dtype)
-    csr = CSR.from_edge_index(edge_index, (300, 200))
+    csr = CSR.from_edge_index(edge_index, (300, 200), index_dtype=index_dtype)
     order = torch.sort(edge_index[1], stable=True).indices
     assert csr.rowptr.dtype == csr.col.dtype == csr.perm.dtype == index_dtype
     assert torch.equal(csr.perm.long(), order)
@@ -27,9 +27,13 @@ def test_matches_stable_sort(index_dtype, num_edges):
         assert torch.equal(a, b)
 
 
-def test_default_num_nodes_is_max_plus_one():
+def test_default_num_nodes_is_max_plus_one_and_indices_compact():
     csr = CSR.from_edge_index(torch.tensor([[0, 5], [2, 1]]))
     assert (csr.num_src, csr.num_dst, csr.num_edges) == (6, 6, 2)
+    assert csr.index_dtype == torch.int32  # int64 input, but the graph fits: compact indices
+    assert CSR.from_edge_index(torch.tensor([[0], [1]]), 2, index_dtype=torch.int64).index_dtype == torch.int64
+    with pytest.raises(TypeError, match="index_dtype"):
+        CSR.from_edge_index(torch.tensor([[0], [1]]), 2, index_dtype=torch.int16)
 
 
 def test_transpose_is_cached_and_correct():
@@ -115,8 +119,8 @@ def test_cache_entry_dies_with_its_tensor():
 
 def test_csr_to_device_dtype_and_validate():
     csr = CSR.from_edge_index(random_graph(5, 5, 12, seed=11), 5)
-    small = csr.to(torch.int32)
-    assert small.col.dtype == torch.int32 and small.validate() is small
+    wide = csr.to(torch.int64)
+    assert wide.col.dtype == torch.int64 and wide.validate() is wide
     with pytest.raises(TypeError, match="floating"):
         csr.to(torch.float32)
     broken = CSR(csr.rowptr.flip(0), csr.col, csr.perm, 5)

@@ -55,10 +55,11 @@ def assert_close(actual, want, dtype):
 @pytest.mark.parametrize("reduce", REDUCTIONS)
 def test_matches_reference(reduce, dtype, index_dtype, feat):
     edge_index, n = special_graph(index_dtype)
+    csr = CSR.from_edge_index(edge_index, n, index_dtype=index_dtype)  # kernels of this index dtype
     x = features(n, feat, dtype, reduce)
     weight = (0.5 + torch.rand(edge_index.shape[1], generator=torch.Generator().manual_seed(2))).to(dtype)
-    for w in (None, weight):
-        out = gnnfuse.fused_gather_scatter(x, edge_index, reduce, edge_weight=w)
+    for w, graph in ((None, edge_index), (weight, edge_index), (None, csr), (weight, csr)):
+        out = gnnfuse.fused_gather_scatter(x, graph, reduce, edge_weight=w)
         assert out.shape == (n, *feat) and out.dtype == dtype
         assert_close(out, expected(x, edge_index, reduce, w), dtype)
 
@@ -134,12 +135,14 @@ def test_gradcheck_x_and_weight(reduce):
 
 @pytest.mark.parametrize("reduce", REDUCTIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gradients_match_reference(reduce, dtype):
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=str)
+def test_gradients_match_reference(reduce, dtype, index_dtype):
     edge_index, n = special_graph()
+    graph = CSR.from_edge_index(edge_index, n, index_dtype=index_dtype)
     x = features(n, (2, 3), dtype, reduce).requires_grad_()
     w = (0.5 + torch.rand(edge_index.shape[1])).to(dtype).requires_grad_()
     grad_out = torch.randn(n, 2, 3, dtype=dtype)
-    got = torch.autograd.grad(gnnfuse.fused_gather_scatter(x, edge_index, reduce, edge_weight=w), (x, w), grad_out)
+    got = torch.autograd.grad(gnnfuse.fused_gather_scatter(x, graph, reduce, edge_weight=w), (x, w), grad_out)
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     want = torch.autograd.grad(expected(x64, edge_index, reduce, w64), (x64, w64), grad_out.double())
     for g, r in zip(got, want):

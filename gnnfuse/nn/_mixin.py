@@ -271,10 +271,11 @@ def _csr_of(edge_index: Tensor, num_src: int, num_dst: int) -> CSR:
 
 
 def csr_to_edge_index(csr: CSR) -> Tensor:
-    """[2, E] edge_index in the CSR's original edge order (so edge_weight/edge_attr still line up)."""
+    """[2, E] int64 edge_index (PyG's dtype; a CSR may hold int32) in the CSR's original edge order,
+    so edge_weight/edge_attr still line up."""
     perm = csr.perm.long()
-    src = torch.empty_like(csr.col).scatter_(0, perm, csr.col)
-    dst = torch.empty_like(csr.col).scatter_(0, perm, csr.row())
+    src = torch.empty_like(perm).scatter_(0, perm, csr.col.long())
+    dst = torch.empty_like(perm).scatter_(0, perm, csr.row().long())
     return torch.stack([src, dst])
 
 

@@ -85,7 +85,7 @@ def time_method(fn, x: torch.Tensor, backward: bool, max_seconds: float) -> floa
         return None
 
 
-def run(graphs, widths, reductions, threads, max_seconds):
+def run(graphs, widths, reductions, threads, max_seconds, only=None):
     rows = []
     for spec in graphs:
         loaded = load_graph(spec)
@@ -105,7 +105,10 @@ def run(graphs, widths, reductions, threads, max_seconds):
         for F in widths:
             x = torch.randn(n, F)
             for reduce in reductions:
+                torch._dynamo.reset()  # a fresh compile cache per configuration (no recompile limit)
                 methods = make_methods(edge_index, csr, reduce)
+                if only:
+                    methods = {k: v for k, v in methods.items() if k in only}
                 for nthreads in threads:
                     torch.set_num_threads(nthreads)
                     for backward in (False, True):
@@ -151,13 +154,16 @@ def main(argv=None):
     parser.add_argument("--reductions", default="sum,max")
     parser.add_argument("--threads", default=str(torch.get_num_threads()), help="comma list, e.g. 1,2,4,8,16")
     parser.add_argument("--max-seconds", type=float, default=4.0, help="time budget per measurement")
+    parser.add_argument("--methods", default=None, help="subset of gnnfuse," + ",".join(ANCHORS))
     parser.add_argument("--quick", action="store_true", help="small graphs only (a smoke run)")
     parser.add_argument("--out", default=None, help=f"directory (default {RESULTS_DIR})")
     parser.add_argument("--name", default=None, help="results file name (default cpu_<label>_<date>)")
     args = parser.parse_args(argv)
     graphs = ["Cora", "rfc-uniform"] if args.quick else args.graphs.split(",")
     threads = [int(t) for t in args.threads.split(",")]
-    rows = run(graphs, [int(f) for f in args.widths.split(",")], args.reductions.split(","), threads, args.max_seconds)
+    only = args.methods.split(",") if args.methods else None
+    rows = run(graphs, [int(f) for f in args.widths.split(",")], args.reductions.split(","), threads,
+               args.max_seconds, only)
     meta = machine("cpu")
     meta["threads measured"] = threads
     meta["torch_scatter"] = "installed" if any("torch_scatter_ms" in r for r in rows) else "not installed"

@@ -4,7 +4,6 @@ __version__ = "0.1.0"
 from .csr import CSR
 from .explain import KernelPlan, explain, show_config
 from .ops.gather_scatter import REDUCTIONS, fused_gather_scatter
-from .ops.structured_scatter import structured_scatter_add
 from .ops.planarity import planarity_nll
 from .ops.structured_scatter import structured_scatter_add
 from . import nn  # noqa: E402  (PyG drop-in; imports torch_geometric lazily)

@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: setup
-	$(PY) examples/gcn_cora.py
+	$(PY) examples/train.py --model gcn --dataset Cora --device cpu --epochs 200
 
 test: setup
 	$(PY) -m pytest -q

@@ -5,6 +5,7 @@
 #include <ATen/Dispatch.h>
 #include <torch/extension.h>
 
+#include "checks.h"
 #include "reducer.h"
 
 namespace gnnfuse {
@@ -46,12 +47,12 @@ void coo_to_csr_kernel(const index_t* key, const index_t* other, int64_t E, int6
     }
   });
   for (int64_t c = 0; c < chunks; ++c) {
-    TORCH_CHECK_VALUE(bad_key[c] < 0, "edge_index[1] (targets) contains node id ", int64_t(key[bad_key[c]]),
-                      " at edge ", bad_key[c], ", outside [0, ", num_rows,
-                      "); pass num_nodes >= max target + 1 (or a larger x)");
-    TORCH_CHECK_VALUE(bad_other[c] < 0, "edge_index[0] (sources) contains node id ",
-                      int64_t(other[bad_other[c]]), " at edge ", bad_other[c], ", outside [0, ", num_other,
-                      "); x must have more rows than the largest source id");
+    TORCH_CHECK_VALUE(bad_key[c] < 0, text("edge_index[1] (targets) contains node id ", int64_t(key[bad_key[c]]),
+                                           " at edge ", bad_key[c], ", outside [0, ", num_rows,
+                                           "); pass num_nodes >= max target + 1 (or a larger x)"));
+    TORCH_CHECK_VALUE(bad_other[c] < 0, text("edge_index[0] (sources) contains node id ",
+                                             int64_t(other[bad_other[c]]), " at edge ", bad_other[c], ", outside [0, ",
+                                             num_other, "); x must have more rows than the largest source id"));
   }
 
   // rowptr by an exclusive scan over rows; then per-chunk offsets inside each row.

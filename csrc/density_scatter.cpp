@@ -28,6 +28,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "checks.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -73,9 +75,10 @@ inline void min_max(const index_t* p, int64_t n, int64_t& lo, int64_t& hi) {
 }
 
 [[noreturn]] void throw_out_of_bounds(const char* op, int64_t atom, int64_t lo, int64_t hi, int64_t map_size) {
-  TORCH_CHECK_VALUE(false, op, ": index out of range: atom ", atom, " has flat indices wa[", atom, ", :] + wbwc[",
-                    atom, ", :, :] spanning [", lo, ", ", hi, "], outside [0, map_size=", map_size,
-                    "). Fix wa/wbwc (or map_size); check_bounds=False drops such elements instead of raising.");
+  TORCH_CHECK_VALUE(false, text(op, ": index out of range: atom ", atom, " has flat indices wa[", atom, ", :] + wbwc[",
+                                atom, ", :, :] spanning [", lo, ", ", hi, "], outside [0, map_size=", map_size,
+                                "). Fix wa/wbwc (or map_size); check_bounds=False drops such elements instead of "
+                                "raising."));
 }
 
 // Spans of every atom, in parallel over atoms. With check_bounds, raises for the lowest-numbered
@@ -290,8 +293,8 @@ Dims check_scatter_args(const char* op, const at::Tensor& cube, const at::Tensor
                         int64_t map_size) {
   TORCH_CHECK(cube.dim() == 4 && cube.is_contiguous(), op, ": density_cube must be a contiguous [C, nx, ny, nz]");
   TORCH_CHECK_VALUE(map_size >= 0, op, ": map_size must be >= 0");
-  TORCH_CHECK_VALUE(wa.scalar_type() != at::kInt || map_size <= std::numeric_limits<int32_t>::max(), op,
-                    ": map_size=", map_size, " does not fit int32 indices; pass wa and wbwc as int64");
+  TORCH_CHECK_VALUE(wa.scalar_type() != at::kInt || map_size <= std::numeric_limits<int32_t>::max(),
+                    text(op, ": map_size=", map_size, " does not fit int32 indices; pass wa and wbwc as int64"));
   return check_args(op, wa, wbwc, cube.size(0), cube.size(1), cube.size(2), cube.size(3));
 }
 

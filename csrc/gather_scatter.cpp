@@ -40,7 +40,7 @@ void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col
   using acc_t = at::opmath_type<scalar_t>;
   using Red = Reducer<R>;
   static_assert(!TrackArg || Red::kTracksArg, "only max/min have a winner to track");
-  parallel_over_rows(rowptr, num_rows, [&](int64_t row_begin, int64_t row_end) {
+  parallel_over_rows(rowptr, num_rows, F, [&](int64_t row_begin, int64_t row_end) {
     acc_t acc[kTile];
     index_t win[kTile];
     for (int64_t row = row_begin; row < row_end; ++row) {
@@ -93,7 +93,7 @@ void mul_zero_stats(const scalar_t* x, const index_t* rowptr, const index_t* col
                     const scalar_t* weight, at::opmath_type<scalar_t>* prod_nonzero,
                     int32_t* zero_count, int64_t num_rows, int64_t F) {
   using acc_t = at::opmath_type<scalar_t>;
-  parallel_over_rows(rowptr, num_rows, [&](int64_t row_begin, int64_t row_end) {
+  parallel_over_rows(rowptr, num_rows, F, [&](int64_t row_begin, int64_t row_end) {
     for (int64_t row = row_begin; row < row_end; ++row) {
       acc_t* prod = prod_nonzero + row * F;
       int32_t* zeros = zero_count + row * F;
@@ -124,7 +124,7 @@ void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t*
   using acc_t = at::opmath_type<scalar_t>;
   // grad_w needs the whole row's dot product, so with NeedW the features are not tiled.
   const int64_t tile = NeedW ? F : std::min(kTile, F);
-  parallel_over_rows(t_rowptr, num_src, [&](int64_t src_begin, int64_t src_end) {
+  parallel_over_rows(t_rowptr, num_src, F, [&](int64_t src_begin, int64_t src_end) {
     std::vector<acc_t> gx_buf(tile);
     acc_t* gx = gx_buf.data();
     for (int64_t j = src_begin; j < src_end; ++j) {

@@ -17,6 +17,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "checks.h"
+
 #include <cmath>
 #include <vector>
 
@@ -100,18 +102,18 @@ inline void smallest_eigenvector(double c00, double c01, double c02, double c11,
 }
 
 [[noreturn]] void bad_atom(int64_t bucket, int64_t atom, int64_t num_atoms) {
-  TORCH_CHECK_INDEX(false, "planarity_nll: plane_groups[", bucket, "] indices contain atom id ", atom,
-                    ", outside [0, ", num_atoms, ") (xyz has ", num_atoms, " atoms)");
+  TORCH_CHECK_INDEX(false, gnnfuse::text("planarity_nll: plane_groups[", bucket, "] indices contain atom id ", atom,
+                                ", outside [0, ", num_atoms, ") (xyz has ", num_atoms, " atoms)"));
 }
 
 std::vector<Bucket> make_buckets(const torch::Tensor& xyz, const std::vector<torch::Tensor>& indices,
                                  const std::vector<torch::Tensor>& sigmas) {
   TORCH_CHECK(xyz.dim() == 2 && xyz.size(1) == 3 && xyz.is_contiguous() && xyz.device().is_cpu(),
-              "planarity_nll: xyz must be a contiguous CPU tensor of shape [A, 3]; got ", xyz.sizes());
+              gnnfuse::text("planarity_nll: xyz must be a contiguous CPU tensor of shape [A, 3]; got ", xyz.sizes()));
   TORCH_CHECK(xyz.scalar_type() == at::kFloat || xyz.scalar_type() == at::kDouble,
-              "planarity_nll: xyz must be float32 or float64; got ", xyz.scalar_type());
-  TORCH_CHECK(indices.size() == sigmas.size(), "planarity_nll: ", indices.size(), " index tensors but ",
-              sigmas.size(), " sigma tensors");
+              gnnfuse::text("planarity_nll: xyz must be float32 or float64; got ", xyz.scalar_type()));
+  TORCH_CHECK(indices.size() == sigmas.size(),
+              gnnfuse::text("planarity_nll: ", indices.size(), " index tensors but ", sigmas.size(), " sigma tensors"));
   std::vector<Bucket> buckets;
   int64_t plane_offset = 0, entry_offset = 0;
   for (size_t b = 0; b < indices.size(); ++b) {
@@ -119,12 +121,12 @@ std::vector<Bucket> make_buckets(const torch::Tensor& xyz, const std::vector<tor
     const auto& sig = sigmas[b];
     TORCH_CHECK(idx.dim() == 2 && idx.is_contiguous() && idx.device().is_cpu() &&
                     (idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong),
-                "planarity_nll: plane_groups[", b, "] indices must be a contiguous CPU int32/int64 tensor [P, n]");
-    TORCH_CHECK(idx.size(1) >= 1 || idx.size(0) == 0, "planarity_nll: plane_groups[", b,
-                "] indices has planes of 0 atoms");
+                gnnfuse::text("planarity_nll: plane_groups[", b, "] indices must be a contiguous CPU int32/int64 tensor [P, n]"));
+    TORCH_CHECK(idx.size(1) >= 1 || idx.size(0) == 0,
+                gnnfuse::text("planarity_nll: plane_groups[", b, "] indices has planes of 0 atoms"));
     TORCH_CHECK(sig.dim() == 1 && sig.size(0) == idx.size(0) && sig.is_contiguous() &&
                     sig.scalar_type() == xyz.scalar_type(),
-                "planarity_nll: plane_groups[", b, "] sigmas must be a contiguous [P] tensor with xyz's dtype");
+                gnnfuse::text("planarity_nll: plane_groups[", b, "] sigmas must be a contiguous [P] tensor with xyz's dtype"));
     Bucket bk;
     if (idx.scalar_type() == at::kInt) bk.i32 = idx.data_ptr<int32_t>();
     else bk.i64 = idx.data_ptr<int64_t>();
@@ -286,9 +288,9 @@ std::vector<torch::Tensor> planarity_backward(const torch::Tensor& grad, const t
   }
   TORCH_CHECK(planes.scalar_type() == at::kDouble && planes.is_contiguous() && planes.dim() == 2 &&
                   planes.size(0) == total_planes && planes.size(1) == 4,
-              "planarity_nll backward: planes must be a contiguous float64 [", total_planes, ", 4] tensor");
+              gnnfuse::text("planarity_nll backward: planes must be a contiguous float64 [", total_planes, ", 4] tensor"));
   TORCH_CHECK(coef.scalar_type() == at::kDouble && coef.is_contiguous() && coef.numel() == total_entries,
-              "planarity_nll backward: coef must be a contiguous float64 [", total_entries, "] tensor");
+              gnnfuse::text("planarity_nll backward: coef must be a contiguous float64 [", total_entries, "] tensor"));
   TORCH_CHECK(grad.numel() == 1, "planarity_nll backward: the upstream gradient must be a scalar");
   const double g = grad.to(at::kDouble).reshape({}).data_ptr<double>()[0];  // CPU memory read, no device sync
   auto grad_xyz = torch::empty({xyz.size(0), 3}, xyz.options());

@@ -79,13 +79,15 @@ void dispatch_reduce(Reduce r, Fn&& fn) {
 // Runs fn(row_begin, row_end) over [0, num_rows) in parallel. Rows are split so that each
 // part holds about the same number of edges + rows (power-law graphs stay balanced), and a
 // row is never split, so every row is reduced by one thread in CSR order: results are
-// bitwise identical for any thread count.
+// bitwise identical for any thread count. `row_width` (features per row) sizes the work.
 template <typename index_t, typename Fn>
-void parallel_over_rows(const index_t* rowptr, int64_t num_rows, Fn&& fn) {
+void parallel_over_rows(const index_t* rowptr, int64_t num_rows, int64_t row_width, Fn&& fn) {
   if (num_rows <= 0) return;
   const int64_t total = static_cast<int64_t>(rowptr[num_rows]) + num_rows;
-  constexpr int64_t kMinWorkPerPart = 1 << 14;  // below this, threads cost more than they save
-  int64_t parts = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, total / kMinWorkPerPart));
+  // Below ~64K element updates per part (a few microseconds), waking threads costs more than it saves.
+  constexpr int64_t kMinWorkPerPart = 1 << 16;
+  const int64_t work = total * std::max<int64_t>(row_width, 1);
+  int64_t parts = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, work / kMinWorkPerPart));
   parts = std::min(parts, num_rows);
   if (parts <= 1) {
     fn(int64_t{0}, num_rows);

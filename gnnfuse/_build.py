@@ -34,6 +34,10 @@ EXTENSIONS: dict[str, list[str]] = {
     "planarity": ["planarity.cpp"],
     "density": ["density_scatter.cpp"],
 }
+# No -std flag: cpp_extension picks the standard torch was built with (C++20 for torch >= 2.9).
+# Forcing another one mixes inline libstdc++/c10 code compiled under two standards, which
+# crashed in std::ostream (formatting an error message) on torch 2.11. The sources are C++17.
+CXX_FLAGS = ["-O3", "-fopenmp", "-march=native", "-Wno-unknown-pragmas"]
 _lock = threading.Lock()
 _modules: dict[str, ModuleType] = {}
 _errors: dict[str, BuildError] = {}
@@ -73,7 +77,7 @@ def build_key(extension: str) -> str:
     for path in _sources(extension):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
-    for part in (torch.__version__, sys.version, _cpu_model(), os.environ.get("CXX", "")):
+    for part in (torch.__version__, sys.version, _cpu_model(), os.environ.get("CXX", ""), *CXX_FLAGS):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
@@ -132,12 +136,11 @@ def _build(extension: str) -> ModuleType:
                 return _import_built(directory, name)
             # torch's own FileBaton lock survives a killed compile; ours makes it redundant.
             (directory / "lock").unlink(missing_ok=True)
-            flags = ["-O3", "-std=c++17", "-fopenmp", "-march=native", "-Wno-unknown-pragmas"]
             try:
                 module = cpp_extension.load(
                     name=name,
                     sources=[str(p) for p in _sources(extension) if p.suffix == ".cpp"],
-                    extra_cflags=flags,
+                    extra_cflags=CXX_FLAGS,
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(directory),
                     verbose=os.environ.get("GNNFUSE_BUILD_VERBOSE") == "1",

@@ -21,35 +21,44 @@ def synchronize(device: torch.device | str) -> None:
 
 
 def bench(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmup: int = 2, repeat: int = 7,
-          max_seconds: float = 5.0) -> dict[str, float]:
-    """Median and min wall time (ms) of ``fn()`` after ``warmup`` calls; CUDA events on GPU.
+          max_seconds: float = 5.0, min_warmup_seconds: float = 0.05, min_sample_ms: float = 1.0) -> dict[str, float]:
+    """Median and min wall time (ms) of ``fn()``; CUDA events on GPU.
 
-    Stops early (with at least 3 samples) once ``max_seconds`` of timed calls are spent, so
-    slow anchors do not dominate a run.
+    Warm-up runs at least ``warmup`` calls and ``min_warmup_seconds`` (microsecond-scale ops need
+    many calls before caches, allocator and thread pool settle). A sample times a batch of calls
+    long enough to last ``min_sample_ms`` (timer resolution), divided back to one call. Repeats
+    stop early, with at least 3 samples, once ``max_seconds`` of timed calls are spent.
     """
     device = torch.device(device)
-    for _ in range(warmup):
+    calls, start = 0, time.perf_counter()
+    while calls < warmup or (time.perf_counter() - start < min_warmup_seconds and calls < 10_000):
         fn()
+        calls += 1
     synchronize(device)
+    per_call_ms = (time.perf_counter() - start) * 1e3 / calls
+    batch = max(1, min(1000, int(min_sample_ms / max(per_call_ms, 1e-6))))
     samples: list[float] = []
     spent = 0.0
     for _ in range(repeat):
         if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
+            start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start_ev.record()
+            for _ in range(batch):
+                fn()
+            end_ev.record()
+            end_ev.synchronize()
+            ms = start_ev.elapsed_time(end_ev) / batch
         else:
             t0 = time.perf_counter()
-            fn()
-            ms = (time.perf_counter() - t0) * 1e3
+            for _ in range(batch):
+                fn()
+            ms = (time.perf_counter() - t0) * 1e3 / batch
         samples.append(ms)
-        spent += ms / 1e3
+        spent += ms * batch / 1e3
         if spent > max_seconds and len(samples) >= 3:
             break
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "samples": len(samples)}
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "samples": len(samples),
+            "calls_per_sample": batch}
 
 
 def cpu_model() -> str:

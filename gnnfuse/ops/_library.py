@@ -36,8 +36,14 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def no_triton_yet(op: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"gnnfuse.{op}: the Triton (GPU) backend is not implemented yet; use backend='reference' "
-        "on CUDA tensors, or CPU tensors"
-    )
+def forbid_double_backward(backward_op: str, public_name: str) -> None:
+    """Registers an autograd rule on ``backward_op`` that raises a clear error: first-order
+    gradients (also with create_graph=True) work, differentiating them again does not."""
+
+    def raise_error(ctx, *grads):
+        raise RuntimeError(
+            f"gnnfuse.{public_name} does not support double backward (differentiating its gradient); "
+            "use backend='reference' if you need higher-order derivatives"
+        )
+
+    torch.library.register_autograd(backward_op, raise_error, setup_context=lambda ctx, inputs, output: None)

@@ -26,7 +26,7 @@ from .._validate import (
     require_tensor,
 )
 from ..csr import CSR, check_edge_index, csr_for_edge_index
-from ._library import define, resolve_backend
+from ._library import define, forbid_double_backward, resolve_backend
 
 REDUCTIONS = ("sum", "mean", "max", "min", "mul")
 ARG_REDUCTIONS = ("max", "min")  # reductions whose forward records the winning edge
@@ -115,15 +115,8 @@ def _backward(ctx, grad_out, _grad_arg):
     return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
 
 
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError(
-        "gnnfuse.fused_gather_scatter does not support double backward (differentiating its gradient); "
-        "use backend='reference' if you need higher-order derivatives"
-    )
-
-
 torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
-torch.library.register_autograd(BACKWARD_OP, _no_double_backward, setup_context=lambda ctx, inputs, output: None)
+forbid_double_backward(BACKWARD_OP, "fused_gather_scatter")
 
 
 # ---- public API ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import torch
 from .. import reference
 from .._build import load_extension
 from .._validate import require_floating, require_index, require_same_device, require_shape, require_tensor
-from ._library import define, resolve_backend
+from ._library import define, forbid_double_backward, resolve_backend
 
 POSITION_DTYPES = (torch.float32, torch.float64)
 
@@ -113,15 +113,8 @@ def _backward(ctx, grad_loss, _grad_planes, _grad_coef):
     return (grad_xyz if ctx.needs_input_grad[0] else None), none, grad_sigmas, None
 
 
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError(
-        "gnnfuse.planarity_nll does not support double backward (differentiating its gradient); "
-        "use backend='reference' if you need higher-order derivatives"
-    )
-
-
 torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
-torch.library.register_autograd(BACKWARD_OP, _no_double_backward, setup_context=lambda ctx, inputs, output: None)
+forbid_double_backward(BACKWARD_OP, "planarity_nll")
 
 
 # ---- public API ---------------------------------------------------------------------------------

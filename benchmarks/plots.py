@@ -32,6 +32,15 @@ def _plt():
     return plt
 
 
+def _save(fig, stem: Path, suffix: str) -> Path:
+    """Writes ``fig`` as <stem><suffix>.png next to the results file and closes it."""
+    fig.tight_layout()
+    out = stem.with_name(stem.name + suffix + ".png")
+    fig.savefig(out, dpi=110)
+    _plt().close(fig)
+    return out
+
+
 def _num(v) -> float:
     return float(v) if isinstance(v, (int, float)) and v is not None and v > 0 else math.nan
 
@@ -154,11 +163,7 @@ def plot_gpu(data: dict, stem: Path) -> list[Path]:
         ax.set_ylabel("GB/s (minimum bytes / time)")
         ax.legend(fontsize=8, ncol=2)
         ax.set_title(_title(data["meta"], "fused_gather_scatter sum: achieved bandwidth"), fontsize=10)
-        fig.tight_layout()
-        out = stem.with_name(stem.name + "_bandwidth.png")
-        fig.savefig(out, dpi=110)
-        plt.close(fig)
-        outs.append(out)
+        outs.append(_save(fig, stem, "_bandwidth"))
     return outs
 
 
@@ -196,11 +201,7 @@ def plot_e2e(data: dict, stem: Path) -> list[Path]:
         ax.set_title(label, fontsize=10)
         ax.legend(fontsize=8)
     fig.suptitle(_title(data["meta"], "end-to-end: one training epoch, gnnfuse.nn vs stock PyG"), fontsize=10)
-    fig.tight_layout()
-    out = stem.with_name(stem.name + "_speedup.png")
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return [out]
+    return [_save(fig, stem, "_speedup")]
 
 
 def plot_structured(data: dict, stem: Path) -> list[Path]:
@@ -222,11 +223,7 @@ def plot_structured(data: dict, stem: Path) -> list[Path]:
     ax.legend(fontsize=7)
     ax.tick_params(axis="x", labelsize=7)
     ax.set_title(_title(data["meta"], "structured_scatter_add vs index_add_ on explicit indices"), fontsize=9)
-    fig.tight_layout()
-    out = stem.with_name(stem.name + "_speedup.png")
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return [out]
+    return [_save(fig, stem, "_speedup")]
 
 
 def plot_planarity(data: dict, stem: Path) -> list[Path]:
@@ -246,11 +243,7 @@ def plot_planarity(data: dict, stem: Path) -> list[Path]:
     ax.set_ylabel("speed-up, fwd+bwd (x)")
     ax.legend(fontsize=7)
     ax.set_title(_title(data["meta"], "planarity_nll"), fontsize=9)
-    fig.tight_layout()
-    out = stem.with_name(stem.name + "_speedup.png")
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return [out]
+    return [_save(fig, stem, "_speedup")]
 
 
 PLOTTERS = {"cpu": plot_cpu, "gpu": plot_gpu, "e2e": plot_e2e, "structured": plot_structured,

@@ -14,15 +14,15 @@ backend before it exists, or out of memory) becomes a row with its error instead
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.common import bench, device_label, geomean, machine, save_results
-from gnnfuse.testing import data_root, random_graph
+from gnnfuse.datasets import load_facebook as load_facebook_data
+from gnnfuse.datasets import load_planetoid
+from gnnfuse.testing import random_graph
 
 MODELS = {"GCN": ("GCNConv", dict(cached=True)), "SAGE-mean": ("SAGEConv", dict(aggr="mean")),
           "SAGE-max": ("SAGEConv", dict(aggr="max"))}
@@ -39,48 +39,22 @@ class Net(torch.nn.Module):
 
 # ---- data ------------------------------------------------------------------------------------------
 def load_cora():
-    import shutil
-    import tempfile
-
-    from torch_geometric.datasets import Planetoid
-
-    root = data_root()
-    src = root / "planetoid" / "Cora" if root else None
-    if src is None or not (src / "raw").is_dir():
+    d = load_planetoid("Cora")
+    if d is None:
         return None, "Cora not found (needs ../shared/data/planetoid/Cora/raw or $GNNFUSE_DATA)"
-    tmp = Path(tempfile.mkdtemp(prefix="gnnfuse-cora-"))
-    shutil.copytree(src, tmp / "Cora")
-    d = Planetoid(str(tmp), "Cora")[0]
-    shutil.rmtree(tmp, ignore_errors=True)
     return dict(x=d.x, edge_index=d.edge_index, y=d.y, note="Cora: raw 1,433-dim features"), None
 
 
 def load_facebook(width: int = 128):
-    root = data_root()
-    path = root / "musae-facebook" if root else None
-    if path is None or not (path / "facebook_edges.csv").is_file():
+    d = load_facebook_data()
+    if d is None:
         return None, "Facebook not found (needs ../shared/data/musae-facebook or $GNNFUSE_DATA)"
-    import numpy as np
-    from torch_geometric.utils import to_undirected
-
-    edges = np.loadtxt(path / "facebook_edges.csv", delimiter=",", skiprows=1, dtype=np.int64)
-    feats = json.loads((path / "facebook_features.json").read_text())
-    n = 1 + max(int(edges.max()), max(int(k) for k in feats))
-    rows = [(int(k), j) for k, v in feats.items() for j in v]
-    idx = torch.tensor(rows, dtype=torch.long).t()
-    dim = int(idx[1].max()) + 1
-    sparse = torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), (n, dim)).coalesce()
+    dim = d.x.shape[1]
     # 4,714-dim binary features -> a fixed random projection to `width` (outside the timed epoch):
     # SAGE aggregates its input, and stock PyG would materialise a 341,825 x 4,714 message tensor.
     proj = torch.randn(dim, width, generator=torch.Generator().manual_seed(0)) / dim ** 0.5
-    x = torch.sparse.mm(sparse, proj)
-    classes = {}
-    y = torch.zeros(n, dtype=torch.long)
-    for line in (path / "facebook_target.csv").read_text(encoding="utf-8").splitlines()[1:]:
-        parts = line.split(",")
-        y[int(parts[0])] = classes.setdefault(parts[-1], len(classes))
-    ei = to_undirected(torch.from_numpy(edges).t(), num_nodes=n)
-    return dict(x=x, edge_index=ei, y=y, note=f"Facebook: features projected 4,714 -> {width} dims"), None
+    x = torch.sparse.mm(d.x, proj)
+    return dict(x=x, edge_index=d.edge_index, y=d.y, note=f"Facebook: features projected 4,714 -> {width} dims"), None
 
 
 def synthetic(name, nodes, edges, width, hidden, classes=16):

@@ -51,16 +51,26 @@ def load_planetoid(name: str, root: Path | str | None = None):
     return Planetoid(str(cache), name)[0]
 
 
+def _facebook_folder(root: Path | str | None) -> Path | None:
+    """The MUSAE Facebook folder under ``root`` (or ``root`` itself, if it is that folder)."""
+    root = Path(root) if root else data_root()
+    if root is None:
+        return None
+    for folder in (root / "musae-facebook", root):
+        if (folder / "facebook_edges.csv").is_file() and (folder / "facebook_features.json").is_file():
+            return folder
+    return None
+
+
 def load_facebook_edge_index(root: Path | str | None = None) -> tuple[torch.Tensor, int] | None:
     """Facebook Page-Page (MUSAE): undirected edge_index [2, 341,825] and 22,470 nodes, or None."""
     import numpy as np
     from torch_geometric.utils import to_undirected
 
-    root = Path(root) if root else data_root()
-    path = None if root is None else root / "musae-facebook" / "facebook_edges.csv"
-    if path is None or not path.is_file():
+    folder = _facebook_folder(root)
+    if folder is None:
         return None
-    edges = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.int64)
+    edges = np.loadtxt(folder / "facebook_edges.csv", delimiter=",", skiprows=1, dtype=np.int64)
     edge_index = to_undirected(torch.from_numpy(edges).t())
     return edge_index, int(edge_index.max()) + 1
 
@@ -97,19 +107,12 @@ def load_facebook(root: Path | str | None = None, seed: int = 0, *, train: float
 
     from torch_geometric.data import Data
 
-    root = Path(root) if root else data_root()
-    folder = None if root is None else root / "musae-facebook"
-    if folder is None or not (folder / "facebook_features.json").is_file():
-        folder = None if root is None else root  # a root that is the musae-facebook folder itself
-        if folder is None or not (folder / "facebook_features.json").is_file():
-            return None
+    folder = _facebook_folder(root)
+    if folder is None:
+        return None
     import csv
 
-    import numpy as np
-    from torch_geometric.utils import to_undirected
-
-    edges = np.loadtxt(folder / "facebook_edges.csv", delimiter=",", skiprows=1, dtype=np.int64)
-    edge_index = to_undirected(torch.from_numpy(edges).t())
+    edge_index, _ = load_facebook_edge_index(folder)
 
     names: dict[str, int] = {}
     ids, labels = [], []

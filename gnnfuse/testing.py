@@ -37,3 +37,15 @@ def hub_graph(num_nodes: int, hub_degree: int, num_hubs: int = 2, *, seed: int =
     dst = torch.arange(num_hubs).repeat_interleave(hub_degree) * (num_nodes // max(num_hubs, 1))
     src = torch.randint(0, num_nodes, (dst.numel(),), generator=g)
     return torch.stack([src, dst])
+
+
+def through_registered_op():
+    """A context manager that makes the public functions take their registered torch.library op
+    instead of the eager shortcut (any active dispatch mode does; this one changes nothing else)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    return PassThrough()

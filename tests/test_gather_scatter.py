@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import gnnfuse
 from gnnfuse import CSR, reference
-from gnnfuse.testing import INDEX_DTYPES, TOLERANCES, VALUE_DTYPES, hub_graph, random_graph
+from gnnfuse.testing import INDEX_DTYPES, TOLERANCES, VALUE_DTYPES, hub_graph, random_graph, through_registered_op
 
 REDUCTIONS = gnnfuse.REDUCTIONS
 
@@ -173,6 +173,27 @@ def test_ties_send_gradient_to_lowest_csr_position(reduce):
     assert x.grad[:, 0].tolist() == [1.0, 0.0, 0.0, 1.0]
     plan = gnnfuse.explain(x, edge_index, reduce)
     assert "lowest CSR position" in plan.notes
+
+
+@pytest.mark.parametrize("reduce", REDUCTIONS)
+def test_eager_shortcut_equals_registered_op(reduce):
+    """The public function skips the dispatcher in eager mode; a dispatch mode forces the op path.
+    Both must give bitwise the same output and gradients."""
+    edge_index, n = special_graph()
+    x0 = features(n, (3,), torch.float64, reduce)
+    w0 = torch.rand(edge_index.shape[1], dtype=torch.float64)
+    results = []
+    for mode in (None, through_registered_op()):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        if mode is None:
+            out = gnnfuse.fused_gather_scatter(x, edge_index, reduce, edge_weight=w)
+        else:
+            with mode:
+                out = gnnfuse.fused_gather_scatter(x, edge_index, reduce, edge_weight=w)
+        out.backward(torch.ones_like(out))
+        results.append((out.detach(), x.grad, w.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 def test_double_backward_raises_clearly():

@@ -269,10 +269,11 @@ def test_triton_bounds():
 
 
 # ---- bounds ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("backend", ["cpu", "reference", pytest.param("triton", marks=triton_only)])
 @pytest.mark.parametrize("where", ["negative", "past_end"])
 def test_out_of_range_index_is_an_error(where, backend):
-    cube, wa, wbwc, M = make_atoms(index_dtype=torch.int32)
+    device = TRITON_DEVICE if backend == "triton" else "cpu"
+    cube, wa, wbwc, M = make_atoms(index_dtype=torch.int32, device=device)
     wbwc = wbwc.clone()
     wbwc[7, 1, 2] = -1 - wa[7].min() if where == "negative" else M - wa[7].max()
     with pytest.raises(ValueError, match="outside \\[0, map_size"):
@@ -282,12 +283,14 @@ def test_out_of_range_index_is_an_error(where, backend):
     close(out, reference.structured_scatter_add(cube, wa, wbwc, M, check_bounds=False), torch.float64)
 
 
-def test_out_of_range_message_names_the_atom_and_map_size():
-    cube, wa, wbwc, M = make_atoms()
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=triton_only)])
+def test_out_of_range_message_names_the_atom_and_map_size(backend):
+    cube, wa, wbwc, M = make_atoms(device=TRITON_DEVICE if backend == "triton" else "cpu")
     wa = wa.clone()
     wa[11, 0] = M
+    wa[20, 1] = -5  # a later bad atom: the message names the first
     with pytest.raises(ValueError, match=r"atom 11 .*wa\[11, :\] \+ wbwc\[11, :, :\].*map_size=990"):
-        gnnfuse.structured_scatter_add(cube, wa, wbwc, M)
+        gnnfuse.structured_scatter_add(cube, wa, wbwc, M, backend=backend)
 
 
 def test_gather_op_bounds():
@@ -297,6 +300,14 @@ def test_gather_op_bounds():
     g = torch.ops.gnnfuse.structured_gather(torch.ones(M - 1, dtype=torch.float64), wa, wbwc, 3, 5, False)
     flat = reference.structured_flat_index(wa, wbwc).view(cube.shape)
     assert torch.equal(g, (flat < M - 1).double())
+    if HAS_TRITON_PATH:
+        from gnnfuse.triton import structured_scatter as triton_kernels
+
+        wa, wbwc = wa.to(TRITON_DEVICE), wbwc.to(TRITON_DEVICE)
+        with pytest.raises(ValueError, match="structured_gather: index out of range"):
+            triton_kernels.gather(torch.zeros(M - 1, dtype=torch.float64, device=TRITON_DEVICE), wa, wbwc, True)
+        ones = torch.ones(M - 1, dtype=torch.float64, device=TRITON_DEVICE)
+        assert torch.equal(triton_kernels.gather(ones, wa, wbwc, False).cpu(), g)
 
 
 def test_map_size_too_small_for_atoms_with_drop():

@@ -47,3 +47,25 @@ def forbid_double_backward(backward_op: str, public_name: str) -> None:
         )
 
     torch.library.register_autograd(backward_op, raise_error, setup_context=lambda ctx, inputs, output: None)
+
+
+# Eager shortcut around the dispatcher. In plain eager mode the public functions call their kernels
+# through a torch.autograd.Function instead of torch.ops.gnnfuse.*: the dispatcher's layers
+# (autograd key, Python kernel, redispatch, pytree handling of Tensor[] arguments) cost 10-20 us
+# a call for one tensor argument and far more for lists, as much as the kernels on small inputs.
+# Same kernels, same gradients. Tracing (torch.compile, export), dispatch/function modes
+# (FakeTensor, meta), functorch transforms and tensor subclasses take the registered op, which
+# opcheck and the compile tests cover.
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_KERNEL_DEVICES = ("cpu", "cuda")  # meta and other devices go through the op's fake rule
+
+
+def eager_shortcut_ok(*tensors: torch.Tensor | None) -> bool:
+    """True when a public function may skip the dispatcher (see above)."""
+    return (
+        not torch.compiler.is_compiling()
+        and all(t is None or (type(t) in _PLAIN_TENSORS and t.device.type in _KERNEL_DEVICES) for t in tensors)
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not torch._C._is_torch_function_mode_enabled()
+        and torch._C._functorch.maybe_current_level() is None
+    )

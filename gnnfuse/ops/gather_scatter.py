@@ -26,7 +26,7 @@ from .._validate import (
     require_tensor,
 )
 from ..csr import CSR, check_edge_index, csr_for_edge_index
-from ._library import define, forbid_double_backward, resolve_backend
+from ._library import define, eager_shortcut_ok, forbid_double_backward, resolve_backend
 
 REDUCTIONS = ("sum", "mean", "max", "min", "mul")
 ARG_REDUCTIONS = ("max", "min")  # reductions whose forward records the winning edge
@@ -47,12 +47,10 @@ BACKWARD_OP = define(
 
 
 # ---- kernels --------------------------------------------------------------------------------
-@torch.library.impl(OP, "cpu")
 def _forward_cpu(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
     return tuple(load_extension().gather_scatter_forward(x, rowptr, col, weight, reduce, t_rowptr is not None))
 
 
-@torch.library.impl(BACKWARD_OP, "cpu")
 def _backward_cpu(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
     return tuple(
         load_extension().gather_scatter_backward(
@@ -61,20 +59,26 @@ def _backward_cpu(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg,
     )
 
 
-@torch.library.impl(OP, "cuda")
-def _forward_cuda(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
+def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
     from ..triton import gather_scatter as triton_gs  # lazy: Triton is only needed on GPU
 
     return triton_gs.forward(x, rowptr, col, weight, reduce, track_arg=t_rowptr is not None)
 
 
-@torch.library.impl(BACKWARD_OP, "cuda")
-def _backward_cuda(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
+def _backward_triton(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
     from ..triton import gather_scatter as triton_gs
 
     return triton_gs.backward(
         grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad
     )
+
+
+torch.library.impl(OP, "cpu")(_forward_cpu)
+torch.library.impl(BACKWARD_OP, "cpu")(_backward_cpu)
+torch.library.impl(OP, "cuda")(_forward_triton)
+torch.library.impl(BACKWARD_OP, "cuda")(_backward_triton)
+# (forward, backward) kernels per backend: "cpu" C++, "triton" CUDA or the interpreter on CPU tensors
+KERNELS = {"cpu": (_forward_cpu, _backward_cpu), "triton": (_forward_triton, _backward_triton)}
 
 
 # ---- fake (shape) rules for torch.compile ------------------------------------------------------
@@ -117,6 +121,38 @@ def _backward(ctx, grad_out, _grad_arg):
 
 torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
 forbid_double_backward(BACKWARD_OP, "fused_gather_scatter")
+
+
+# ---- eager shortcut around the dispatcher (see _library.eager_shortcut_ok) ----------------------
+class _EagerGatherScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, rowptr, col, t_rowptr, t_col, t_pos, reduce, backend):
+        out, arg = KERNELS[backend][0](x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce)
+        ctx.reduce, ctx.backend = reduce, backend
+        ctx.mark_non_differentiable(arg)
+        ctx.save_for_backward(x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg)
+        return out, arg
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_arg):
+        x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        args = (grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, ctx.reduce, need_x, need_w)
+        if torch.is_grad_enabled():  # create_graph=True: the op's autograd rule makes double backward raise
+            grad_x, grad_w = torch.ops.gnnfuse.gather_scatter_backward(*args)
+        else:
+            grad_x, grad_w = KERNELS[ctx.backend][1](*args)
+        return (grad_x if need_x else None), (grad_w if need_w else None), None, None, None, None, None, None, None
+
+
+def _run(x, weight, rowptr, col, transpose, reduce, backend):
+    """out [N_dst, F] of the kernels of ``backend`` ("cpu" | "triton"), with autograd."""
+    interpreted = backend == "triton" and x.device.type == "cpu"  # TRITON_INTERPRET=1: never through the op
+    if interpreted or eager_shortcut_ok(x, weight):
+        if transpose[0] is None:  # no gradient wanted: no autograd node either
+            return KERNELS[backend][0](x, rowptr, col, weight, None, None, None, reduce)[0]
+        return _EagerGatherScatter.apply(x, weight, rowptr, col, *transpose, reduce, backend)[0]
+    return torch.ops.gnnfuse.gather_scatter(x, rowptr, col, weight, *transpose, reduce)[0]
 
 
 # ---- public API ---------------------------------------------------------------------------------
@@ -163,12 +199,7 @@ def fused_gather_scatter(
     else:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
         transpose = csr.transpose_parts() if wants_grad else (None, None, None)
-        if backend == "triton" and x2.device.type == "cpu":  # Triton interpreter (TRITON_INTERPRET=1)
-            from ..triton.gather_scatter import gather_scatter_autograd
-
-            out, _ = gather_scatter_autograd(x2, csr.rowptr, csr.col, weight, *transpose, reduce)
-        else:  # CPU kernels, or the Triton kernels registered as the op's CUDA implementation
-            out, _ = torch.ops.gnnfuse.gather_scatter(x2, csr.rowptr, csr.col, weight, *transpose, reduce)
+        out = _run(x2, weight, csr.rowptr, csr.col, transpose, reduce, backend)
     return out.reshape(csr.num_dst, *feat)
 
 

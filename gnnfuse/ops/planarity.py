@@ -21,7 +21,7 @@ import torch
 from .. import reference
 from .._build import load_extension
 from .._validate import require_floating, require_index, require_same_device, require_shape, require_tensor
-from ._library import define, forbid_double_backward, resolve_backend
+from ._library import define, eager_shortcut_ok, forbid_double_backward, resolve_backend
 
 POSITION_DTYPES = (torch.float32, torch.float64)
 
@@ -46,30 +46,41 @@ def _triton():
 
 
 # ---- kernels --------------------------------------------------------------------------------
-@torch.library.impl(OP, "cpu")
-def _forward_cpu(xyz, indices, sigmas, triton):
-    if triton:
-        return _triton().forward(xyz, indices, sigmas)
+def _forward_cpp(xyz, indices, sigmas):
     return tuple(load_extension("planarity").planarity_forward(xyz, indices, sigmas))
 
 
-@torch.library.impl(OP, "cuda")
-def _forward_cuda(xyz, indices, sigmas, triton):
+def _backward_cpp(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad):
+    return tuple(load_extension("planarity").planarity_backward(grad, xyz, indices, sigmas, planes, coef,
+                                                               need_sigma_grad))
+
+
+def _forward_triton(xyz, indices, sigmas):
     return _triton().forward(xyz, indices, sigmas)
 
 
-@torch.library.impl(BACKWARD_OP, "cpu")
-def _backward_cpu(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad, triton):
-    if triton:
-        return _triton().backward(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad)
-    return tuple(
-        load_extension("planarity").planarity_backward(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad)
-    )
-
-
-@torch.library.impl(BACKWARD_OP, "cuda")
-def _backward_cuda(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad, triton):
+def _backward_triton(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad):
     return _triton().backward(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad)
+
+
+# (forward, backward) per backend: "cpu" C++, "triton" CUDA or the interpreter on CPU tensors
+KERNELS = {"cpu": (_forward_cpp, _backward_cpp), "triton": (_forward_triton, _backward_triton)}
+
+
+def _op_backend(xyz: torch.Tensor, triton: bool) -> str:
+    return "triton" if triton or xyz.device.type != "cpu" else "cpu"
+
+
+def _forward_op(xyz, indices, sigmas, triton):
+    return KERNELS[_op_backend(xyz, triton)][0](xyz, indices, sigmas)
+
+
+def _backward_op(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad, triton):
+    return KERNELS[_op_backend(xyz, triton)][1](grad, xyz, indices, sigmas, planes, coef, need_sigma_grad)
+
+
+torch.library.impl(OP, ("cpu", "cuda"))(_forward_op)
+torch.library.impl(BACKWARD_OP, ("cpu", "cuda"))(_backward_op)
 
 
 # ---- fake (shape) rules for torch.compile ------------------------------------------------------
@@ -117,6 +128,31 @@ torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
 forbid_double_backward(BACKWARD_OP, "planarity_nll")
 
 
+# ---- eager shortcut around the dispatcher (see _library.eager_shortcut_ok) ----------------------
+class _EagerPlanarity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, xyz, backend, num_buckets, *indices_then_sigmas):
+        indices, sigmas = indices_then_sigmas[:num_buckets], indices_then_sigmas[num_buckets:]
+        loss, planes, coef = KERNELS[backend][0](xyz, list(indices), list(sigmas))
+        ctx.backend, ctx.num_buckets = backend, num_buckets
+        ctx.save_for_backward(xyz, planes, coef, *indices_then_sigmas)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        xyz, planes, coef, *rest = ctx.saved_tensors
+        nb = ctx.num_buckets
+        indices, sigmas = rest[:nb], rest[nb:]
+        need_sigma = any(ctx.needs_input_grad[3 + nb:])
+        args = (grad_loss, xyz, indices, sigmas, planes, coef, need_sigma)
+        if torch.is_grad_enabled():  # create_graph=True: the op's autograd rule makes double backward raise
+            grad_xyz, grad_sigma = torch.ops.gnnfuse.planarity_nll_backward(*args, ctx.backend == "triton")
+        else:
+            grad_xyz, grad_sigma = KERNELS[ctx.backend][1](*args)
+        grad_sigmas = torch.split(grad_sigma, [s.shape[0] for s in sigmas]) if need_sigma else (None,) * nb
+        return (grad_xyz if ctx.needs_input_grad[0] else None), None, None, *([None] * nb), *grad_sigmas
+
+
 # ---- public API ---------------------------------------------------------------------------------
 def planarity_nll(xyz: torch.Tensor, plane_groups, *, backend: str = "auto") -> torch.Tensor:
     """Planarity restraint: sum over planes of the Gaussian NLL of the atoms' out-of-plane distances.
@@ -148,8 +184,11 @@ def planarity_nll(xyz: torch.Tensor, plane_groups, *, backend: str = "auto") -> 
         return reference.planarity_nll(xyz, list(zip(indices, sigmas)))
     indices = [i.contiguous() for i in indices]
     sigmas = [s.to(xyz.dtype).contiguous() for s in sigmas]
+    xyz = xyz.contiguous()
+    if eager_shortcut_ok(xyz, *sigmas):
+        return _EagerPlanarity.apply(xyz, backend, len(indices), *indices, *sigmas)
     use_triton = backend == "triton" and device.type == "cpu"
-    loss, _, _ = torch.ops.gnnfuse.planarity_nll(xyz.contiguous(), indices, sigmas, use_triton)
+    loss, _, _ = torch.ops.gnnfuse.planarity_nll(xyz, indices, sigmas, use_triton)
     return loss
 
 

@@ -30,7 +30,7 @@ from .._validate import (
     require_shape,
     require_tensor,
 )
-from ._library import define, resolve_backend
+from ._library import define, eager_shortcut_ok, resolve_backend
 
 OP = define(
     "structured_scatter_add(Tensor density_cube, Tensor wa, Tensor wbwc, SymInt map_size, bool check_bounds) "
@@ -50,24 +50,30 @@ def _triton():
 
 
 # ---- kernels --------------------------------------------------------------------------------
-@torch.library.impl(OP, "cpu")
-def _forward_cpu(density_cube, wa, wbwc, map_size, check_bounds):
+def _scatter_cpp(density_cube, wa, wbwc, map_size, check_bounds):
     return load_extension("density").structured_scatter_forward(density_cube, wa, wbwc, map_size, check_bounds)
 
 
-@torch.library.impl(GATHER_OP, "cpu")
-def _gather_cpu(grad_out, wa, wbwc, ny, nz, check_bounds):
+def _gather_cpp(grad_out, wa, wbwc, check_bounds):
+    ny, nz = wbwc.shape[1], wbwc.shape[2]
     return load_extension("density").structured_gather_forward(grad_out, wa, wbwc, ny, nz, check_bounds)
 
 
-@torch.library.impl(OP, "cuda")
-def _forward_cuda(density_cube, wa, wbwc, map_size, check_bounds):
+def _scatter_triton(density_cube, wa, wbwc, map_size, check_bounds):
     return _triton().scatter(density_cube, wa, wbwc, map_size, check_bounds)
 
 
-@torch.library.impl(GATHER_OP, "cuda")
-def _gather_cuda(grad_out, wa, wbwc, ny, nz, check_bounds):
+def _gather_triton(grad_out, wa, wbwc, check_bounds):
     return _triton().gather(grad_out, wa, wbwc, check_bounds)
+
+
+# (scatter, gather) per backend: "cpu" C++, "triton" CUDA or the interpreter on CPU tensors
+KERNELS = {"cpu": (_scatter_cpp, _gather_cpp), "triton": (_scatter_triton, _gather_triton)}
+torch.library.impl(OP, "cpu")(_scatter_cpp)
+torch.library.impl(OP, "cuda")(_scatter_triton)
+torch.library.impl(GATHER_OP, "cpu")(lambda grad_out, wa, wbwc, ny, nz, check: _gather_cpp(grad_out, wa, wbwc, check))
+torch.library.impl(GATHER_OP, "cuda")(
+    lambda grad_out, wa, wbwc, ny, nz, check: _gather_triton(grad_out, wa, wbwc, check))
 
 
 # ---- fake (shape) rules for torch.compile ------------------------------------------------------
@@ -110,19 +116,24 @@ torch.library.register_autograd(OP, _backward_scatter, setup_context=_setup_scat
 torch.library.register_autograd(GATHER_OP, _backward_gather, setup_context=_setup_gather)
 
 
-class _TritonOnCPU(torch.autograd.Function):
-    """backend='triton' on CPU tensors (TRITON_INTERPRET=1, for tests): the Triton kernels,
-    called directly since the op's CPU registration is the C++ kernel."""
-
+# ---- eager shortcut around the dispatcher (see _library.eager_shortcut_ok) ----------------------
+class _EagerStructuredScatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, density_cube, wa, wbwc, map_size, check_bounds):
+    def forward(ctx, density_cube, wa, wbwc, map_size, check_bounds, backend):
         ctx.save_for_backward(wa, wbwc)
-        return _triton().scatter(density_cube, wa, wbwc, map_size, check_bounds)
+        ctx.backend = backend
+        return KERNELS[backend][0](density_cube, wa, wbwc, map_size, check_bounds)
 
     @staticmethod
     def backward(ctx, grad_out):
         wa, wbwc = ctx.saved_tensors
-        return _triton().gather(grad_out.contiguous(), wa, wbwc, False), None, None, None, None
+        grad_out = grad_out.contiguous()
+        # bounds were checked by the forward (or waived by the caller)
+        if torch.is_grad_enabled():  # create_graph=True: the registered gather op is differentiable
+            grad = torch.ops.gnnfuse.structured_gather(grad_out, wa, wbwc, wbwc.shape[1], wbwc.shape[2], False)
+        else:
+            grad = KERNELS[ctx.backend][1](grad_out, wa, wbwc, False)
+        return grad, None, None, None, None, None
 
 
 # ---- public API ---------------------------------------------------------------------------------
@@ -191,8 +202,9 @@ def structured_scatter_add(
     if backend == "reference":
         return reference.structured_scatter_add(density_cube, wa, wbwc, map_size, check_bounds)
     cube, wa, wbwc = density_cube.contiguous(), wa.contiguous(), wbwc.contiguous()
-    if backend == "triton" and device.type == "cpu":  # Triton interpreter
-        return _TritonOnCPU.apply(cube, wa, wbwc, map_size, check_bounds)
+    interpreted = backend == "triton" and device.type == "cpu"  # TRITON_INTERPRET=1: never through the op
+    if interpreted or eager_shortcut_ok(cube):
+        return _EagerStructuredScatter.apply(cube, wa, wbwc, map_size, check_bounds, backend)
     return torch.ops.gnnfuse.structured_scatter_add(cube, wa, wbwc, map_size, check_bounds)
 
 

@@ -459,6 +459,12 @@ def expanded_rows(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
     return _cached("rows", rowptr, (num_edges,), build)
 
 
+def _mean_divisor(rowptr: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[N_dst, 1] in-degrees clamped to 1 (empty rows stay 0), cached on rowptr: one kernel per mean."""
+    return _cached("degree", rowptr, (dtype,),
+                   lambda: (rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(dtype))
+
+
 # =============================================================================================
 # launchers
 # =============================================================================================
@@ -467,11 +473,13 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _check(x, rowptr, col, weight):
-    torch._check(x.dim() == 2 and x.is_contiguous(), lambda: "gather_scatter: x must be a contiguous 2-D tensor")
-    torch._check(rowptr.dtype == col.dtype, lambda: "gather_scatter: rowptr and col dtypes differ")
-    if weight is not None:
-        torch._check(weight.shape == col.shape and weight.dtype == x.dtype and weight.is_contiguous(),
-                     lambda: "gather_scatter: weight must be a contiguous [E] tensor with x's dtype")
+    """The op's contract (plain ifs: this runs on every call, outside any trace)."""
+    if x.dim() != 2 or not x.is_contiguous():
+        raise ValueError("gather_scatter: x must be a contiguous 2-D tensor")
+    if rowptr.dtype != col.dtype:
+        raise ValueError("gather_scatter: rowptr and col dtypes differ")
+    if weight is not None and (weight.shape != col.shape or weight.dtype != x.dtype or not weight.is_contiguous()):
+        raise ValueError("gather_scatter: weight must be a contiguous [E] tensor with x's dtype")
 
 
 def plan_for(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, reduce: str,
@@ -537,7 +545,7 @@ def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: to
                               SEGMENTED=plan.kernel == "coo", ACC64=acc64, BLOCK_E=plan.block_e,
                               BLOCK_F=plan.block_f, num_warps=plan.num_warps)
         if reduce == "mean":
-            out.div_((rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(out.dtype))
+            out.div_(_mean_divisor(rowptr, out.dtype))
         return out.to(x.dtype), arg
     wl = work_list(rowptr, plan.seg)
     out = torch.empty(n, F, dtype=x.dtype, device=x.device)
@@ -617,32 +625,3 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
                                               REDUCE=code, ACC64=acc64, BLOCK_E=be, BLOCK_F=bf,
                                               num_warps=max(1, be * bf // 1024))
     return grad_x, grad_w
-
-
-# =============================================================================================
-# autograd for CPU tensors under TRITON_INTERPRET=1 (CUDA goes through the torch.library op)
-# =============================================================================================
-class _GatherScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
-        out, arg = forward(x, rowptr, col, weight, reduce, track_arg=True)
-        ctx.reduce = reduce
-        ctx.mark_non_differentiable(arg)
-        ctx.save_for_backward(x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg)
-        return out, arg
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_arg):
-        x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg = ctx.saved_tensors
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
-        grad_x, grad_w = backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, ctx.reduce,
-                                  need_x, need_w)
-        return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
-
-
-def gather_scatter_autograd(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
-    """Forward + autograd through the Triton launchers directly (for CPU tensors, interpreter)."""
-    if t_rowptr is None:
-        from ..csr import CSR
-        t_rowptr, t_col, t_pos = CSR(rowptr, col, col, x.shape[0]).transpose_parts()
-    return _GatherScatter.apply(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce)

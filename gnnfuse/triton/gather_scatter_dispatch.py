@@ -13,6 +13,7 @@ Kernels:
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -109,9 +110,15 @@ def choose(reduce: str, num_dst: int, num_edges: int, F: int, dtype: torch.dtype
     ``kernel`` (or env ``GNNFUSE_TRITON_KERNEL``) forces one, where the reduction allows it."""
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
+    forced = kernel or os.environ.get("GNNFUSE_TRITON_KERNEL") or None
+    return _choose(reduce, num_dst, num_edges, F, dtype, deterministic, forced)
+
+
+@functools.lru_cache(maxsize=1024)  # a pure function of small values: the plan is not rebuilt per call
+def _choose(reduce: str, num_dst: int, num_edges: int, F: int, dtype: torch.dtype, deterministic: bool,
+            forced: str | None) -> Plan:
     itemsize = dtype.itemsize
     avg = num_edges / max(num_dst, 1)
-    forced = kernel or os.environ.get("GNNFUSE_TRITON_KERNEL") or None
     if forced is not None and forced not in KERNELS:
         raise ValueError(f"GNNFUSE_TRITON_KERNEL / kernel must be one of {KERNELS}; got {forced!r}")
     if deterministic:

@@ -1,15 +1,19 @@
 """Triton kernels of ``gnnfuse.planarity_nll`` (see gnnfuse/ops/planarity.py for the maths).
 
-One program per block of ``BLOCK`` planes of one bucket; a static loop over the bucket's n atoms
-(n is a compile-time constant, one specialisation per plane size). Per plane, in float64:
+One launch covers every bucket: one program per block of ``BLOCK`` planes of one bucket (a
+table of blocks gives its planes, plane size n and first index entry), a loop over the n atoms
+(n is a runtime value: one compiled kernel serves every plane size, so compiling costs about a
+second instead of one specialisation per size with unrolled loops). Per plane, in float64:
 centroid, 3x3 covariance, a fixed number of cyclic Jacobi sweeps (branch-free: no host sync, so
 the call can be captured in a CUDA graph), the normal of the smallest eigenvalue (zero when
 the covariance is not finite), the distances, the NLL, and per (plane, atom) the backward
 coefficient (d - mean d) / s^2. The backward is then a pure scatter: it reads the upstream
-gradient from device memory and adds g * coef * n_p to the atoms with atomics (GPU results may differ in the last bits from run to
-run; the CPU kernels are the deterministic ones).
+gradient from device memory and adds g * coef * n_p to the atoms with atomics (GPU results may
+differ in the last bits from run to run; the CPU kernels are the deterministic ones).
 """
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import torch
 import triton
@@ -53,12 +57,12 @@ def _rotate(app, aqq, apq, arp, arq, v0p, v0q, v1p, v1q, v2p, v2q):
 
 
 @triton.jit
-def _centroid(xyz_ptr, idx_ptr, rows, mask, A, N: tl.constexpr, BLOCK_P: tl.constexpr):
+def _centroid(xyz_ptr, idx_ptr, entries, mask, A, N, BLOCK_P: tl.constexpr):
     sx = tl.zeros([BLOCK_P], dtype=tl.float64)
     sy = tl.zeros([BLOCK_P], dtype=tl.float64)
     sz = tl.zeros([BLOCK_P], dtype=tl.float64)
-    for a in tl.static_range(N):
-        i = tl.load(idx_ptr + rows * N + a, mask=mask, other=0).to(tl.int64)
+    for a in range(N):
+        i = tl.load(idx_ptr + entries + a, mask=mask, other=0).to(tl.int64)
         ok = mask & (i >= 0) & (i < A)
         sx += tl.load(xyz_ptr + i * 3, mask=ok, other=0.0).to(tl.float64)
         sy += tl.load(xyz_ptr + i * 3 + 1, mask=ok, other=0.0).to(tl.float64)
@@ -67,19 +71,30 @@ def _centroid(xyz_ptr, idx_ptr, rows, mask, A, N: tl.constexpr, BLOCK_P: tl.cons
 
 
 @triton.jit
-def _forward_kernel(xyz_ptr, idx_ptr, sigma_ptr, plane_ptr, coef_ptr, loss_ptr, P, A,
-                    N: tl.constexpr, BLOCK_P: tl.constexpr, SWEEPS_: tl.constexpr, HALF_LOG_2PI_: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    mask = rows < P
-    cx, cy, cz = _centroid(xyz_ptr, idx_ptr, rows, mask, A, N, BLOCK_P)
+def _block_rows(blocks_ptr, BLOCK_P: tl.constexpr):
+    """This program's planes (global ids), mask, plane size and first entry (see _layout)."""
+    b = tl.program_id(0).to(tl.int64) * 4
+    first = tl.load(blocks_ptr + b)
+    end = tl.load(blocks_ptr + b + 1)
+    N = tl.load(blocks_ptr + b + 2)
+    entry0 = tl.load(blocks_ptr + b + 3)
+    rows = first + tl.arange(0, BLOCK_P)
+    return rows, rows < end, N, entry0 + (rows - first) * N
+
+
+@triton.jit
+def _forward_kernel(xyz_ptr, idx_ptr, sigma_ptr, blocks_ptr, plane_ptr, coef_ptr, loss_ptr, A,
+                    BLOCK_P: tl.constexpr, SWEEPS_: tl.constexpr, HALF_LOG_2PI_: tl.constexpr):
+    rows, mask, N, entries = _block_rows(blocks_ptr, BLOCK_P)
+    cx, cy, cz = _centroid(xyz_ptr, idx_ptr, entries, mask, A, N, BLOCK_P)
     c00 = tl.zeros([BLOCK_P], dtype=tl.float64)
     c01 = tl.zeros([BLOCK_P], dtype=tl.float64)
     c02 = tl.zeros([BLOCK_P], dtype=tl.float64)
     c11 = tl.zeros([BLOCK_P], dtype=tl.float64)
     c12 = tl.zeros([BLOCK_P], dtype=tl.float64)
     c22 = tl.zeros([BLOCK_P], dtype=tl.float64)
-    for a in tl.static_range(N):
-        i = tl.load(idx_ptr + rows * N + a, mask=mask, other=0).to(tl.int64)
+    for a in range(N):
+        i = tl.load(idx_ptr + entries + a, mask=mask, other=0).to(tl.int64)
         ok = mask & (i >= 0) & (i < A)
         x = tl.load(xyz_ptr + i * 3, mask=ok, other=0.0).to(tl.float64) - cx
         y = tl.load(xyz_ptr + i * 3 + 1, mask=ok, other=0.0).to(tl.float64) - cy
@@ -120,7 +135,7 @@ def _forward_kernel(xyz_ptr, idx_ptr, sigma_ptr, plane_ptr, coef_ptr, loss_ptr, 
     v00, v01, v02 = one, zero, zero
     v10, v11, v12 = zero, one, zero
     v20, v21, v22 = zero, zero, one
-    for _ in tl.static_range(SWEEPS_):
+    for _ in range(SWEEPS_):
         # (p, q, r) = (0, 1, 2)
         a00, a11, a02, a12, v00, v01, v10, v11, v20, v21 = _rotate(
             a00, a11, a01, a02, a12, v00, v01, v10, v11, v20, v21)
@@ -152,32 +167,31 @@ def _forward_kernel(xyz_ptr, idx_ptr, sigma_ptr, plane_ptr, coef_ptr, loss_ptr, 
     tl.store(plane_ptr + rows * 4 + 2, nz, mask=mask)
     sum_d = tl.zeros([BLOCK_P], dtype=tl.float64)
     sq = tl.zeros([BLOCK_P], dtype=tl.float64)
-    for a in tl.static_range(N):
-        i = tl.load(idx_ptr + rows * N + a, mask=mask, other=0).to(tl.int64)
+    for a in range(N):
+        i = tl.load(idx_ptr + entries + a, mask=mask, other=0).to(tl.int64)
         ok = mask & (i >= 0) & (i < A)
         x = tl.load(xyz_ptr + i * 3, mask=ok, other=0.0).to(tl.float64) - cx
         y = tl.load(xyz_ptr + i * 3 + 1, mask=ok, other=0.0).to(tl.float64) - cy
         z = tl.load(xyz_ptr + i * 3 + 2, mask=ok, other=0.0).to(tl.float64) - cz
         d = x * nx + y * ny + z * nz
-        tl.store(coef_ptr + rows * N + a, d, mask=mask)  # d for now; scaled below
+        tl.store(coef_ptr + entries + a, d, mask=mask)  # d for now; scaled below
         sum_d += d
         sq += d * d
     s = tl.load(sigma_ptr + rows, mask=mask, other=1.0).to(tl.float64)
     inv_s2 = 1.0 / (s * s)
     mean_d = sum_d / N
-    for a in tl.static_range(N):  # coef = (d - mean d) / s^2; each program re-reads only its own stores
-        d = tl.load(coef_ptr + rows * N + a, mask=mask, other=0.0)
-        tl.store(coef_ptr + rows * N + a, (d - mean_d) * inv_s2, mask=mask)
+    for a in range(N):  # coef = (d - mean d) / s^2; each program re-reads only its own stores
+        d = tl.load(coef_ptr + entries + a, mask=mask, other=0.0)
+        tl.store(coef_ptr + entries + a, (d - mean_d) * inv_s2, mask=mask)
     tl.store(plane_ptr + rows * 4 + 3, sq, mask=mask)
     loss = 0.5 * sq * inv_s2 + N * (tl.log(s) + HALF_LOG_2PI_)
     tl.store(loss_ptr + rows, loss, mask=mask)
 
 
 @triton.jit
-def _backward_kernel(grad_ptr, idx_ptr, sigma_ptr, plane_ptr, coef_ptr, gxyz_ptr, gsigma_ptr, P, A,
-                     N: tl.constexpr, BLOCK_P: tl.constexpr, NEED_SIGMA: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    mask = rows < P
+def _backward_kernel(grad_ptr, idx_ptr, sigma_ptr, blocks_ptr, plane_ptr, coef_ptr, gxyz_ptr, gsigma_ptr, A,
+                     BLOCK_P: tl.constexpr, NEED_SIGMA: tl.constexpr):
+    rows, mask, N, entries = _block_rows(blocks_ptr, BLOCK_P)
     g = tl.load(grad_ptr).to(tl.float64)  # upstream gradient: read on the device, no host sync
     nx = tl.load(plane_ptr + rows * 4, mask=mask, other=0.0)
     ny = tl.load(plane_ptr + rows * 4 + 1, mask=mask, other=0.0)
@@ -188,13 +202,56 @@ def _backward_kernel(grad_ptr, idx_ptr, sigma_ptr, plane_ptr, coef_ptr, gxyz_ptr
         gs = g * (N / s - sq / (s * s * s))
         tl.store(gsigma_ptr + rows, gs.to(gsigma_ptr.dtype.element_ty), mask=mask)
     out_ty = gxyz_ptr.dtype.element_ty
-    for a in tl.static_range(N):
-        i = tl.load(idx_ptr + rows * N + a, mask=mask, other=0).to(tl.int64)
+    for a in range(N):
+        i = tl.load(idx_ptr + entries + a, mask=mask, other=0).to(tl.int64)
         ok = mask & (i >= 0) & (i < A)
-        f = g * tl.load(coef_ptr + rows * N + a, mask=mask, other=0.0)
+        f = g * tl.load(coef_ptr + entries + a, mask=mask, other=0.0)
         tl.atomic_add(gxyz_ptr + i * 3, (f * nx).to(out_ty), mask=ok)
         tl.atomic_add(gxyz_ptr + i * 3 + 1, (f * ny).to(out_ty), mask=ok)
         tl.atomic_add(gxyz_ptr + i * 3 + 2, (f * nz).to(out_ty), mask=ok)
+
+
+# ---- launch layout: every bucket in one launch -------------------------------------------------
+# The kernels take all buckets at once (flat indices, flat sigmas, a table of plane blocks), so a
+# call costs one forward and one backward launch whatever the number of plane sizes. The layout
+# is cached: a refinement loop calls with the same plane tensors every step (only xyz moves), and a
+# cache hit does no host-to-device copy (so warmed-up calls can be captured in a CUDA graph).
+_CACHE_SIZE = 8
+_flat_cache: OrderedDict = OrderedDict()
+_blocks_cache: OrderedDict = OrderedDict()
+
+
+def _remember(cache: OrderedDict, key, build):
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = build()
+        while len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return hit[-1]
+
+
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat of the flattened tensors, cached on their identity and in-place version. The entry
+    holds the tensors themselves, so an id in the key cannot be reused while it is cached."""
+    key = tuple((id(t), t._version) for t in tensors)
+    return _remember(_flat_cache, key, lambda: (list(tensors), torch.cat([t.reshape(-1) for t in tensors])))
+
+
+def _blocks(indices: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """[num_blocks, 4] int64 rows (first plane, end plane, n, first entry): BLOCK planes of one bucket each."""
+    shapes = tuple((int(i.shape[0]), int(i.shape[1])) for i in indices)
+
+    def build():
+        rows, plane, entry = [], 0, 0
+        for P, n in shapes:
+            for first in range(plane, plane + P, BLOCK):
+                rows.append((first, min(first + BLOCK, plane + P), n, entry + (first - plane) * n))
+            plane += P
+            entry += P * n
+        return (torch.tensor(rows, dtype=torch.int64).reshape(-1, 4).to(device),)
+
+    return _remember(_blocks_cache, (shapes, str(device)), build)
 
 
 def forward(xyz: torch.Tensor, indices: list[torch.Tensor], sigmas: list[torch.Tensor]):
@@ -204,16 +261,10 @@ def forward(xyz: torch.Tensor, indices: list[torch.Tensor], sigmas: list[torch.T
     planes = xyz.new_empty((total, 4), dtype=torch.float64)
     coef = xyz.new_empty(entries, dtype=torch.float64)
     per_plane = xyz.new_zeros(total, dtype=torch.float64)
-    start = entry = 0
-    for idx, sig in zip(indices, sigmas):
-        P, n = int(idx.shape[0]), int(idx.shape[1])
-        if P:
-            grid = (triton.cdiv(P, BLOCK),)
-            _forward_kernel[grid](xyz, idx, sig, planes[start:start + P], coef[entry:entry + P * n],
-                                  per_plane[start:start + P], P, xyz.shape[0],
-                                  N=n, BLOCK_P=BLOCK, SWEEPS_=SWEEPS, HALF_LOG_2PI_=HALF_LOG_2PI)
-        start += P
-        entry += P * n
+    if total:
+        blocks = _blocks(indices, xyz.device)
+        _forward_kernel[(blocks.shape[0],)](xyz, _flat(indices), _flat(sigmas), blocks, planes, coef, per_plane,
+                                            xyz.shape[0], BLOCK_P=BLOCK, SWEEPS_=SWEEPS, HALF_LOG_2PI_=HALF_LOG_2PI)
     return per_plane.sum().to(xyz.dtype), planes, coef
 
 
@@ -224,14 +275,8 @@ def backward(grad: torch.Tensor, xyz: torch.Tensor, indices: list[torch.Tensor],
     grad = grad.reshape(1).contiguous()
     grad_xyz = torch.zeros_like(xyz)
     grad_sigma = xyz.new_empty(total if need_sigma_grad else 0)
-    start = entry = 0
-    for idx, sig in zip(indices, sigmas):
-        P, n = int(idx.shape[0]), int(idx.shape[1])
-        if P:
-            gs = grad_sigma[start:start + P] if need_sigma_grad else grad_sigma
-            grid = (triton.cdiv(P, BLOCK),)
-            _backward_kernel[grid](grad, idx, sig, planes[start:start + P], coef[entry:entry + P * n], grad_xyz, gs,
-                                   P, xyz.shape[0], N=n, BLOCK_P=BLOCK, NEED_SIGMA=need_sigma_grad)
-        start += P
-        entry += P * n
+    if total:
+        blocks = _blocks(indices, xyz.device)
+        _backward_kernel[(blocks.shape[0],)](grad, _flat(indices), _flat(sigmas), blocks, planes, coef, grad_xyz,
+                                             grad_sigma, xyz.shape[0], BLOCK_P=BLOCK, NEED_SIGMA=need_sigma_grad)
     return grad_xyz, grad_sigma

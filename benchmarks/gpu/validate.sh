@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One GPU session in one call: build, the whole test suite on CUDA, then the GPU benchmarks.
+# From the repo root on a CUDA machine:
+#   PYTHONPATH=. OUT=/some/dir bash benchmarks/gpu/validate.sh [STEP ...]
+# STEPs (default: tests planarity structured): tests | planarity | structured | gather | e2e.
+# Each step has its own timeout and writes under $OUT (logs: $OUT/<step>.log); a step that
+# fails or times out does not stop the next one. Budgets on an H100 host: build ~1 min,
+# tests <= 4 min, planarity ~1 min, structured ~1.5 min, gather <= 5.5 min, e2e ~2.5 min.
+set -uo pipefail
+: "${OUT:?set OUT to the output directory}"
+export PYTHONPATH="${PYTHONPATH:-.}"
+PY="${PYTHON:-python}"
+mkdir -p "$OUT"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests planarity structured)
+
+run() {  # run STEP TIMEOUT_S CMD...: logs to $OUT/STEP.log, records rc and seconds in $OUT/summary.txt
+  local step=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$step.log" 2>&1
+  local rc=$?
+  echo "$step rc=$rc ${limit}s-limit $((SECONDS - start))s" | tee -a "$OUT/summary.txt"
+}
+
+# the three C++ extensions, in parallel (each has its own build lock)
+export MAX_JOBS="${MAX_JOBS:-16}"
+for ext in graph density planarity; do
+  timeout 240 "$PY" -c "from gnnfuse._build import load_extension; load_extension('$ext')" > "$OUT/build_$ext.log" 2>&1 &
+done
+wait
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests) run tests 240 "$PY" -m pytest tests -q -p no:cacheprovider -x --durations=15 ;;
+    planarity) run planarity 120 "$PY" -m benchmarks.bench_planarity --device cuda --no-compile --out "$OUT" ;;
+    structured) run structured 150 "$PY" -m benchmarks.bench_structured_scatter --device cuda --out "$OUT" ;;
+    gather) run gather 340 "$PY" -m benchmarks.bench_gpu --out "$OUT" --budget-s 280 ;;
+    e2e) run e2e 170 "$PY" -m benchmarks.bench_e2e --device cuda --out "$OUT" --max-seconds 2 ;;
+    *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
+  esac
+done
+tail -n 3 "$OUT"/tests.log 2>/dev/null
+exit 0

@@ -64,6 +64,19 @@ def _fwd(fn, xyz, groups):
     return run
 
 
+def _kernel_timings(xyz, groups, device, max_s) -> tuple[float, float]:
+    from gnnfuse.ops.planarity import KERNELS
+
+    fwd_kernel, bwd_kernel = KERNELS["cpu" if device == "cpu" else "triton"]
+    indices, sigmas = [i for i, _ in groups], [s for _, s in groups]
+    _, planes, coef = fwd_kernel(xyz, indices, sigmas)
+    grad = torch.ones((), dtype=xyz.dtype, device=xyz.device)
+    f = bench(lambda: fwd_kernel(xyz, indices, sigmas), device, max_seconds=max_s, repeat=15)["median_ms"]
+    b = bench(lambda: bwd_kernel(grad, xyz, indices, sigmas, planes, coef, False), device, max_seconds=max_s,
+              repeat=15)["median_ms"]
+    return f, b
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -104,6 +117,9 @@ def main() -> None:
                 "bwd_ms": max(ours_fb["median_ms"] - ours_f["median_ms"], 0.0),
             }
             row["bwd/fwd"] = row["bwd_ms"] / row["fwd_ms"]
+            # the kernels alone (the launchers the op calls), without autograd and the public checks
+            kf, kb = _kernel_timings(xyz, groups, device, max_s)
+            row.update(fwd_kernel_ms=kf, bwd_kernel_ms=kb, kernel_bwd_over_fwd=kb / kf)
             # best-of-N too: on a shared, oversubscribed CPU the medians include preemption
             row["speedup_min"] = ref["min_ms"] / ours_fb["min_ms"]
             row["fwd_min_ms"] = ours_f["min_ms"]
@@ -127,6 +143,7 @@ def main() -> None:
         "Forward + backward (autograd backward from a scalar loss), median wall time. "
         f"Geomean speedup over the eager reference: {geomean(fb):.2f}x. "
         "bwd_ms = (fwd+bwd) - fwd-only; *_min columns use the best sample instead of the median. "
+        "*_kernel_ms: the forward and backward launchers alone (no autograd, no argument checks). "
         + compile_note
     )
     meta = machine(device)
@@ -134,7 +151,7 @@ def main() -> None:
     path = save_results(f"planarity_{device_label(device)}", meta, rows,
                         ["atoms", "planes", "dtype", "ref_ms", "compiled_ms", "ours_ms", "speedup",
                          "speedup_vs_compiled", "fwd_ms", "bwd_ms", "bwd/fwd", "speedup_min", "fwd_min_ms",
-                         "bwd_min_ms"], args.out, notes)
+                         "bwd_min_ms", "fwd_kernel_ms", "bwd_kernel_ms", "kernel_bwd_over_fwd"], args.out, notes)
     print(path.read_text())
 
 

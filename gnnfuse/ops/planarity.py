@@ -20,7 +20,15 @@ import torch
 
 from .. import reference
 from .._build import load_extension
-from .._validate import require_floating, require_index, require_same_device, require_shape, require_tensor
+from .._validate import (
+    INDEX_DTYPES,
+    VALUE_DTYPES,
+    require_floating,
+    require_index,
+    require_same_device,
+    require_shape,
+    require_tensor,
+)
 from ._library import define, eager_shortcut_ok, forbid_double_backward, resolve_backend
 
 POSITION_DTYPES = (torch.float32, torch.float64)
@@ -177,13 +185,16 @@ def planarity_nll(xyz: torch.Tensor, plane_groups, *, backend: str = "auto") -> 
     require_floating("xyz", xyz, POSITION_DTYPES)
     require_shape("xyz", xyz, "[A, 3]", xyz.dim() == 2 and xyz.shape[1] == 3)
     indices, sigmas = _check_groups(xyz, plane_groups)
-    device = require_same_device(xyz=xyz, **{f"plane_groups[{b}]": i for b, i in enumerate(indices)},
-                                 **{f"plane_groups[{b}] sigmas": s for b, s in enumerate(sigmas)})
+    device = xyz.device
+    if any(t.device != device for t in indices) or any(t.device != device for t in sigmas):
+        require_same_device(xyz=xyz, **{f"plane_groups[{b}]": i for b, i in enumerate(indices)},
+                            **{f"plane_groups[{b}] sigmas": s for b, s in enumerate(sigmas)})  # raises
     backend = resolve_backend(backend, device)
     if backend == "reference":
         return reference.planarity_nll(xyz, list(zip(indices, sigmas)))
-    indices = [i.contiguous() for i in indices]
-    sigmas = [s.to(xyz.dtype).contiguous() for s in sigmas]
+    # (attribute checks first: most calls need no conversion, and each no-op .to()/.contiguous() costs)
+    indices = [i if i.is_contiguous() else i.contiguous() for i in indices]
+    sigmas = [s if s.dtype == xyz.dtype and s.is_contiguous() else s.to(xyz.dtype).contiguous() for s in sigmas]
     xyz = xyz.contiguous()
     if eager_shortcut_ok(xyz, *sigmas):
         return _EagerPlanarity.apply(xyz, backend, len(indices), *indices, *sigmas)
@@ -197,17 +208,34 @@ def _check_groups(xyz: torch.Tensor, plane_groups) -> tuple[list[torch.Tensor], 
         raise TypeError(f"plane_groups must be a list of (indices, sigmas) pairs; got {type(plane_groups).__name__}")
     indices, sigmas = [], []
     for b, group in enumerate(plane_groups):
-        if not isinstance(group, (list, tuple)) or len(group) != 2:
-            raise TypeError(f"plane_groups[{b}] must be a pair (indices [P, n], sigmas [P]); got {type(group).__name__}")
-        idx = require_tensor(f"plane_groups[{b}] indices", group[0])
-        sig = require_tensor(f"plane_groups[{b}] sigmas", group[1])
-        require_index(f"plane_groups[{b}] indices", idx)
-        require_shape(f"plane_groups[{b}] indices", idx, "[P, n] with n >= 1", idx.dim() == 2 and idx.shape[1] >= 1)
-        require_floating(f"plane_groups[{b}] sigmas", sig)
-        require_shape(f"plane_groups[{b}] sigmas", sig, f"[P] = [{idx.shape[0]}]", sig.shape == (idx.shape[0],))
-        indices.append(idx)
-        sigmas.append(sig)
+        # the common case in a few attribute reads (this runs on every refinement step); a bad
+        # group goes through the named checks, which raise with the precise message
+        if not _group_ok(group):
+            _raise_for_group(b, group)
+        indices.append(group[0])
+        sigmas.append(group[1])
     return indices, sigmas
+
+
+def _group_ok(group) -> bool:
+    if not isinstance(group, (list, tuple)) or len(group) != 2:
+        return False
+    idx, sig = group
+    return (isinstance(idx, torch.Tensor) and isinstance(sig, torch.Tensor) and idx.dtype in INDEX_DTYPES
+            and idx.dim() == 2 and idx.shape[1] >= 1 and sig.dtype in VALUE_DTYPES
+            and sig.shape == (idx.shape[0],))
+
+
+def _raise_for_group(b: int, group) -> None:
+    if not isinstance(group, (list, tuple)) or len(group) != 2:
+        raise TypeError(f"plane_groups[{b}] must be a pair (indices [P, n], sigmas [P]); got {type(group).__name__}")
+    idx = require_tensor(f"plane_groups[{b}] indices", group[0])
+    sig = require_tensor(f"plane_groups[{b}] sigmas", group[1])
+    require_index(f"plane_groups[{b}] indices", idx)
+    require_shape(f"plane_groups[{b}] indices", idx, "[P, n] with n >= 1", idx.dim() == 2 and idx.shape[1] >= 1)
+    require_floating(f"plane_groups[{b}] sigmas", sig)
+    require_shape(f"plane_groups[{b}] sigmas", sig, f"[P] = [{idx.shape[0]}]", sig.shape == (idx.shape[0],))
+    raise AssertionError("unreachable: _group_ok and the named checks disagree")
 
 
 __all__ = ["planarity_nll"]

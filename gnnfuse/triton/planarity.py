@@ -206,9 +206,9 @@ def _backward_kernel(grad_ptr, idx_ptr, sigma_ptr, blocks_ptr, plane_ptr, coef_p
         i = tl.load(idx_ptr + entries + a, mask=mask, other=0).to(tl.int64)
         ok = mask & (i >= 0) & (i < A)
         f = g * tl.load(coef_ptr + entries + a, mask=mask, other=0.0)
-        tl.atomic_add(gxyz_ptr + i * 3, (f * nx).to(out_ty), mask=ok)
-        tl.atomic_add(gxyz_ptr + i * 3 + 1, (f * ny).to(out_ty), mask=ok)
-        tl.atomic_add(gxyz_ptr + i * 3 + 2, (f * nz).to(out_ty), mask=ok)
+        tl.atomic_add(gxyz_ptr + i * 3, (f * nx).to(out_ty), mask=ok, sem="relaxed")
+        tl.atomic_add(gxyz_ptr + i * 3 + 1, (f * ny).to(out_ty), mask=ok, sem="relaxed")
+        tl.atomic_add(gxyz_ptr + i * 3 + 2, (f * nz).to(out_ty), mask=ok, sem="relaxed")
 
 
 # ---- launch layout: every bucket in one launch -------------------------------------------------

@@ -159,9 +159,9 @@ def structured_scatter_add(
             (z0+iz) % NZ). wa and wbwc must share one dtype: int32 (fast, half the index
             bandwidth) or int64 (needed when map_size > 2**31 - 1). No gradient.
         map_size: length of the output map (e.g. NX * NY * NZ).
-        check_bounds: every flat index must lie in [0, map_size). True (default) checks it from
-            the per-atom min/max of wa and wbwc rows and raises ValueError naming the atom;
-            on CPU this is free, on GPU it costs one small reduction and a host sync.
+        check_bounds: every flat index must lie in [0, map_size). True (default) checks it and
+            raises ValueError naming the first bad atom: on CPU from the per-atom min/max of wa
+            and wbwc rows (free), on GPU inside the scatter kernel (one host sync after it).
             False skips the check on the caller's guarantee; out-of-range elements are then
             dropped (never written out of bounds).
         backend: "auto" | "cpu" | "triton" | "reference" (env ``GNNFUSE_BACKEND`` replaces "auto").

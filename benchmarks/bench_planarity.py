@@ -120,6 +120,10 @@ def main() -> None:
             # the kernels alone (the launchers the op calls), without autograd and the public checks
             kf, kb = _kernel_timings(xyz, groups, device, max_s)
             row.update(fwd_kernel_ms=kf, bwd_kernel_ms=kb, kernel_bwd_over_fwd=kb / kf)
+            # what any autograd op pays here: forward + backward of a trivial differentiable function
+            trivial = lambda x, _groups: (x * 1.0).sum()  # noqa: E731
+            row["autograd_floor_ms"] = bench(_fwd_bwd(trivial, xyz, groups), device, max_seconds=max_s,
+                                             repeat=15)["median_ms"]
             # best-of-N too: on a shared, oversubscribed CPU the medians include preemption
             row["speedup_min"] = ref["min_ms"] / ours_fb["min_ms"]
             row["fwd_min_ms"] = ours_f["min_ms"]
@@ -144,6 +148,7 @@ def main() -> None:
         f"Geomean speedup over the eager reference: {geomean(fb):.2f}x. "
         "bwd_ms = (fwd+bwd) - fwd-only; *_min columns use the best sample instead of the median. "
         "*_kernel_ms: the forward and backward launchers alone (no autograd, no argument checks). "
+        "autograd_floor_ms: forward + backward of (x * 1.0).sum(), the fixed cost of any autograd call. "
         + compile_note
     )
     meta = machine(device)
@@ -151,7 +156,7 @@ def main() -> None:
     path = save_results(f"planarity_{device_label(device)}", meta, rows,
                         ["atoms", "planes", "dtype", "ref_ms", "compiled_ms", "ours_ms", "speedup",
                          "speedup_vs_compiled", "fwd_ms", "bwd_ms", "bwd/fwd", "speedup_min", "fwd_min_ms",
-                         "bwd_min_ms", "fwd_kernel_ms", "bwd_kernel_ms", "kernel_bwd_over_fwd"], args.out, notes)
+                         "bwd_min_ms", "fwd_kernel_ms", "bwd_kernel_ms", "kernel_bwd_over_fwd", "autograd_floor_ms"], args.out, notes)
     print(path.read_text())
 
 

@@ -47,15 +47,17 @@ def _ref(x, csr, reduce, w):
 _TINY = dict(block_e=16, seg=16)
 
 
-@pytest.mark.parametrize("kernel,reduce", [("csr", r) for r in ("sum", "mean", "max", "min", "mul")]
+@pytest.mark.parametrize("kernel,reduce", [(k, r) for k in ("csr", "hybrid") for r in ("sum", "mean", "max", "min", "mul")]
                          + [("coo", "sum"), ("coo", "mean"), ("atomic", "sum")])
 def test_forward_kernel(kernel, reduce):
     csr = _graph()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(csr.num_src, 20, generator=g).to(DEVICE)
     w = torch.rand(csr.num_edges, generator=g).to(DEVICE) + 0.5
+    # hybrid: rows of <= 4 edges to the row-group kernel, 4 per program; the rest (a split hub) to CSR
+    tiles = dict(_TINY, short_max=4, group_rows=4) if kernel == "hybrid" else _TINY
     for weight in (None, w):
-        plan = tgs.plan_for(x, csr.rowptr, csr.col, reduce, kernel, **_TINY)
+        plan = tgs.plan_for(x, csr.rowptr, csr.col, reduce, kernel, **tiles)
         out, arg = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=plan)
         torch.testing.assert_close(out.double(), _ref(x, csr, reduce, weight), atol=1e-5, rtol=1e-5)
         if reduce in ("max", "min"):
@@ -65,6 +67,18 @@ def test_forward_kernel(kernel, reduce):
             assert torch.equal(untracked, out) and no_arg.shape == (0, 0)
         else:
             assert arg.shape == (0, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_hybrid_all_rows_short_and_dtypes(dtype):
+    """short_max above every degree: the row-group kernel alone covers the graph (empty rows too)."""
+    csr = _graph()
+    x = torch.randn(csr.num_src, 9, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
+    for reduce in ("sum", "mean", "max"):
+        plan = tgs.plan_for(x, csr.rowptr, csr.col, reduce, "hybrid", short_max=10**6, group_rows=8)
+        out, _ = tgs.forward(x, csr.rowptr, csr.col, None, reduce, track_arg=False, plan=plan)
+        rtol, atol = TOLERANCES[dtype]
+        torch.testing.assert_close(out.double(), _ref(x, csr, reduce, None), rtol=rtol, atol=atol)
 
 
 def _cpu_arg(x, csr, weight, reduce):
@@ -175,11 +189,14 @@ def test_backward_split_rows_vs_cpu_op(reduce):
 
 
 def test_dispatch_and_explain():
-    assert choose("sum", 1000, 3000, 32, torch.float32).kernel == "coo"
-    assert choose("sum", 1000, 9000, 128, torch.float32).kernel == "csr"
-    assert choose("sum", 1000, 300000, 64, torch.float32).kernel == "csr"
-    assert choose("max", 1000, 3000, 32, torch.float32).kernel == "csr"
-    assert choose("sum", 1000, 3000, 32, torch.float32, deterministic=True).kernel == "csr"
+    for reduce in ("sum", "mean", "max", "min", "mul"):
+        plan = choose(reduce, 1000, 3000, 32, torch.float32)
+        assert plan.kernel == "hybrid" and plan.deterministic and plan.short_max > 0
+    assert choose("sum", 1000, 30000, 256, torch.float32).group_rows == 8  # 256-wide tiles
+    assert choose("sum", 1000, 3000, 32, torch.float32, kernel="coo").kernel == "coo"
+    assert choose("max", 1000, 3000, 32, torch.float32, kernel="coo").kernel == "hybrid"  # coo is sum/mean only
+    assert choose("sum", 1000, 3000, 32, torch.float32, deterministic=True, kernel="coo").kernel == "hybrid"
+    assert choose("sum", 1000, 3000, 32, torch.float32, kernel="csr").kernel == "csr"
     torch.use_deterministic_algorithms(True)
     try:
         assert choose("sum", 1000, 3000, 32, torch.float32).deterministic

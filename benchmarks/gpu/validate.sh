@@ -3,6 +3,7 @@
 # From the repo root on a CUDA machine:
 #   PYTHONPATH=. OUT=/some/dir bash benchmarks/gpu/validate.sh [STEP ...]
 # STEPs (default: tests planarity structured): tests | planarity | structured | gather | e2e.
+# GATHER_ARGS (e.g. "--graphs rfc-uniform,arxiv-like") goes to benchmarks.bench_gpu.
 # Each step has its own timeout and writes its results and log (<step>.log) into a work folder; a
 # step that fails or times out does not stop the next one. At the end everything is packed into
 # $OUT/results.tgz (the device tool brings back only a few files), next to $OUT/summary.txt. Budgets on an H100 host: build ~1 min,
@@ -38,7 +39,8 @@ for step in "${steps[@]}"; do
     tests) run tests 240 "$PY" -m pytest tests -q -p no:cacheprovider -x --durations=15 ;;
     planarity) run planarity 120 "$PY" -m benchmarks.bench_planarity --device cuda --no-compile --out "$OUT" ;;
     structured) run structured 150 "$PY" -m benchmarks.bench_structured_scatter --device cuda --out "$OUT" ;;
-    gather) run gather "${GATHER_TIMEOUT_S:-340}" "$PY" -m benchmarks.bench_gpu --out "$OUT" --budget-s "${GATHER_BUDGET_S:-280}" ;;
+    gather) run gather "${GATHER_TIMEOUT_S:-340}" "$PY" -m benchmarks.bench_gpu --out "$OUT" \
+              --budget-s "${GATHER_BUDGET_S:-280}" ${GATHER_ARGS:-} ;;
     e2e) run e2e 170 "$PY" -m benchmarks.bench_e2e --device cuda --out "$OUT" --max-seconds 2 ;;
     *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
   esac

@@ -1,11 +1,13 @@
 """Triton kernels of ``gnnfuse::gather_scatter`` (forward) and ``gather_scatter_backward``.
 
-Layers: @triton.jit kernels, then host launchers ("check, allocate, launch"), then an
-autograd.Function used on CPU tensors under TRITON_INTERPRET=1 (on CUDA the torch.library op
-carries the autograd rule and calls :func:`forward` / :func:`backward` below). Tile choice
-lives in gather_scatter_dispatch.py.
+Layers: @triton.jit kernels, then host launchers ("check, allocate, launch") that
+gnnfuse/ops/gather_scatter.py calls (through the torch.library op or its eager shortcut). Tile
+choice lives in gather_scatter_dispatch.py.
 
 Forward kernels (see the dispatch module for when each runs):
+  * ``_rowgroup_kernel`` (the default "hybrid" plan's short rows): rows of at most short_max
+    edges, sorted by degree, ``ROWS`` per program; step j gathers the j-th edge of each row.
+    The hybrid plan sends the remaining rows through the CSR kernel below.
   * ``_csr_fwd_kernel`` + ``_combine_kernel``: a work list splits every row into pieces of at
     most SEG edges; one program per (piece, feature tile) gathers [BLOCK_E, BLOCK_F] tiles of x
     and reduces them in registers. Rows of one piece write ``out`` directly; pieces of split
@@ -30,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs
+from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs, hybrid_configs
 
 _CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "mul": 4}
 SUM, MEAN, MAX, MIN, MUL = 0, 1, 2, 3, 4
@@ -228,6 +230,55 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
 
 
 @triton.jit
+def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, num_rows, F,
+                     REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr,
+                     ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Short rows, ROWS per program: step j gathers the j-th edge of every row at once (a
+    [ROWS, BLOCK_F] tile), so a program keeps ROWS source rows in flight where the CSR kernel
+    would spend a whole [BLOCK_E, BLOCK_F] tile on a row of 2-3 edges. Rows come sorted by
+    degree (rows_ptr), so a program's rows need about the same number of steps. Each row is
+    reduced in edge order (as on CPU); no tracking of winners (inference max/min only)."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    offs_r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = offs_r < num_rows
+    rows = tl.load(rows_ptr + offs_r, mask=rmask, other=0).to(tl.int64)
+    start = tl.load(rowptr_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    deg = tl.load(rowptr_ptr + rows + 1, mask=rmask, other=0).to(tl.int64) - start
+    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = offs_f < F
+    if REDUCE == 4:
+        acc = tl.full([ROWS, BLOCK_F], 1.0, ACC)
+    elif REDUCE == 2:
+        acc = tl.full([ROWS, BLOCK_F], float("-inf"), ACC)
+    elif REDUCE == 3:
+        acc = tl.full([ROWS, BLOCK_F], float("inf"), ACC)
+    else:
+        acc = tl.zeros([ROWS, BLOCK_F], ACC)
+    for j in range(0, tl.max(deg, axis=0)):
+        emask = rmask & (j < deg)
+        m2 = emask[:, None] & fmask[None, :]
+        c = tl.load(col_ptr + start + j, mask=emask, other=0).to(tl.int64)
+        v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+        if HAS_W:
+            v = v * tl.load(w_ptr + start + j, mask=emask, other=1.0).to(ACC)[:, None]
+        if REDUCE <= 1:
+            acc += v
+        elif REDUCE == 4:
+            acc = tl.where(m2, acc * v, acc)
+        elif REDUCE == 2:  # a NaN wins and sticks, as in the CSR kernel
+            acc = tl.where(m2 & ((v > acc) | (v != v)), v, acc)
+        else:
+            acc = tl.where(m2 & ((v < acc) | (v != v)), v, acc)
+    res = acc
+    if REDUCE == 1:
+        res = acc / tl.maximum(deg, 1).to(ACC)[:, None]
+    if REDUCE >= 2:
+        res = tl.where((deg > 0)[:, None], acc, 0.0)
+    tl.store(out_ptr + rows[:, None] * F + offs_f[None, :], res.to(out_ptr.dtype.element_ty),
+             mask=rmask[:, None] & fmask[None, :])
+
+
+@triton.jit
 def _coo_kernel(x_ptr, row_ptr, col_ptr, w_ptr, out_ptr, E, F,
                 HAS_W: tl.constexpr, SEGMENTED: tl.constexpr, ACC64: tl.constexpr,
                 BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
@@ -407,13 +458,17 @@ class _WorkList:
 
     seg_row[s]: row of piece s; seg_ptr[r]: first piece of row r; slot[r]: first partial slot
     of row r if it is split (more than one piece), else -1; split_rows: the split rows.
+    With ``short_max`` >= 0, rows of at most that many edges get no piece (the hybrid plan's
+    row-group kernel covers them, empty rows included).
     """
 
-    def __init__(self, rowptr: torch.Tensor, seg: int):
+    def __init__(self, rowptr: torch.Tensor, seg: int, short_max: int = -1):
         n = rowptr.numel() - 1
         dev = rowptr.device
         deg = (rowptr[1:] - rowptr[:-1]).long()
         pieces = ((deg + seg - 1) // seg).clamp_(min=1)
+        if short_max >= 0:
+            pieces = torch.where(deg <= short_max, 0, pieces)
         self.seg_ptr = torch.zeros(n + 1, dtype=torch.long, device=dev)
         torch.cumsum(pieces, 0, out=self.seg_ptr[1:])
         split = pieces > 1
@@ -445,8 +500,17 @@ def _cached(kind: str, t: torch.Tensor, key: tuple, build):
     return value
 
 
-def work_list(rowptr: torch.Tensor, seg: int) -> _WorkList:
-    return _cached("work", rowptr, (seg,), lambda: _WorkList(rowptr, seg))
+def work_list(rowptr: torch.Tensor, seg: int, short_max: int = -1) -> _WorkList:
+    return _cached("work", rowptr, (seg, short_max), lambda: _WorkList(rowptr, seg, short_max))
+
+
+def short_rows(rowptr: torch.Tensor, short_max: int) -> torch.Tensor:
+    """Rows with at most ``short_max`` edges, by decreasing degree (stable), cached on rowptr."""
+    def build():
+        deg = rowptr[1:] - rowptr[:-1]
+        order = torch.sort(deg, descending=True, stable=True).indices
+        return order[deg[order] <= short_max].contiguous()
+    return _cached("short", rowptr, (short_max,), build)
 
 
 def expanded_rows(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
@@ -502,7 +566,12 @@ def _tuned(x, rowptr, col, weight, reduce, plan: Plan, track_arg: bool = True) -
     def build():
         n, F = rowptr.numel() - 1, x.shape[1]
         avg = col.numel() / max(n, 1)
-        cands = csr_configs(F, avg, x.element_size()) if plan.kernel == "csr" else coo_configs(F, x.element_size())
+        if plan.kernel == "hybrid":
+            cands = hybrid_configs(F, avg, x.element_size())
+        elif plan.kernel == "csr":
+            cands = csr_configs(F, avg, x.element_size())
+        else:
+            cands = coo_configs(F, x.element_size())
         best, best_ms = plan, float("inf")
         for cfg in cands:
             p = Plan(**{**plan.__dict__, **cfg})
@@ -547,8 +616,17 @@ def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: to
         if reduce == "mean":
             out.div_(_mean_divisor(rowptr, out.dtype))
         return out.to(x.dtype), arg
-    wl = work_list(rowptr, plan.seg)
+    hybrid = plan.kernel == "hybrid" and not tracks  # the row-group kernel records no winners
+    wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
     out = torch.empty(n, F, dtype=x.dtype, device=x.device)
+    if hybrid:
+        short = short_rows(rowptr, plan.short_max)
+        if short.numel():
+            _rowgroup_kernel[(triton.cdiv(short.numel(), plan.group_rows), nft)](
+                x, short, rowptr, col, w, out, short.numel(), F, REDUCE=code, HAS_W=weight is not None,
+                ACC64=acc64, ROWS=plan.group_rows, BLOCK_F=plan.block_f, num_warps=plan.group_warps)
+        if wl.num_pieces == 0:
+            return out, arg
     # (unused pointer arguments get any tensor: no allocation for them)
     part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device) if wl.num_partials else out
     parg = torch.empty(wl.num_partials, F, dtype=torch.long, device=x.device) if wl.num_partials and tracks else col

@@ -9,6 +9,9 @@ Kernels:
   * ``csr``    CSR row-parallel, atomic-free and deterministic; rows longer than ``seg``
                edges are split over several programs whose partials a second pass combines in
                order, so hub rows of power-law graphs do not serialise. All reductions.
+  * ``hybrid`` rows of at most ``short_max`` edges go to a row-group kernel (``group_rows`` rows
+               per program, one edge of each per step, rows sorted by degree); longer rows to
+               the CSR kernel. Atomic-free and deterministic. Not for max/min with winners.
   * ``atomic`` fully-atomic baseline (one atomic per edge and feature); benchmarks only.
 """
 from __future__ import annotations
@@ -19,14 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-KERNELS = ("coo", "csr", "atomic")
-# sum/mean on graphs whose average in-degree is below this go to the sorted-COO kernel
-# (short rows waste most of a CSR program's edge tile); set from benchmarks/bench_gpu.py.
-# (H100 run 1: COO beat CSR at F=32 on arxiv-like (avg 6.9) and hub-stress (avg 2), and at F=64
-# only on hub-stress; at F>=128 CSR won everywhere.)
-COO_MAX_AVG_DEGREE = 12.0
-COO_MAX_F = 32
-COO_MAX_F_VERY_SPARSE = 64  # avg in-degree below 4 (mostly empty rows)
+KERNELS = ("coo", "csr", "hybrid", "atomic")
 
 
 def _pow2(n: int) -> int:
@@ -42,11 +38,16 @@ class Plan:
     num_warps: int
     deterministic: bool
     reason: str
+    group_rows: int = 16  # hybrid: short rows per program
+    short_max: int = 0  # hybrid: rows with at most this many edges take the row-group kernel
+    group_warps: int = 4  # hybrid: warps of the row-group kernel (num_warps is the CSR part's)
 
     def describe(self) -> str:
         name = {
             "coo": "sorted-COO segmented (edge blocks, segmented scan, relaxed atomics at block-edge runs)",
             "csr": "CSR row-parallel, hub rows split into pieces + ordered second pass (atomic-free)",
+            "hybrid": f"row groups for rows of <= {self.short_max} edges ({self.group_rows} rows per program) "
+                      "+ CSR row-parallel for longer rows (atomic-free)",
             "atomic": "fully-atomic COO baseline (one atomic per edge and feature)",
         }[self.kernel]
         return (f"gnnfuse/triton/gather_scatter.py: {name}; BLOCK_E={self.block_e} BLOCK_F={self.block_f} "
@@ -91,6 +92,25 @@ def csr_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     return out
 
 
+def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
+    """Candidate configs of the hybrid plan: the CSR kernel's first guess for the long rows plus
+    row-group settings, best guess first. The first guess comes from an H200 sweep (2026-11-21,
+    sum, F=32-256 on rfc-uniform, arxiv-like and products-like; short_max 8-64, 8-32 rows per
+    program, 2-8 warps): short_max=64 won everywhere; 16 rows per program up to 128-wide tiles
+    and 8 for 256-wide ones; 4 warps at F=32 and 8 above."""
+    csr = csr_configs(F, avg_degree, itemsize)[0]
+    wide = csr["block_f"] >= 256
+    first = dict(csr, short_max=64, group_rows=8 if wide else 16, group_warps=4 if F <= 32 else 8)
+    out = [first]
+    for short_max in (32, 64):
+        for group_rows in (8, 16, 32):
+            for group_warps in (4, 8):
+                cfg = dict(csr, short_max=short_max, group_rows=group_rows, group_warps=group_warps)
+                if cfg not in out:
+                    out.append(cfg)
+    return out
+
+
 def coo_configs(F: int, itemsize: int) -> list[dict]:
     """Candidate tile configs of the sorted-COO kernel, best guess first."""
     bf = _block_f(F, itemsize)
@@ -105,9 +125,10 @@ def coo_configs(F: int, itemsize: int) -> list[dict]:
 
 def choose(reduce: str, num_dst: int, num_edges: int, F: int, dtype: torch.dtype,
            deterministic: bool | None = None, kernel: str | None = None) -> Plan:
-    """Picks the kernel and tiles. ``deterministic`` defaults to
-    ``torch.are_deterministic_algorithms_enabled()``; it forces the atomic-free CSR kernel.
-    ``kernel`` (or env ``GNNFUSE_TRITON_KERNEL``) forces one, where the reduction allows it."""
+    """Picks the kernel and tiles: the hybrid plan (atomic-free) unless ``kernel`` (or env
+    ``GNNFUSE_TRITON_KERNEL``) forces one. ``deterministic`` (default:
+    ``torch.are_deterministic_algorithms_enabled()``) rules out the atomic kernels (coo, atomic),
+    which also only do sum/mean."""
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     forced = kernel or os.environ.get("GNNFUSE_TRITON_KERNEL") or None
@@ -121,15 +142,18 @@ def _choose(reduce: str, num_dst: int, num_edges: int, F: int, dtype: torch.dtyp
     avg = num_edges / max(num_dst, 1)
     if forced is not None and forced not in KERNELS:
         raise ValueError(f"GNNFUSE_TRITON_KERNEL / kernel must be one of {KERNELS}; got {forced!r}")
-    if deterministic:
-        name, reason = "csr", "deterministic algorithms requested: atomic-free CSR"
-    elif reduce not in ("sum", "mean"):
-        name, reason = "csr", f"reduce={reduce} needs ordered winners/products: CSR"
-    elif forced is not None:
+    if forced in ("csr", "hybrid"):  # atomic-free: every reduction, deterministic or not
         name, reason = forced, f"forced kernel={forced}"
-    elif avg < COO_MAX_AVG_DEGREE and (F <= COO_MAX_F or (avg < 4 and F <= COO_MAX_F_VERY_SPARSE)):
-        name, reason = "coo", f"avg in-degree {avg:.1f}, F={F}: short rows, edge-balanced COO"
+    elif forced is not None and reduce in ("sum", "mean") and not deterministic:
+        name, reason = forced, f"forced kernel={forced}"
     else:
-        name, reason = "csr", f"avg in-degree {avg:.1f}, F={F}: CSR with hub splitting"
-    cfg = (csr_configs(F, avg, itemsize) if name == "csr" else coo_configs(F, itemsize))[0]
-    return Plan(kernel=name, deterministic=name == "csr", reason=reason, **cfg)
+        name = "hybrid"
+        reason = (f"avg in-degree {avg:.1f}, F={F}: short rows in row groups, long rows CSR with hub splitting"
+                  + ("; deterministic algorithms requested (this plan is atomic-free)" if deterministic else ""))
+    if name in ("coo", "atomic"):
+        cfg = coo_configs(F, itemsize)[0]
+    elif name == "hybrid":
+        cfg = hybrid_configs(F, avg, itemsize)[0]
+    else:
+        cfg = csr_configs(F, avg, itemsize)[0]
+    return Plan(kernel=name, deterministic=name in ("csr", "hybrid"), reason=reason, **cfg)

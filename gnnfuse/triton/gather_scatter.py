@@ -83,12 +83,9 @@ def _merge_winner(acc, arg, val, at, REDUCE: tl.constexpr):
 
 
 @triton.jit
-def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
-                    seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
-                    REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
-                    SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
-    """TRACK: max/min also record the winning CSR position (only when a backward will need it)."""
-    ACC = tl.float64 if ACC64 else tl.float32
+def _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG: tl.constexpr, BLOCK_F: tl.constexpr):
+    """This program's (piece, feature tile) of a work list (see _WorkList): the row, the piece's
+    index k within it, the row's CSR range [r0, r1), the piece's edges [start, end), features."""
     pid = tl.program_id(0).to(tl.int64)
     nft = tl.cdiv(F, BLOCK_F)
     s = pid // nft
@@ -100,7 +97,17 @@ def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_pt
     start = r0 + k * SEG
     end = tl.minimum(start + SEG, r1)
     offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
-    fmask = offs_f < F
+    return row, k, r0, r1, start, end, offs_f, offs_f < F
+
+
+@triton.jit
+def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
+                    seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
+                    REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
+                    SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """TRACK: max/min also record the winning CSR position (only when a backward will need it)."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    row, k, r0, r1, start, end, offs_f, fmask = _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG, BLOCK_F)
     # Element-wise accumulators over the loop (one per edge lane and feature), reduced across
     # lanes once after it: no cross-warp reduction per tile.
     lane = tl.arange(0, BLOCK_E)
@@ -344,18 +351,7 @@ def _csr_bwd_x_kernel(go_ptr, x_ptr, rowptr_ptr, w_ptr, t_rowptr_ptr, t_col_ptr,
                       SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     """grad_x[j] = sum over transpose row j of dm * w; pieces of split rows go to partials."""
     ACC = tl.float64 if ACC64 else tl.float32
-    pid = tl.program_id(0).to(tl.int64)
-    nft = tl.cdiv(F, BLOCK_F)
-    s = pid // nft
-    ft = pid % nft
-    j = tl.load(seg_row_ptr + s)
-    k = s - tl.load(seg_ptr_ptr + j)
-    q0 = tl.load(t_rowptr_ptr + j).to(tl.int64)
-    q1 = tl.load(t_rowptr_ptr + j + 1).to(tl.int64)
-    start = q0 + k * SEG
-    end = tl.minimum(start + SEG, q1)
-    offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
-    fmask = offs_f < F
+    j, k, q0, q1, start, end, offs_f, fmask = _work_piece(seg_row_ptr, seg_ptr_ptr, t_rowptr_ptr, F, SEG, BLOCK_F)
     acc2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
     xj = tl.zeros([BLOCK_F], ACC)
     if REDUCE == 4:
@@ -414,18 +410,7 @@ def _mul_stats_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, prod_ptr, zc_ptr, pprod
     """reduce="mul" backward helper: product of the non-zero messages and number of zero ones,
     per (row, feature); same work list as the forward (pieces of split rows go to partials)."""
     ACC = tl.float64 if ACC64 else tl.float32
-    pid = tl.program_id(0).to(tl.int64)
-    nft = tl.cdiv(F, BLOCK_F)
-    s = pid // nft
-    ft = pid % nft
-    row = tl.load(seg_row_ptr + s)
-    k = s - tl.load(seg_ptr_ptr + row)
-    r0 = tl.load(rowptr_ptr + row).to(tl.int64)
-    r1 = tl.load(rowptr_ptr + row + 1).to(tl.int64)
-    start = r0 + k * SEG
-    end = tl.minimum(start + SEG, r1)
-    offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
-    fmask = offs_f < F
+    row, k, r0, r1, start, end, offs_f, fmask = _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG, BLOCK_F)
     prod2 = tl.full([BLOCK_E, BLOCK_F], 1.0, ACC)
     zc2 = tl.zeros([BLOCK_E, BLOCK_F], tl.int32)
     for e0 in range(start, end, BLOCK_E):

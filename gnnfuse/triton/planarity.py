@@ -57,16 +57,26 @@ def _rotate(app, aqq, apq, arp, arq, v0p, v0q, v1p, v1q, v2p, v2q):
 
 
 @triton.jit
+def _atom_position(xyz_ptr, idx_ptr, entry, mask, A):
+    """float64 position of the atom at index entry ``entry`` (zero where masked or out of range)."""
+    i = tl.load(idx_ptr + entry, mask=mask, other=0).to(tl.int64)
+    ok = mask & (i >= 0) & (i < A)
+    x = tl.load(xyz_ptr + i * 3, mask=ok, other=0.0).to(tl.float64)
+    y = tl.load(xyz_ptr + i * 3 + 1, mask=ok, other=0.0).to(tl.float64)
+    z = tl.load(xyz_ptr + i * 3 + 2, mask=ok, other=0.0).to(tl.float64)
+    return x, y, z
+
+
+@triton.jit
 def _centroid(xyz_ptr, idx_ptr, entries, mask, A, N, BLOCK_P: tl.constexpr):
     sx = tl.zeros([BLOCK_P], dtype=tl.float64)
     sy = tl.zeros([BLOCK_P], dtype=tl.float64)
     sz = tl.zeros([BLOCK_P], dtype=tl.float64)
     for a in range(N):
-        i = tl.load(idx_ptr + entries + a, mask=mask, other=0).to(tl.int64)
-        ok = mask & (i >= 0) & (i < A)
-        sx += tl.load(xyz_ptr + i * 3, mask=ok, other=0.0).to(tl.float64)
-        sy += tl.load(xyz_ptr + i * 3 + 1, mask=ok, other=0.0).to(tl.float64)
-        sz += tl.load(xyz_ptr + i * 3 + 2, mask=ok, other=0.0).to(tl.float64)
+        x, y, z = _atom_position(xyz_ptr, idx_ptr, entries + a, mask, A)
+        sx += x
+        sy += y
+        sz += z
     return sx / N, sy / N, sz / N
 
 
@@ -94,11 +104,8 @@ def _forward_kernel(xyz_ptr, idx_ptr, sigma_ptr, blocks_ptr, plane_ptr, coef_ptr
     c12 = tl.zeros([BLOCK_P], dtype=tl.float64)
     c22 = tl.zeros([BLOCK_P], dtype=tl.float64)
     for a in range(N):
-        i = tl.load(idx_ptr + entries + a, mask=mask, other=0).to(tl.int64)
-        ok = mask & (i >= 0) & (i < A)
-        x = tl.load(xyz_ptr + i * 3, mask=ok, other=0.0).to(tl.float64) - cx
-        y = tl.load(xyz_ptr + i * 3 + 1, mask=ok, other=0.0).to(tl.float64) - cy
-        z = tl.load(xyz_ptr + i * 3 + 2, mask=ok, other=0.0).to(tl.float64) - cz
+        x, y, z = _atom_position(xyz_ptr, idx_ptr, entries + a, mask, A)
+        x, y, z = x - cx, y - cy, z - cz
         c00 += x * x
         c01 += x * y
         c02 += x * z
@@ -168,11 +175,8 @@ def _forward_kernel(xyz_ptr, idx_ptr, sigma_ptr, blocks_ptr, plane_ptr, coef_ptr
     sum_d = tl.zeros([BLOCK_P], dtype=tl.float64)
     sq = tl.zeros([BLOCK_P], dtype=tl.float64)
     for a in range(N):
-        i = tl.load(idx_ptr + entries + a, mask=mask, other=0).to(tl.int64)
-        ok = mask & (i >= 0) & (i < A)
-        x = tl.load(xyz_ptr + i * 3, mask=ok, other=0.0).to(tl.float64) - cx
-        y = tl.load(xyz_ptr + i * 3 + 1, mask=ok, other=0.0).to(tl.float64) - cy
-        z = tl.load(xyz_ptr + i * 3 + 2, mask=ok, other=0.0).to(tl.float64) - cz
+        x, y, z = _atom_position(xyz_ptr, idx_ptr, entries + a, mask, A)
+        x, y, z = x - cx, y - cy, z - cz
         d = x * nx + y * ny + z * nz
         tl.store(coef_ptr + entries + a, d, mask=mask)  # d for now; scaled below
         sum_d += d

@@ -31,8 +31,9 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _scatter_kernel(cube_ptr, wa_ptr, bc_ptr, out_ptr, flag_ptr, map_size, nx, nyz, BLOCK: tl.constexpr,
-                    CHECK: tl.constexpr):
+def _box_elements(wa_ptr, bc_ptr, map_size, nx, nyz, BLOCK: tl.constexpr):
+    """This program's atom c and BLOCK offsets e in its box (inside: e < box size nxyz), their flat
+    map indices idx = wa[c, ix] + wbwc[c, iy, iz] and ok = inside and idx in [0, map_size)."""
     c = tl.program_id(0).to(tl.int64)
     e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # offset inside the atom's box: int32 is enough
     nxyz = nx * nyz
@@ -42,7 +43,13 @@ def _scatter_kernel(cube_ptr, wa_ptr, bc_ptr, out_ptr, flag_ptr, map_size, nx, n
     a = tl.load(wa_ptr + c * nx + ix, mask=inside, other=0).to(tl.int64)
     b = tl.load(bc_ptr + c * nyz + j, mask=inside, other=0).to(tl.int64)
     idx = a + b
-    ok = inside & (idx >= 0) & (idx < map_size)
+    return c, e, nxyz, inside, idx, inside & (idx >= 0) & (idx < map_size)
+
+
+@triton.jit
+def _scatter_kernel(cube_ptr, wa_ptr, bc_ptr, out_ptr, flag_ptr, map_size, nx, nyz, BLOCK: tl.constexpr,
+                    CHECK: tl.constexpr):
+    c, e, nxyz, inside, idx, ok = _box_elements(wa_ptr, bc_ptr, map_size, nx, nyz, BLOCK)
     v = tl.load(cube_ptr + c * nxyz + e, mask=inside, other=0.0).to(out_ptr.dtype.element_ty)
     tl.atomic_add(out_ptr + idx, v, mask=ok, sem="relaxed")
     if CHECK:
@@ -52,16 +59,7 @@ def _scatter_kernel(cube_ptr, wa_ptr, bc_ptr, out_ptr, flag_ptr, map_size, nx, n
 @triton.jit
 def _gather_kernel(grad_out_ptr, wa_ptr, bc_ptr, grad_cube_ptr, flag_ptr, map_size, nx, nyz, BLOCK: tl.constexpr,
                    CHECK: tl.constexpr):
-    c = tl.program_id(0).to(tl.int64)
-    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # offset inside the atom's box: int32 is enough
-    nxyz = nx * nyz
-    inside = e < nxyz
-    ix = e // nyz
-    j = e - ix * nyz
-    a = tl.load(wa_ptr + c * nx + ix, mask=inside, other=0).to(tl.int64)
-    b = tl.load(bc_ptr + c * nyz + j, mask=inside, other=0).to(tl.int64)
-    idx = a + b
-    ok = inside & (idx >= 0) & (idx < map_size)
+    c, e, nxyz, inside, idx, ok = _box_elements(wa_ptr, bc_ptr, map_size, nx, nyz, BLOCK)
     g = tl.load(grad_out_ptr + idx, mask=ok, other=0.0)
     tl.store(grad_cube_ptr + c * nxyz + e, g, mask=inside)
     if CHECK:

@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import bench, device_label, geomean, machine, save_results
+from benchmarks.common import bench_interleaved, device_label, geomean, machine, save_results
 from gnnfuse.datasets import load_facebook as load_facebook_data
 from gnnfuse.datasets import load_planetoid
 from gnnfuse.testing import random_graph
@@ -76,7 +76,7 @@ def make_epoch(model, x, graph, y):
     return epoch
 
 
-def _dense_only(model, x, graph, y, device, max_seconds):
+def _dense_only(model, x, graph, y):
     """The same epoch with every aggregation replaced by zeros of its output shape: the time of
     everything else (linear layers, loss, autograd). stock / this bounds the epoch speed-up any
     aggregation could give (Amdahl)."""
@@ -87,8 +87,13 @@ def _dense_only(model, x, graph, y, device, max_seconds):
     def zeros(x_src, edge_index, reduce, *, num_nodes, **_):
         return x_src.new_zeros(num_nodes, *x_src.shape[1:])
 
-    with mock.patch.object(_mixin, "fused_gather_scatter", zeros):
-        return bench(make_epoch(model, x, graph, y), device, warmup=1, repeat=9, max_seconds=max_seconds)
+    epoch = make_epoch(model, x, graph, y)
+
+    def run():
+        with mock.patch.object(_mixin, "fused_gather_scatter", zeros):
+            return epoch()
+
+    return run
 
 
 def run_dataset(name, data, device, hidden, rows, max_seconds):
@@ -110,8 +115,7 @@ def run_dataset(name, data, device, hidden, rows, max_seconds):
     for model_name, (conv, kw) in MODELS.items():
         torch.manual_seed(0)
         stock = Net(getattr(P, conv), x.shape[1], hidden, num_classes, **kw).to(device)
-        times = {}
-        errors = {}
+        epochs, first, errors = {}, {}, {}
         variants = [("stock edge_index", stock, ei), ("stock sparse adj_t", None, adj_t), ("gnnfuse", None, ei)]
         for label, model, graph in variants:
             if graph is None:
@@ -122,22 +126,29 @@ def run_dataset(name, data, device, hidden, rows, max_seconds):
                 model = Net(cls, x.shape[1], hidden, num_classes, **kw).to(device)
                 model.load_state_dict(stock.state_dict())
             try:
+                epoch = make_epoch(model, x, graph, y)
                 t0 = time.perf_counter()
-                make_epoch(model, x, graph, y)()  # first epoch: sorting / caching / JIT builds
-                first = (time.perf_counter() - t0) * 1e3
-                r = bench(make_epoch(model, x, graph, y), device, warmup=1, repeat=9, max_seconds=max_seconds)
-                times[label] = dict(r, first_ms=first)
+                epoch()  # first epoch: sorting / caching / JIT builds
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                first[label] = (time.perf_counter() - t0) * 1e3
+                epochs[label] = epoch
             except (NotImplementedError, RuntimeError, MemoryError) as e:
                 msg = str(e).splitlines()[0][:160]
                 errors[label] = f"{type(e).__name__}: {msg}"
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
+        if "gnnfuse" in epochs:
+            epochs["dense only"] = _dense_only(Net(getattr(G, conv), x.shape[1], hidden, num_classes, **kw).to(device),
+                                               x, ei, y)
+        # all variants in turns (see bench_interleaved): the machine's drift hits them alike
+        times = bench_interleaved(epochs, device, rounds=15, max_seconds=max_seconds * len(epochs))
+        for label in ("stock edge_index", "stock sparse adj_t", "gnnfuse"):
             print(f"  {name:10s} {model_name:9s} {label:19s} "
                   + (f"{times[label]['median_ms']:9.2f} ms" if label in times else f"skip: {errors[label]}"),
                   flush=True)
-        if "gnnfuse" in times:
-            times["dense only"] = _dense_only(Net(getattr(G, conv), x.shape[1], hidden, num_classes, **kw).to(device),
-                                              x, ei, y, device, max_seconds)
+        for label, ms in first.items():
+            times[label]["first_ms"] = ms
         stock_times = {k: v["median_ms"] for k, v in times.items() if k.startswith("stock")}
         best_label = min(stock_times, key=stock_times.get) if stock_times else None
         row = dict(base, model=model_name,
@@ -217,9 +228,11 @@ def main(argv=None):
 
     meta["torch_geometric"] = torch_geometric.__version__
     text = ("One training epoch = zero_grad + forward + cross-entropy + backward (no optimizer step), "
-            "median ms. Stock PyG 2.8 without torch_sparse/torch_scatter, timed on edge_index and on a "
-            "torch.sparse CSR adj_t; speedup is against the faster of the two. GCN uses cached=True in "
-            "every variant. dense_only_ms: the gnnfuse model with every aggregation replaced by zeros "
+            "median ms; the variants of a row are timed in turns (one epoch each per round), so drift of a "
+            "shared machine hits them alike. Stock PyG 2.8 without torch_sparse/torch_scatter, timed on "
+            "edge_index and on a torch.sparse CSR adj_t; speedup is against the faster of the two. GCN uses "
+            "cached=True in every variant. gnnfuse's SAGE aggregates after lin_l where that moves fewer "
+            "features (gnnfuse.nn._layers._LinearFirst; same maths). dense_only_ms: the gnnfuse model with every aggregation replaced by zeros "
             "(linear layers, loss and autograd only); bound_vs_best_stock = best stock / dense_only_ms is "
             "the most any aggregation could speed the epoch up. " + " ".join(notes))
     name = "e2e_gpu" if device.type == "cuda" else f"e2e_{device_label(device)}"

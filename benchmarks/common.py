@@ -61,6 +61,33 @@ def bench(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmu
             "calls_per_sample": batch}
 
 
+def bench_interleaved(fns: dict[str, Callable[[], object]], device: torch.device | str = "cpu", *, rounds: int = 15,
+                      max_seconds: float = 10.0) -> dict[str, dict[str, float]]:
+    """Median and min wall time (ms) of each of ``fns``, timed in turns: round r runs every
+    function once, in a rotating order. On a shared machine whose speed drifts (other tenants,
+    frequency), every variant then sees the same conditions, so ratios stay fair where timing one
+    variant after another would credit whichever ran in a quiet spell. For calls of milliseconds
+    (one call per sample); each function is called once beforehand as warm-up."""
+    device = torch.device(device)
+    names = list(fns)
+    for name in names:
+        fns[name]()
+    synchronize(device)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    start = time.perf_counter()
+    for r in range(rounds):
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            synchronize(device)
+            t0 = time.perf_counter()
+            fns[name]()
+            synchronize(device)
+            samples[name].append((time.perf_counter() - t0) * 1e3)
+        if time.perf_counter() - start > max_seconds and r >= 2:
+            break
+    return {n: {"median_ms": statistics.median(v), "min_ms": min(v), "samples": len(v)} for n, v in samples.items()}
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -1,8 +1,9 @@
 """PyG's GCNConv, SAGEConv, GINConv and GraphConv with fused aggregation.
 
 Each class subclasses the PyG class of the same name and adds nothing but behaviour: constructor,
-parameters, state_dict keys, forward signature and ``repr`` are PyG's. SAGEConv, GINConv and
-GraphConv need no code beyond the mixin. GCNConv normalises differently (same numbers):
+parameters, state_dict keys, forward signature and ``repr`` are PyG's. GINConv needs no code
+beyond the mixin. SAGEConv and GraphConv with sum/mean aggregate after their linear map when the
+layer narrows (:class:`_LinearFirst`). GCNConv normalises differently (same numbers):
 
 PyG's ``gcn_norm`` builds a new edge_index with the self-loops appended, which would have to be
 sorted again on every call (or once per layer with ``cached=True``). Here the graph stays the one
@@ -15,11 +16,13 @@ and epoch; self-loops become a separate diagonal term:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
+from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from ..csr import CSR
-from ._mixin import FusedMessagePassing, csr_to_edge_index, edge_endpoints
+from ._mixin import REDUCE_OF_AGGR, FusedMessagePassing, csr_to_edge_index, edge_endpoints
 
 __all__ = ["GCNConv", "GINConv", "GraphConv", "SAGEConv", "gcn_norm_weights"]
 
@@ -103,16 +106,90 @@ class GCNConv(FusedMessagePassing, pyg_nn.GCNConv):
         return isinstance(edge_index, CSR) or (isinstance(edge_index, Tensor) and edge_index.layout == torch.strided)
 
 
-class SAGEConv(FusedMessagePassing, pyg_nn.SAGEConv):
-    """:class:`torch_geometric.nn.SAGEConv`; aggr sum/mean/max/min fused (others run PyG's code)."""
+class _LinearFirst:
+    """Aggregate after the linear map when that moves fewer features.
+
+    For sum and mean, ``lin(aggr(x)) = aggr(x @ W.T) + b`` (also on rows without edges, where both
+    give ``b``). When the layer narrows (out_channels < in_channels) the right side aggregates
+    out_channels features instead of in_channels: on a 2-layer SAGE model the second layer's
+    forward and backward aggregations shrink from the hidden width to the class count. DGL's
+    SAGEConv makes the same choice. Same maths, different rounding (like the CSR summation order).
+    Set ``gnnfuse_linear_first = False`` (class or instance) for PyG's order of operations.
+
+    One catch: when x needs no gradient (raw input features) but W does, aggregating first needs
+    no backward aggregation at all, while ``x @ W.T`` needs one. So the choice compares widths
+    times passes, a backward pass counted as ``_BACKWARD_COST`` forward ones (the CPU kernels'
+    ratio on Facebook at F=64, 2026-11-21: 1.3-1.5).
+    """
+
+    gnnfuse_linear_first: bool = True
+    _BACKWARD_COST = 1.5
+
+    def _linear_first_pays(self, lin, x_src: Tensor, out_width: int) -> bool:
+        grad = torch.is_grad_enabled()
+        x_pass = 1 + self._BACKWARD_COST * (grad and x_src.requires_grad)
+        xw_pass = 1 + self._BACKWARD_COST * (grad and (x_src.requires_grad or lin.weight.requires_grad))
+        return out_width * xw_pass < x_src.shape[1] * x_pass
+
+    def _narrowing_weight(self, lin, x, edge_index, size, extra) -> Tensor | None:
+        """``lin``'s weight when aggregating ``x[0] @ W.T`` runs fused and costs less, else None."""
+        if not self.gnnfuse_linear_first or REDUCE_OF_AGGR.get(type(self.aggr_module)) not in ("sum", "mean"):
+            return None
+        if type(lin) is not PygLinear or lin._forward_hooks or lin._forward_pre_hooks:
+            return None
+        weight = lin.weight
+        if isinstance(weight, torch.nn.parameter.UninitializedParameter):
+            return None  # lazy in_channels=-1 before its first call
+        x_src = x[0]
+        if not isinstance(x_src, Tensor) or x_src.dim() != 2 or not self._linear_first_pays(lin, x_src, weight.shape[0]):
+            return None
+        if self._gnnfuse_plan(edge_index, size, dict(extra, x=x)) is None:
+            return None  # PyG's propagate runs: keep its order, so its hooks see what they expect
+        return weight
+
+    def _aggregate_then_linear(self, lin, x, edge_index, size, **extra) -> Tensor:
+        """``lin(propagate(x))``, computed as ``propagate(x @ W.T) + b`` when that is narrower."""
+        weight = self._narrowing_weight(lin, x, edge_index, size, extra)
+        if weight is None:
+            return lin(self.propagate(edge_index, x=x, size=size, **extra))
+        out = self.propagate(edge_index, x=(F.linear(x[0], weight), x[1]), size=size, **extra)
+        return out if lin.bias is None else out + lin.bias
+
+
+class SAGEConv(_LinearFirst, FusedMessagePassing, pyg_nn.SAGEConv):
+    """:class:`torch_geometric.nn.SAGEConv`; aggr sum/mean/max/min fused (others run PyG's code).
+    sum/mean aggregate after ``lin_l`` when the layer narrows (see :class:`_LinearFirst`)."""
+
+    def forward(self, x, edge_index, size=None) -> Tensor:  # PyG 2.8's forward, lin_l moved
+        if isinstance(x, Tensor):
+            x = (x, x)
+        if self.project and hasattr(self, "lin"):
+            x = (self.lin(x[0]).relu(), x[1])
+        out = self._aggregate_then_linear(self.lin_l, x, edge_index, size)
+        x_r = x[1]
+        if self.root_weight and x_r is not None:
+            out = out + self.lin_r(x_r)
+        if self.normalize:
+            out = F.normalize(out, p=2.0, dim=-1)
+        return out
 
 
 class GINConv(FusedMessagePassing, pyg_nn.GINConv):
     """:class:`torch_geometric.nn.GINConv` with fused aggregation."""
 
 
-class GraphConv(FusedMessagePassing, pyg_nn.GraphConv):
-    """:class:`torch_geometric.nn.GraphConv` with fused aggregation (edge_weight supported)."""
+class GraphConv(_LinearFirst, FusedMessagePassing, pyg_nn.GraphConv):
+    """:class:`torch_geometric.nn.GraphConv` with fused aggregation (edge_weight supported).
+    sum/mean aggregate after ``lin_rel`` when the layer narrows (see :class:`_LinearFirst`)."""
+
+    def forward(self, x, edge_index, edge_weight=None, size=None) -> Tensor:  # PyG 2.8's forward
+        if isinstance(x, Tensor):
+            x = (x, x)
+        out = self._aggregate_then_linear(self.lin_rel, x, edge_index, size, edge_weight=edge_weight)
+        x_r = x[1]
+        if x_r is not None:
+            out = out + self.lin_root(x_r)
+        return out
 
 
 # Stock PyG class -> fused class, for gnnfuse.nn.fuse().

@@ -263,3 +263,56 @@ def test_cuda_compile_fullgraph_and_deterministic():
         assert torch.equal(a, b)
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+# ---- the fast launch path (gnnfuse/triton/_launch.py) -------------------------------------------------
+def test_launch_key_separates_what_triton_specialises_on():
+    from gnnfuse.triton._launch import _spec
+
+    base = torch.zeros(64)
+    assert _spec(base) != _spec(base[1:])  # 16-byte alignment of a pointer
+    assert _spec(base) != _spec(base.double())
+    assert len({_spec(v) for v in (1, 2, 16, 2**31, 2**63)}) == 5  # ==1, %16, int32 / int64 / uint64 range
+    assert _spec(True) != _spec(1) and _spec(None) != _spec(0)
+
+
+def test_launch_hooks_turn_the_fast_path_off():
+    import triton
+
+    from gnnfuse.triton._launch import _hooks_set
+
+    chain = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if chain is None or not hasattr(chain.launch_enter_hook, "add"):
+        pytest.skip("this Triton has no launch hook chain")
+    assert not _hooks_set()  # an empty chain is no hook
+
+    def hook(*_):
+        return None
+
+    chain.launch_enter_hook.add(hook)
+    try:
+        assert _hooks_set()
+    finally:
+        chain.launch_enter_hook.remove(hook)
+
+
+@needs_cuda
+def test_fast_launch_matches_the_jit_launch():
+    kernel = tgs._rowgroup_kernel
+    csr = _graph(scale=4)
+    for offset in (0, 1):  # an unaligned x is another specialisation: compiled and cached apart
+        x = torch.randn(csr.num_src * 40 + 1, device="cuda")[offset:offset + csr.num_src * 40].view(-1, 40)
+        short = tgs.short_rows(csr.rowptr, 64)
+        outs = []
+        for launch in (kernel.kernel, kernel, kernel):  # plain JIT, first fast call (binds), cached call
+            out = torch.zeros(csr.num_dst, 40, device="cuda")
+            launch[(triton_cdiv(short.numel(), 16), 1)](x, short, csr.rowptr, csr.col, x, out, short.numel(), 40,
+                                                         REDUCE=0, HAS_W=False, ACC64=False, ROWS=16, BLOCK_F=64,
+                                                         num_warps=4)
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert len(kernel._compiled) >= 2
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)

@@ -24,9 +24,12 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     ``auto`` means the compiled kernel of the tensors' device; the environment variable
     ``GNNFUSE_BACKEND`` replaces ``auto`` (useful to run a whole program on the reference).
     """
-    require_choice("backend", backend, BACKENDS)
     if backend == "auto":
-        backend = require_choice("GNNFUSE_BACKEND (environment)", os.environ.get("GNNFUSE_BACKEND", "auto"), BACKENDS)
+        backend = os.environ.get("GNNFUSE_BACKEND", "auto")
+        if backend == "auto":  # the common case first: one environment lookup, nothing else
+            return "cpu" if device.type == "cpu" else "triton"
+        require_choice("GNNFUSE_BACKEND (environment)", backend, BACKENDS)
+    require_choice("backend", backend, BACKENDS)
     if backend == "auto":
         return "cpu" if device.type == "cpu" else "triton"
     if backend == "cpu" and device.type != "cpu":
@@ -62,9 +65,11 @@ _KERNEL_DEVICES = ("cpu", "cuda")  # meta and other devices go through the op's 
 
 def eager_shortcut_ok(*tensors: torch.Tensor | None) -> bool:
     """True when a public function may skip the dispatcher (see above)."""
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN_TENSORS or t.device.type not in _KERNEL_DEVICES):
+            return False
     return (
         not torch.compiler.is_compiling()
-        and all(t is None or (type(t) in _PLAIN_TENSORS and t.device.type in _KERNEL_DEVICES) for t in tensors)
         and torch._C._len_torch_dispatch_stack() == 0
         and not torch._C._is_torch_function_mode_enabled()
         and torch._C._functorch.maybe_current_level() is None

@@ -125,24 +125,30 @@ forbid_double_backward(BACKWARD_OP, "fused_gather_scatter")
 
 # ---- eager shortcut around the dispatcher (see _library.eager_shortcut_ok) ----------------------
 class _EagerGatherScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, rowptr, col, t_rowptr, t_col, t_pos, reduce, backend):
-        out, arg = KERNELS[backend][0](x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce)
-        ctx.reduce, ctx.backend = reduce, backend
-        ctx.mark_non_differentiable(arg)
-        ctx.save_for_backward(x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg)
-        return out, arg
+    """The op's autograd in eager mode. The graph's index tensors travel as one plain tuple and
+    the winners stay on ctx: they are not differentiable, and every tensor argument or saved
+    tensor costs the autograd machinery time on each call (this is the hot path of small graphs)."""
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_arg):
-        x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg = ctx.saved_tensors
+    def forward(ctx, x, weight, graph, reduce, backend):
+        rowptr, col, t_rowptr, t_col, t_pos = graph
+        out, arg = KERNELS[backend][0](x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce)
+        ctx.graph, ctx.arg, ctx.reduce, ctx.backend = graph, arg, reduce, backend
+        ctx.save_for_backward(x, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        rowptr, col, t_rowptr, t_col, t_pos = ctx.graph
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        args = (grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, ctx.reduce, need_x, need_w)
+        args = (grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.arg, ctx.reduce,
+                need_x, need_w)
         if torch.is_grad_enabled():  # create_graph=True: the op's autograd rule makes double backward raise
             grad_x, grad_w = torch.ops.gnnfuse.gather_scatter_backward(*args)
         else:
             grad_x, grad_w = KERNELS[ctx.backend][1](*args)
-        return (grad_x if need_x else None), (grad_w if need_w else None), None, None, None, None, None, None, None
+        return (grad_x if need_x else None), (grad_w if need_w else None), None, None, None
 
 
 def _run(x, weight, rowptr, col, transpose, reduce, backend):
@@ -151,7 +157,7 @@ def _run(x, weight, rowptr, col, transpose, reduce, backend):
     if interpreted or eager_shortcut_ok(x, weight):
         if transpose[0] is None:  # no gradient wanted: no autograd node either
             return KERNELS[backend][0](x, rowptr, col, weight, None, None, None, reduce)[0]
-        return _EagerGatherScatter.apply(x, weight, rowptr, col, *transpose, reduce, backend)[0]
+        return _EagerGatherScatter.apply(x, weight, (rowptr, col, *transpose), reduce, backend)
     return torch.ops.gnnfuse.gather_scatter(x, rowptr, col, weight, *transpose, reduce)[0]
 
 
@@ -186,21 +192,23 @@ def fused_gather_scatter(
     require_shape("x", x, "[N, *feat]", x.dim() >= 1)
     require_choice("reduce", reduce, REDUCTIONS)
     csr = _as_csr(edge_index_or_csr, x, num_nodes)
-    device = require_same_device(x=x, edge_index=csr.col, edge_weight=edge_weight)
+    device = x.device
+    if csr.col.device != device or (edge_weight is not None and edge_weight.device != device):
+        require_same_device(x=x, edge_index=csr.col, edge_weight=edge_weight)  # raises, naming them
     backend = resolve_backend(backend, device)
     if x.shape[0] < csr.num_src:
         raise ValueError(f"x has {x.shape[0]} rows but the graph has {csr.num_src} source nodes")
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
 
-    feat = x.shape[1:]
-    x2 = x.reshape(x.shape[0], math.prod(feat)).contiguous()
+    flat = x.dim() == 2  # the common case skips two reshapes (a few us a call on small graphs)
+    x2 = x.contiguous() if flat else x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
     if backend == "reference":
         out = reference.gather_scatter(x2, csr.col, csr.row(), csr.num_dst, reduce, weight)
     else:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
         transpose = csr.transpose_parts() if wants_grad else (None, None, None)
         out = _run(x2, weight, csr.rowptr, csr.col, transpose, reduce, backend)
-    return out.reshape(csr.num_dst, *feat)
+    return out if flat else out.reshape(csr.num_dst, *x.shape[1:])
 
 
 def _as_csr(graph: torch.Tensor | CSR, x: torch.Tensor, num_nodes: int | None) -> CSR:

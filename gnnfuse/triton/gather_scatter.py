@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import fast_kernel
 from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs, hybrid_configs
 
 _CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "mul": 4}
@@ -100,6 +101,7 @@ def _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG: tl.constexpr, BLOC
     return row, k, r0, r1, start, end, offs_f, offs_f < F
 
 
+@fast_kernel
 @triton.jit
 def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
                     seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
@@ -187,6 +189,7 @@ def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_pt
             tl.store(parg_ptr + (slot + k) * F + offs_f, arg, mask=fmask)
 
 
+@fast_kernel
 @triton.jit
 def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows_ptr, seg_ptr_ptr, slot_ptr, F,
                     REDUCE: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -236,6 +239,7 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
     tl.store(out_ptr + row * F + offs_f, res.to(out_ptr.dtype.element_ty), mask=fmask)
 
 
+@fast_kernel
 @triton.jit
 def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, num_rows, F,
                      REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr,
@@ -285,6 +289,7 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, num_r
              mask=rmask[:, None] & fmask[None, :])
 
 
+@fast_kernel
 @triton.jit
 def _coo_kernel(x_ptr, row_ptr, col_ptr, w_ptr, out_ptr, E, F,
                 HAS_W: tl.constexpr, SEGMENTED: tl.constexpr, ACC64: tl.constexpr,
@@ -344,6 +349,7 @@ def _dm(g, i, p, rowptr_ptr, arg_ptr, prod_ptr, zc_ptr, m, emask, m2, offs_f, F,
     return g
 
 
+@fast_kernel
 @triton.jit
 def _csr_bwd_x_kernel(go_ptr, x_ptr, rowptr_ptr, w_ptr, t_rowptr_ptr, t_col_ptr, t_pos_ptr, arg_ptr,
                       prod_ptr, zc_ptr, gx_ptr, part_ptr, seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
@@ -379,6 +385,7 @@ def _csr_bwd_x_kernel(go_ptr, x_ptr, rowptr_ptr, w_ptr, t_rowptr_ptr, t_col_ptr,
         tl.store(part_ptr + (slot + k) * F + offs_f, acc.to(part_ptr.dtype.element_ty), mask=fmask)
 
 
+@fast_kernel
 @triton.jit
 def _grad_w_kernel(go_ptr, x_ptr, rowptr_ptr, row_ptr, col_ptr, w_ptr, arg_ptr, prod_ptr, zc_ptr, gw_ptr, E, F,
                    REDUCE: tl.constexpr, ACC64: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
@@ -402,6 +409,7 @@ def _grad_w_kernel(go_ptr, x_ptr, rowptr_ptr, row_ptr, col_ptr, w_ptr, arg_ptr, 
     tl.store(gw_ptr + offs_p, dot.to(gw_ptr.dtype.element_ty), mask=pmask)
 
 
+@fast_kernel
 @triton.jit
 def _mul_stats_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, prod_ptr, zc_ptr, pprod_ptr, pzc_ptr,
                       seg_row_ptr, seg_ptr_ptr, slot_ptr, F,

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import fast_kernel
+
 BLOCK = 128
 SWEEPS = 6  # cyclic sweeps of 3 rotations; a 3x3 converges to double precision in 4-5
 HALF_LOG_2PI = 0.9189385332046727417803297364056176
@@ -92,6 +94,7 @@ def _block_rows(blocks_ptr, BLOCK_P: tl.constexpr):
     return rows, rows < end, N, entry0 + (rows - first) * N
 
 
+@fast_kernel
 @triton.jit
 def _forward_kernel(xyz_ptr, idx_ptr, sigma_ptr, blocks_ptr, plane_ptr, coef_ptr, loss_ptr, A,
                     BLOCK_P: tl.constexpr, SWEEPS_: tl.constexpr, HALF_LOG_2PI_: tl.constexpr):
@@ -192,6 +195,7 @@ def _forward_kernel(xyz_ptr, idx_ptr, sigma_ptr, blocks_ptr, plane_ptr, coef_ptr
     tl.store(loss_ptr + rows, loss, mask=mask)
 
 
+@fast_kernel
 @triton.jit
 def _backward_kernel(grad_ptr, idx_ptr, sigma_ptr, blocks_ptr, plane_ptr, coef_ptr, gxyz_ptr, gsigma_ptr, A,
                      BLOCK_P: tl.constexpr, NEED_SIGMA: tl.constexpr):

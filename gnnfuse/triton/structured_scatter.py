@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import fast_kernel
+
 MAX_BLOCK = 1024  # elements per program; small boxes get one program of next_pow2(nx*ny*nz) lanes
 NUM_WARPS = 4
 
@@ -46,6 +48,7 @@ def _box_elements(wa_ptr, bc_ptr, map_size, nx, nyz, BLOCK: tl.constexpr):
     return c, e, nxyz, inside, idx, inside & (idx >= 0) & (idx < map_size)
 
 
+@fast_kernel
 @triton.jit
 def _scatter_kernel(cube_ptr, wa_ptr, bc_ptr, out_ptr, flag_ptr, map_size, nx, nyz, BLOCK: tl.constexpr,
                     CHECK: tl.constexpr):
@@ -56,6 +59,7 @@ def _scatter_kernel(cube_ptr, wa_ptr, bc_ptr, out_ptr, flag_ptr, map_size, nx, n
         _flag_out_of_range(flag_ptr, c, inside & ~ok)
 
 
+@fast_kernel
 @triton.jit
 def _gather_kernel(grad_out_ptr, wa_ptr, bc_ptr, grad_cube_ptr, flag_ptr, map_size, nx, nyz, BLOCK: tl.constexpr,
                    CHECK: tl.constexpr):

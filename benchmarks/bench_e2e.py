@@ -22,19 +22,11 @@ import torch.nn.functional as F
 from benchmarks.common import bench_interleaved, device_label, geomean, machine, save_results
 from gnnfuse.datasets import load_facebook as load_facebook_data
 from gnnfuse.datasets import load_planetoid
+from gnnfuse.testing import TwoLayerNet as Net
 from gnnfuse.testing import random_graph
 
 MODELS = {"GCN": ("GCNConv", dict(cached=True)), "SAGE-mean": ("SAGEConv", dict(aggr="mean")),
           "SAGE-max": ("SAGEConv", dict(aggr="max"))}
-
-
-class Net(torch.nn.Module):
-    def __init__(self, conv, f_in, hidden, f_out, **kw):
-        super().__init__()
-        self.conv1, self.conv2 = conv(f_in, hidden, **kw), conv(hidden, f_out, **kw)
-
-    def forward(self, x, graph):
-        return self.conv2(self.conv1(x, graph).relu(), graph)
 
 
 # ---- data ------------------------------------------------------------------------------------------

@@ -49,3 +49,15 @@ def through_registered_op():
             return func(*args, **(kwargs or {}))
 
     return PassThrough()
+
+
+class TwoLayerNet(torch.nn.Module):
+    """``conv2(relu(conv1(x, graph)), graph)`` for any conv class: the model the nn tests and the
+    end-to-end benchmark compare between stock PyG and gnnfuse.nn."""
+
+    def __init__(self, conv, f_in: int, hidden: int, f_out: int, **kw):
+        super().__init__()
+        self.conv1, self.conv2 = conv(f_in, hidden, **kw), conv(hidden, f_out, **kw)
+
+    def forward(self, x, graph):
+        return self.conv2(self.conv1(x, graph).relu(), graph)

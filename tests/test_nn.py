@@ -19,6 +19,7 @@ from torch_geometric.nn import MessagePassing  # noqa: E402
 
 import gnnfuse  # noqa: E402
 import gnnfuse.nn as G  # noqa: E402
+from gnnfuse.testing import TwoLayerNet as Net  # noqa: E402
 from gnnfuse.testing import data_root, random_graph  # noqa: E402
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
@@ -205,15 +206,6 @@ def test_cora_matches_pyg(cora, name, dtype):
 
 
 # ---- models and fuse() -------------------------------------------------------------------------------
-class Net(torch.nn.Module):
-    def __init__(self, conv, f_in, hidden, f_out, **kw):
-        super().__init__()
-        self.conv1, self.conv2 = conv(f_in, hidden, **kw), conv(hidden, f_out, **kw)
-
-    def forward(self, x, g):
-        return self.conv2(self.conv1(x, g).relu(), g)
-
-
 @pytest.mark.parametrize("conv,kw", [("GCNConv", {}), ("GCNConv", {"cached": True}), ("SAGEConv", {}),
                                      ("SAGEConv", {"aggr": "max"})])
 def test_fuse_model_same_predictions(conv, kw):

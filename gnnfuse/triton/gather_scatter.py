@@ -55,6 +55,20 @@ def _seg_add(v1, r1, v2, r2):
 
 
 @triton.jit
+def _identity_tile(ROWS: tl.constexpr, COLS: tl.constexpr, REDUCE: tl.constexpr, ACC: tl.constexpr):
+    """A [ROWS, COLS] accumulator holding the reduction's identity: 1 (mul), -inf (max), +inf (min), 0."""
+    if REDUCE == 4:
+        acc = tl.full([ROWS, COLS], 1.0, ACC)
+    elif REDUCE == 2:
+        acc = tl.full([ROWS, COLS], float("-inf"), ACC)
+    elif REDUCE == 3:
+        acc = tl.full([ROWS, COLS], float("inf"), ACC)
+    else:
+        acc = tl.zeros([ROWS, COLS], ACC)
+    return acc
+
+
+@triton.jit
 def _tile_winner(v, m2, pos, REDUCE: tl.constexpr):
     """Per feature: the winning value of the tile and its lowest position (first NaN wins)."""
     isnan = (v != v) & m2
@@ -113,14 +127,7 @@ def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_pt
     # Element-wise accumulators over the loop (one per edge lane and feature), reduced across
     # lanes once after it: no cross-warp reduction per tile.
     lane = tl.arange(0, BLOCK_E)
-    if REDUCE == 4:
-        acc2 = tl.full([BLOCK_E, BLOCK_F], 1.0, ACC)
-    elif REDUCE == 2:
-        acc2 = tl.full([BLOCK_E, BLOCK_F], float("-inf"), ACC)
-    elif REDUCE == 3:
-        acc2 = tl.full([BLOCK_E, BLOCK_F], float("inf"), ACC)
-    else:
-        acc2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
+    acc2 = _identity_tile(BLOCK_E, BLOCK_F, REDUCE, ACC)
     arg2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int32)  # winning position - start, per lane
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + lane
@@ -257,14 +264,7 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, num_r
     deg = tl.load(rowptr_ptr + rows + 1, mask=rmask, other=0).to(tl.int64) - start
     offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = offs_f < F
-    if REDUCE == 4:
-        acc = tl.full([ROWS, BLOCK_F], 1.0, ACC)
-    elif REDUCE == 2:
-        acc = tl.full([ROWS, BLOCK_F], float("-inf"), ACC)
-    elif REDUCE == 3:
-        acc = tl.full([ROWS, BLOCK_F], float("inf"), ACC)
-    else:
-        acc = tl.zeros([ROWS, BLOCK_F], ACC)
+    acc = _identity_tile(ROWS, BLOCK_F, REDUCE, ACC)
     for j in range(0, tl.max(deg, axis=0)):
         emask = rmask & (j < deg)
         m2 = emask[:, None] & fmask[None, :]

@@ -6,8 +6,14 @@
 Rows (float32 values, int32 indices unless noted), all measured in one run:
   * ``gnnfuse``      the op (CPU: partitioned C++ kernel; CUDA: Triton), check_bounds=True;
   * ``gnnfuse_nocheck`` the same with check_bounds=False (CUDA: no host sync);
+  * ``gnnfuse_fresh_order`` (CUDA) the op with its cached atom order dropped before every call:
+                     what a caller passing new wa/wbwc tensors each call pays (equal to
+                     ``gnnfuse`` where the map fits in L2 and no order is used);
   * ``index_add``    ``torch.zeros(map_size).index_add_(0, flat_index, values)`` on the explicit
                      int64 flat indices (built beforehand, not timed);
+  * ``compiled``     torch.compile of the same maths from wa/wbwc (the flat index built inside the
+                     compiled function, so Inductor may fuse it into the scatter);
+  * ``torch_scatter`` torch_scatter.scatter_add on the explicit flat indices, if installed;
   * ``seed``         (CPU) the seed design: equal output ranges per thread, atom-level skip, every
                      element of every overlapping atom range-checked (C++ baseline in the same .cpp);
   * ``serial``       (CPU) a plain serial loop without checks (C++);
@@ -29,6 +35,7 @@ import torch
 import gnnfuse
 from benchmarks.common import bench, device_label, geomean, machine, save_results
 from gnnfuse._build import load_extension
+from gnnfuse.csr import clear_cache
 
 # (atoms, box edge, map edge); the second is the issue's reference point (seed: 18 ms on 2 threads)
 CPU_CONFIGS = [(2_000, 8, 128), (20_000, 12, 160), (20_000, 16, 256), (100_000, 8, 320)]
@@ -51,6 +58,12 @@ def make_atoms(C: int, n: int, grid: int, *, sort: bool, seed: int = 0, dtype=to
     return cube, wa.to(index_dtype).to(device), wbwc.to(index_dtype).to(device), grid**3
 
 
+def implicit_index_add(cube, wa, wbwc, map_size):
+    """The maths in plain PyTorch: the user's alternative, for torch.compile."""
+    flat = (wa.long()[:, :, None, None] + wbwc.long()[:, None, :, :]).reshape(-1)
+    return torch.zeros(map_size, dtype=cube.dtype, device=cube.device).index_add_(0, flat, cube.reshape(-1))
+
+
 def _row(config, sort, method, timing, **extra):
     C, n, grid = config
     return {"atoms": C, "box": f"{n}^3", "map": f"{grid}^3", "sorted": sort, "method": method,
@@ -68,11 +81,25 @@ def run_config(config, sort, device, rows, timing_args):
     def t(fn):
         return bench(fn, device, **timing_args)
 
+    def fresh_order():
+        clear_cache()
+        return gnnfuse.structured_scatter_add(cube, wa, wbwc, M)
+
+    torch._dynamo.reset()  # a fresh compile cache per configuration (no recompile limit)
+    compiled = torch.compile(implicit_index_add, dynamic=False)
     res = {
         "gnnfuse": t(lambda: gnnfuse.structured_scatter_add(cube, wa, wbwc, M)),
         "gnnfuse_nocheck": t(lambda: gnnfuse.structured_scatter_add(cube, wa, wbwc, M, check_bounds=False)),
+        **({"gnnfuse_fresh_order": t(fresh_order)} if device == "cuda" else {}),
         "index_add": t(lambda: torch.zeros(M, device=device).index_add_(0, flat, values)),
+        "compiled": t(lambda: compiled(cube, wa, wbwc, M)),
     }
+    try:
+        import torch_scatter
+    except ImportError:
+        pass
+    else:
+        res["torch_scatter"] = t(lambda: torch_scatter.scatter_add(values, flat, dim=0, dim_size=M))
     if device == "cpu":
         res["seed"] = t(lambda: ext.structured_scatter_seed_baseline(cube, wa, wbwc, M))
         res["serial"] = t(lambda: ext.structured_scatter_serial_baseline(cube, wa, wbwc, M))
@@ -81,12 +108,14 @@ def run_config(config, sort, device, rows, timing_args):
     res["index_select"] = t(lambda: grad.index_select(0, flat).view(cube.shape))
     ours = res["gnnfuse"]["median_ms"]
     for method, timing in res.items():
-        extra = {"threads": threads, "vs_index_add": res["index_add"]["median_ms"] / timing["median_ms"]}
+        extra = {"threads": threads, "vs_index_add": res["index_add"]["median_ms"] / timing["median_ms"],
+                 "vs_compiled": res["compiled"]["median_ms"] / timing["median_ms"]}
         if "seed" in res:
             extra["vs_seed"] = res["seed"]["median_ms"] / timing["median_ms"]
         if method in ("backward", "index_select"):
             extra["vs_index_add"] = res["index_select"]["median_ms"] / timing["median_ms"]
             extra.pop("vs_seed", None)
+            extra.pop("vs_compiled")
         rows.append(_row(config, sort, method, timing, **extra))
     print(f"{device} C={C} box={n}^3 map={grid}^3 sorted={sort}: gnnfuse {ours:.2f} ms, "
           + ", ".join(f"{k} {v['median_ms']:.2f}" for k, v in res.items() if k != "gnnfuse"), flush=True)
@@ -122,9 +151,14 @@ def summarize(rows):
     def ratio(method, key):
         return geomean([r[key] for r in rows if r["method"] == method and r.get(key)])
 
-    lines = [f"- geomean speedup of gnnfuse over index_add_: {ratio('gnnfuse', 'vs_index_add'):.2f}x",
+    lines = [f"- geomean speedup of gnnfuse over index_add_: {ratio('gnnfuse', 'vs_index_add'):.2f}x "
+             f"(check_bounds=False: {ratio('gnnfuse_nocheck', 'vs_index_add'):.2f}x)",
+             f"- geomean speedup of gnnfuse over torch.compile: {ratio('gnnfuse', 'vs_compiled'):.2f}x",
              f"- geomean speedup of backward (structured gather) over index_select: "
              f"{ratio('backward', 'vs_index_add'):.2f}x"]
+    if any(r["method"] == "gnnfuse_fresh_order" for r in rows):
+        lines.append(f"- geomean speedup over index_add_ when the atom order is rebuilt every call: "
+                     f"{ratio('gnnfuse_fresh_order', 'vs_index_add'):.2f}x")
     if any(r["method"] == "seed" for r in rows):
         lines.append(f"- geomean speedup of gnnfuse over the seed design: {ratio('gnnfuse', 'vs_seed'):.2f}x")
         ref = [r for r in rows if (r["atoms"], r["box"], r["map"], r["sorted"]) == (20_000, "12^3", "160^3", True)
@@ -169,13 +203,14 @@ def main(argv=None):
     meta["load_average"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
     rows: list[dict] = []
     columns = ["atoms", "box", "map", "sorted", "method", "threads", "median_ms", "min_ms", "vs_index_add",
-               "vs_seed", "speedup", "efficiency"]
+               "vs_compiled", "vs_seed", "speedup", "efficiency"]
     name = f"structured_scatter_{label}_{dt.date.today().isoformat()}"
 
     def save(final=False):  # after every step, so a run cut short still leaves its results
         meta["load_average_end"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
         meta["complete"] = final
-        notes = ("float32 values, int32 indices. vs_index_add / vs_seed: time of the anchor / time of the row "
+        notes = ("float32 values, int32 indices. vs_index_add / vs_compiled / vs_seed: time of the anchor / "
+                 "time of the row "
                  "(backward rows: vs index_select). Scaling rows: speedup over the first thread count, "
                  "efficiency = speedup / threads.\n\n" + summarize(rows))
         return save_results(name, meta, rows, columns, out_dir=args.out, notes=notes), notes

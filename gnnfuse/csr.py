@@ -9,11 +9,11 @@ once and caches it keyed on that tensor object (see :func:`csr_for_edge_index`).
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 
 import torch
 
+from ._tensor_cache import cached, clear
 from ._validate import INDEX_DTYPES, INT32_MAX, require_fits_index, require_index, require_node_count, require_shape, require_tensor
 from .ops.coo_to_csr import coo_to_csr
 
@@ -193,24 +193,14 @@ def _from_pyg_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -
     return CSR(colptr.to(row.dtype), row, perm.as_subclass(torch.Tensor).to(row.dtype), num_src)
 
 
-# ---- cache of CSRs built from raw edge_index tensors ----------------------------------------
-# Keyed on the tensor object (id) plus its in-place version counter and the node counts; an
-# entry dies with its tensor. The same `data.edge_index` object therefore sorts once, while a
-# copy (e.g. `edge_index.to(device)` each step) sorts again: build a CSR yourself for those.
-_cache: dict[tuple[int, int, int], tuple[weakref.ref, int, CSR]] = {}
-
-
+# ---- CSRs built from raw edge_index tensors, cached on the tensor object ------------------------
+# (see gnnfuse._tensor_cache): the same `data.edge_index` object sorts once, while a copy (e.g.
+# `edge_index.to(device)` each step) sorts again: build a CSR yourself for those.
 def csr_for_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -> CSR:
-    if torch.compiler.is_compiling():  # the cache is Python state; inside a graph just build it
-        return CSR.from_edge_index(edge_index, (num_src, num_dst))
-    key = (id(edge_index), num_src, num_dst)
-    hit = _cache.get(key)
-    if hit is not None and hit[0]() is edge_index and hit[1] == edge_index._version:
-        return hit[2]
-    csr = CSR.from_edge_index(edge_index, (num_src, num_dst))
-    _cache[key] = (weakref.ref(edge_index, lambda _ref, key=key: _cache.pop(key, None)), edge_index._version, csr)
-    return csr
+    return cached("csr", (edge_index,), (num_src, num_dst),
+                  lambda: CSR.from_edge_index(edge_index, (num_src, num_dst)))
 
 
 def clear_cache() -> None:
-    _cache.clear()
+    """Forgets every cached CSR, kernel plan and atom order (all of gnnfuse's tensor-keyed caches)."""
+    clear()

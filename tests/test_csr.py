@@ -107,14 +107,36 @@ def test_raw_edge_index_is_sorted_once_and_invalidated_by_inplace_change():
 
 
 def test_cache_entry_dies_with_its_tensor():
-    from gnnfuse import csr as csr_module
+    from gnnfuse import _tensor_cache
 
     clear_cache()
     edge_index = random_graph(10, 10, 40, seed=10)
     csr_for_edge_index(edge_index, 10, 10)
-    assert len(csr_module._cache) == 1
+    assert len(_tensor_cache._entries) == 1
     del edge_index
-    assert len(csr_module._cache) == 0
+    assert len(_tensor_cache._entries) == 0
+
+
+def test_cache_with_two_sources_needs_both_unchanged():
+    from gnnfuse._tensor_cache import cached
+
+    clear_cache()
+    a, b = torch.zeros(3), torch.ones(3)
+    first = cached("test", (a, b), (1,), lambda: object())
+    assert cached("test", (a, b), (1,), lambda: object()) is first
+    assert cached("test", (a, b), (2,), lambda: object()) is not first
+    b.add_(1)  # an in-place change to either source invalidates
+    second = cached("test", (a, b), (1,), lambda: object())
+    assert second is not first
+    assert cached("test", (a, b), (1,), lambda: object()) is second
+    del a
+    assert not any(k[0] == "test" and k[-1] == 1 for k in _entries_keys())
+
+
+def _entries_keys():
+    from gnnfuse import _tensor_cache
+
+    return list(_tensor_cache._entries)
 
 
 def test_csr_to_device_dtype_and_validate():

@@ -268,6 +268,55 @@ def test_triton_bounds():
     close(out, reference.structured_scatter_add(cube, wa, wbwc, M, check_bounds=False), torch.float64)
 
 
+@triton_only
+def test_triton_atom_order_for_large_maps(monkeypatch):
+    """Atoms processed in the order of their first flat index (the path for maps larger than L2):
+    same results, the bounds error still names the lowest bad atom, the order is cached on wa/wbwc."""
+    from gnnfuse.triton import structured_scatter as triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "ORDER_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(triton_kernels, "ORDER_MAP_L2_FRACTION", 0.0)
+    cube, wa, wbwc, M = make_atoms(C=9, box=(3, 4, 3), grid=(5, 6, 5), device=TRITON_DEVICE)
+    order = triton_kernels.atom_order(wa, wbwc, M * 8)
+    assert sorted(order.tolist()) == list(range(9)) and not torch.equal(order.cpu(), torch.arange(9))
+    assert triton_kernels.atom_order(wa, wbwc, M * 8) is order  # cached on the tensor objects
+    cube.requires_grad_()
+    out = gnnfuse.structured_scatter_add(cube, wa, wbwc, M, backend="triton")
+    close(out, reference.structured_scatter_add(cube.detach(), wa, wbwc, M), torch.float64)
+    grad = torch.randn(M, dtype=torch.float64, device=TRITON_DEVICE)
+    out.backward(grad)
+    assert torch.equal(cube.grad, grad[reference.structured_flat_index(wa, wbwc)].view(cube.shape))
+    wa = wa.clone()
+    wa[[6, 2], 1] = M
+    with pytest.raises(ValueError, match="atom 2 "):
+        gnnfuse.structured_scatter_add(cube, wa, wbwc, M, backend="triton")
+    before = triton_kernels.atom_order(wa, wbwc, M * 8)
+    wa[0, 0] = 0  # an in-place change invalidates the cached order
+    assert triton_kernels.atom_order(wa, wbwc, M * 8) is not before
+
+
+@triton_only
+def test_triton_bounds_check_runs_once_per_unchanged_index_tensors(monkeypatch):
+    from gnnfuse.triton import structured_scatter as triton_kernels
+
+    syncs = []
+    real = triton_kernels._raise_if_flagged
+    monkeypatch.setattr(triton_kernels, "_raise_if_flagged", lambda *a: (syncs.append(a[0]), real(*a)))
+    cube, wa, wbwc, M = make_atoms(C=5, box=(3, 4, 3), grid=(5, 6, 5), device=TRITON_DEVICE)
+    for _ in range(3):
+        gnnfuse.structured_scatter_add(cube, wa, wbwc, M, backend="triton")
+    assert len(syncs) == 1
+    gnnfuse.structured_scatter_add(cube, wa, wbwc, M - 1, backend="triton", check_bounds=False)
+    with pytest.raises(ValueError, match="outside"):  # another map size is checked again
+        gnnfuse.structured_scatter_add(cube, wa, wbwc, M - 7, backend="triton")
+    wa[3, 0] = M  # an in-place change: checked again, and caught
+    with pytest.raises(ValueError, match="atom 3 "):
+        gnnfuse.structured_scatter_add(cube, wa, wbwc, M, backend="triton")
+    with pytest.raises(ValueError, match="atom 3 "):  # a failed check is not remembered as a pass
+        gnnfuse.structured_scatter_add(cube, wa, wbwc, M, backend="triton")
+    assert len(syncs) == 4
+
+
 # ---- bounds ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["cpu", "reference", pytest.param("triton", marks=triton_only)])
 @pytest.mark.parametrize("where", ["negative", "past_end"])

@@ -276,6 +276,15 @@ def test_launch_key_separates_what_triton_specialises_on():
     assert _spec(True) != _spec(1) and _spec(None) != _spec(0)
 
 
+def test_grid_helpers_match_triton():
+    import triton
+
+    from gnnfuse.triton._launch import cdiv, next_power_of_2
+
+    assert all(next_power_of_2(n) == triton.next_power_of_2(n) for n in range(1, 2100))
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 70) for b in range(1, 17))
+
+
 def test_launch_hooks_turn_the_fast_path_off():
     import triton
 

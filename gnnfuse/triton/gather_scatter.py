@@ -26,13 +26,13 @@ the product of non-zero messages and the zero count per (row, feature).
 from __future__ import annotations
 
 import os
-import weakref
 
 import torch
 import triton
 import triton.language as tl
 
-from ._launch import fast_kernel
+from .._tensor_cache import cached
+from ._launch import cdiv, fast_kernel
 from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs, hybrid_configs
 
 _CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "mul": 4}
@@ -475,26 +475,8 @@ class _WorkList:
         self.max_degree = None
 
 
-_cache: dict[tuple, tuple[weakref.ref, int, object]] = {}
-
-
-def _cached(kind: str, t: torch.Tensor, key: tuple, build):
-    """Cache keyed on the tensor object (identity + in-place version); dies with the tensor."""
-    k = (kind, id(t)) + key
-    hit = _cache.get(k)
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
-        return hit[2]
-    value = build()
-    try:
-        ref = weakref.ref(t, lambda _r, k=k: _cache.pop(k, None))
-    except TypeError:
-        return value
-    _cache[k] = (ref, t._version, value)
-    return value
-
-
 def work_list(rowptr: torch.Tensor, seg: int, short_max: int = -1) -> _WorkList:
-    return _cached("work", rowptr, (seg, short_max), lambda: _WorkList(rowptr, seg, short_max))
+    return cached("work", (rowptr,), (seg, short_max), lambda: _WorkList(rowptr, seg, short_max))
 
 
 def short_rows(rowptr: torch.Tensor, short_max: int) -> torch.Tensor:
@@ -503,7 +485,7 @@ def short_rows(rowptr: torch.Tensor, short_max: int) -> torch.Tensor:
         deg = rowptr[1:] - rowptr[:-1]
         order = torch.sort(deg, descending=True, stable=True).indices
         return order[deg[order] <= short_max].contiguous()
-    return _cached("short", rowptr, (short_max,), build)
+    return cached("short", (rowptr,), (short_max,), build)
 
 
 def expanded_rows(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
@@ -513,12 +495,12 @@ def expanded_rows(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
         deg = rowptr[1:] - rowptr[:-1]
         return torch.repeat_interleave(torch.arange(n, device=rowptr.device, dtype=rowptr.dtype), deg,
                                        output_size=num_edges)
-    return _cached("rows", rowptr, (num_edges,), build)
+    return cached("rows", (rowptr,), (num_edges,), build)
 
 
 def _mean_divisor(rowptr: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[N_dst, 1] in-degrees clamped to 1 (empty rows stay 0), cached on rowptr: one kernel per mean."""
-    return _cached("degree", rowptr, (dtype,),
+    return cached("degree", (rowptr,), (dtype,),
                    lambda: (rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(dtype))
 
 
@@ -575,7 +557,7 @@ def _tuned(x, rowptr, col, weight, reduce, plan: Plan, track_arg: bool = True) -
                 best, best_ms = p, ms
         return Plan(**{**best.__dict__, "reason": best.reason + f"; autotuned {len(cands)} configs"})
 
-    return _cached("tune", rowptr, (plan.kernel, reduce, x.shape[1], x.dtype, weight is None), build)
+    return cached("tune", (rowptr,), (plan.kernel, reduce, x.shape[1], x.dtype, weight is None), build)
 
 
 def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: torch.Tensor | None,
@@ -596,13 +578,13 @@ def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: to
     if n == 0 or F == 0:
         return x.new_zeros(n, F), arg
     w = weight if weight is not None else x  # dummy pointer when HAS_W is False
-    nft = triton.cdiv(F, plan.block_f)
+    nft = cdiv(F, plan.block_f)
     if plan.kernel in ("coo", "atomic") and reduce in ("sum", "mean"):
         half = x.dtype in (torch.float16, torch.bfloat16)
         out = torch.zeros(n, F, dtype=torch.float32 if half else x.dtype, device=x.device)
         if E:
             rows = expanded_rows(rowptr, E)
-            grid = (triton.cdiv(E, plan.block_e) * nft,)
+            grid = (cdiv(E, plan.block_e) * nft,)
             _coo_kernel[grid](x, rows, col, w, out, E, F, HAS_W=weight is not None,
                               SEGMENTED=plan.kernel == "coo", ACC64=acc64, BLOCK_E=plan.block_e,
                               BLOCK_F=plan.block_f, num_warps=plan.num_warps)
@@ -615,7 +597,7 @@ def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: to
     if hybrid:
         short = short_rows(rowptr, plan.short_max)
         if short.numel():
-            _rowgroup_kernel[(triton.cdiv(short.numel(), plan.group_rows), nft)](
+            _rowgroup_kernel[(cdiv(short.numel(), plan.group_rows), nft)](
                 x, short, rowptr, col, w, out, short.numel(), F, REDUCE=code, HAS_W=weight is not None,
                 ACC64=acc64, ROWS=plan.group_rows, BLOCK_F=plan.block_f, num_warps=plan.group_warps)
         if wl.num_pieces == 0:
@@ -657,7 +639,7 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
         prod = torch.empty(n, F, dtype=_acc_dtype(x.dtype), device=x.device)
         zc = torch.empty(n, F, dtype=torch.int32, device=x.device)
         bf = plan.block_f
-        nft = triton.cdiv(F, bf)
+        nft = cdiv(F, bf)
         wl = work_list(rowptr, plan.seg)
         pprod = pzc = prod  # partials (float; counts are exact below 2**24) only if rows are split
         if wl.num_partials:
@@ -676,7 +658,7 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
         if nt < x.shape[0]:
             grad_x[nt:].zero_()
         wl = work_list(t_rowptr, plan.seg)
-        nft = triton.cdiv(F, plan.block_f)
+        nft = cdiv(F, plan.block_f)
         part = x  # unused unless some rows are split
         if wl.num_partials:
             part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device)
@@ -692,7 +674,7 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
         rows = expanded_rows(rowptr, E)
         be = 32
         bf = min(plan.block_f, 128)
-        _grad_w_kernel[(triton.cdiv(E, be),)](grad_out, x, rowptr, rows, col, w, arg_p, prod, zc, grad_w, E, F,
+        _grad_w_kernel[(cdiv(E, be),)](grad_out, x, rowptr, rows, col, w, arg_p, prod, zc, grad_w, E, F,
                                               REDUCE=code, ACC64=acc64, BLOCK_E=be, BLOCK_F=bf,
                                               num_warps=max(1, be * bf // 1024))
     return grad_x, grad_w

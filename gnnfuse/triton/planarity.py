@@ -13,12 +13,13 @@ differ in the last bits from run to run; the CPU kernels are the deterministic o
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from .._tensor_cache import cached
 from ._launch import fast_kernel
 
 BLOCK = 128
@@ -224,42 +225,25 @@ def _backward_kernel(grad_ptr, idx_ptr, sigma_ptr, blocks_ptr, plane_ptr, coef_p
 # call costs one forward and one backward launch whatever the number of plane sizes. The layout
 # is cached: a refinement loop calls with the same plane tensors every step (only xyz moves), and a
 # cache hit does no host-to-device copy (so warmed-up calls can be captured in a CUDA graph).
-_CACHE_SIZE = 8
-_flat_cache: OrderedDict = OrderedDict()
-_blocks_cache: OrderedDict = OrderedDict()
-
-
-def _remember(cache: OrderedDict, key, build):
-    hit = cache.get(key)
-    if hit is None:
-        hit = cache[key] = build()
-        while len(cache) > _CACHE_SIZE:
-            cache.popitem(last=False)
-    cache.move_to_end(key)
-    return hit[-1]
-
-
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """torch.cat of the flattened tensors, cached on their identity and in-place version. The entry
-    holds the tensors themselves, so an id in the key cannot be reused while it is cached."""
-    key = tuple((id(t), t._version) for t in tensors)
-    return _remember(_flat_cache, key, lambda: (list(tensors), torch.cat([t.reshape(-1) for t in tensors])))
+    """torch.cat of the flattened tensors, cached on the tensor objects (gnnfuse._tensor_cache)."""
+    return cached("planarity_flat", tuple(tensors), (), lambda: torch.cat([t.reshape(-1) for t in tensors]))
 
 
 def _blocks(indices: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """[num_blocks, 4] int64 rows (first plane, end plane, n, first entry): BLOCK planes of one bucket each."""
-    shapes = tuple((int(i.shape[0]), int(i.shape[1])) for i in indices)
+    return _blocks_for(tuple((int(i.shape[0]), int(i.shape[1])) for i in indices), device)
 
-    def build():
-        rows, plane, entry = [], 0, 0
-        for P, n in shapes:
-            for first in range(plane, plane + P, BLOCK):
-                rows.append((first, min(first + BLOCK, plane + P), n, entry + (first - plane) * n))
-            plane += P
-            entry += P * n
-        return (torch.tensor(rows, dtype=torch.int64).reshape(-1, 4).to(device),)
 
-    return _remember(_blocks_cache, (shapes, str(device)), build)
+@functools.lru_cache(maxsize=8)
+def _blocks_for(shapes: tuple[tuple[int, int], ...], device: torch.device) -> torch.Tensor:
+    rows, plane, entry = [], 0, 0
+    for P, n in shapes:
+        for first in range(plane, plane + P, BLOCK):
+            rows.append((first, min(first + BLOCK, plane + P), n, entry + (first - plane) * n))
+        plane += P
+        entry += P * n
+    return torch.tensor(rows, dtype=torch.int64).reshape(-1, 4).to(device)
 
 
 def forward(xyz: torch.Tensor, indices: list[torch.Tensor], sigmas: list[torch.Tensor]):

@@ -197,6 +197,8 @@ def _from_pyg_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -
 # (see gnnfuse._tensor_cache): the same `data.edge_index` object sorts once, while a copy (e.g.
 # `edge_index.to(device)` each step) sorts again: build a CSR yourself for those.
 def csr_for_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -> CSR:
+    if torch.compiler.is_compiling():  # the cache is Python state; inside a graph just build it
+        return CSR.from_edge_index(edge_index, (num_src, num_dst))
     return cached("csr", (edge_index,), (num_src, num_dst),
                   lambda: CSR.from_edge_index(edge_index, (num_src, num_dst)))
 

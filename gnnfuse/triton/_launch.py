@@ -22,8 +22,8 @@ _ENABLED = os.environ.get("GNNFUSE_TRITON_FAST_LAUNCH", "1") != "0"
 
 
 def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for grids. (``triton.cdiv`` is a ConstexprFunction in recent Tritons: ~5 us a
-    call on a device host, as much as a kernel launch.)"""
+    """ceil(a / b) for grids. (``triton.cdiv`` is a ConstexprFunction in recent Tritons: several us
+    a call on a device host, most of a kernel launch.)"""
     return -(-a // b)
 
 

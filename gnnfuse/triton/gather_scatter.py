@@ -675,6 +675,6 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
         be = 32
         bf = min(plan.block_f, 128)
         _grad_w_kernel[(cdiv(E, be),)](grad_out, x, rowptr, rows, col, w, arg_p, prod, zc, grad_w, E, F,
-                                              REDUCE=code, ACC64=acc64, BLOCK_E=be, BLOCK_F=bf,
-                                              num_warps=max(1, be * bf // 1024))
+                                       REDUCE=code, ACC64=acc64, BLOCK_E=be, BLOCK_F=bf,
+                                       num_warps=max(1, be * bf // 1024))
     return grad_x, grad_w

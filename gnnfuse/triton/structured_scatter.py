@@ -11,9 +11,9 @@ wa[c, ix] + wbwc[c, iy, iz] (both rows stay in L1/L2) and
   ran no faster, and one with 16-byte vector atomics (red.global.add.v4.f32, 3x fewer atomic
   instructions) ran slower. The cost is the scattered write traffic, not the atomics. The
   price is that float sums are not bitwise reproducible run to run (the order of the additions
-  varies); the CPU kernel is deterministic. A
-  deterministic GPU scheme (bin atoms by output tile, reduce each tile in atom order) would
-  need a sort and a second pass, which costs more than the atomics save for boxes of 8^3-16^3.
+  varies); the CPU kernel is deterministic. A deterministic GPU scheme (bin atoms by output
+  tile, reduce each tile in atom order) would need a sort and a second pass, which costs more
+  than the atomics save for boxes of 8^3-16^3.
   float16/bfloat16 accumulate in a float32 buffer, cast once at the end.
 * backward: gathers grad_out at the same flat indices (plain loads, deterministic).
 
@@ -147,7 +147,7 @@ def atom_order(wa: torch.Tensor, wbwc: torch.Tensor, map_bytes: int) -> torch.Te
 @functools.lru_cache(maxsize=None)
 def _l2_bytes(device: torch.device) -> int:
     if device.type != "cuda":
-        return 0  # the interpreter on CPU tensors: always order (exercises the ordered kernels)
+        return 0  # the interpreter on CPU tensors: no L2 (ORDER_MIN_ELEMENTS alone decides)
     return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20))
 
 

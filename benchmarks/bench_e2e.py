@@ -224,8 +224,8 @@ def main(argv=None):
             "shared machine hits them alike. Stock PyG 2.8 without torch_sparse/torch_scatter, timed on "
             "edge_index and on a torch.sparse CSR adj_t; speedup is against the faster of the two. GCN uses "
             "cached=True in every variant. gnnfuse's SAGE aggregates after lin_l where that moves fewer "
-            "features (gnnfuse.nn._layers._LinearFirst; same maths). dense_only_ms: the gnnfuse model with every aggregation replaced by zeros "
-            "(linear layers, loss and autograd only); bound_vs_best_stock = best stock / dense_only_ms is "
+            "features (gnnfuse.nn._layers._LinearFirst; same maths). dense_only_ms: the gnnfuse model with "
+            "every aggregation replaced by zeros (linear layers, loss and autograd only); bound_vs_best_stock = best stock / dense_only_ms is "
             "the most any aggregation could speed the epoch up. " + " ".join(notes))
     name = "e2e_gpu" if device.type == "cuda" else f"e2e_{device_label(device)}"
     md = save_results(name, meta, rows, COLUMNS, args.out, notes=text)

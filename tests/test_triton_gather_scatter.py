@@ -279,7 +279,7 @@ def test_launch_key_separates_what_triton_specialises_on():
 def test_grid_helpers_match_triton():
     import triton
 
-    from gnnfuse.triton._launch import cdiv, next_power_of_2
+    from gnnfuse.triton._grid import cdiv, next_power_of_2
 
     assert all(next_power_of_2(n) == triton.next_power_of_2(n) for n in range(1, 2100))
     assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 70) for b in range(1, 17))

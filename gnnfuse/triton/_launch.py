@@ -21,17 +21,6 @@ import triton
 _ENABLED = os.environ.get("GNNFUSE_TRITON_FAST_LAUNCH", "1") != "0"
 
 
-def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for grids. (``triton.cdiv`` is a ConstexprFunction in recent Tritons: several us
-    a call on a device host, most of a kernel launch.)"""
-    return -(-a // b)
-
-
-def next_power_of_2(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1), like ``triton.next_power_of_2``, in plain Python."""
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def _spec(a: object) -> object:
     """What Triton specialises an argument on (or more)."""
     if isinstance(a, torch.Tensor):

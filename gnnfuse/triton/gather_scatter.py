@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from .._tensor_cache import cached
-from ._launch import cdiv, fast_kernel
+from ._grid import cdiv
+from ._launch import fast_kernel
 from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs, hybrid_configs
 
 _CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "mul": 4}
@@ -501,7 +502,7 @@ def expanded_rows(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
 def _mean_divisor(rowptr: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[N_dst, 1] in-degrees clamped to 1 (empty rows stay 0), cached on rowptr: one kernel per mean."""
     return cached("degree", (rowptr,), (dtype,),
-                   lambda: (rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(dtype))
+                  lambda: (rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(dtype))
 
 
 # =============================================================================================

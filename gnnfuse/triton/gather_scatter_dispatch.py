@@ -22,11 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ._grid import next_power_of_2
+
 KERNELS = ("coo", "csr", "hybrid", "atomic")
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class Plan:
 
 def _block_f(F: int, itemsize: int) -> int:
     cap = 64 if itemsize >= 8 else (128 if itemsize == 4 else 256)
-    return max(16, min(_pow2(F), cap))
+    return max(16, min(next_power_of_2(F), cap))
 
 
 def _warps(block_e: int, block_f: int) -> int:
@@ -71,7 +69,7 @@ def csr_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     # short rows (products-like, avg 25) liked small edge tiles (BLOCK_E=16, 2-4 warps) and, at
     # F>=256, one 256-wide feature tile; long rows (reddit-like, avg 492) liked BLOCK_E=32 with
     # 2048-edge pieces. Narrow features keep the run-1/run-2 default (BLOCK_E ~ avg degree, 1024).
-    first_e = min(max_e, 64, max(16, _pow2(int(avg_degree))))
+    first_e = min(max_e, 64, max(16, next_power_of_2(int(avg_degree))))
     first = (first_e, bf, 1024)
     if bf * itemsize >= 512:  # >= 128 float32 features per tile
         if avg_degree < 64:

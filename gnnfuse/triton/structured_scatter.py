@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 
 from .._tensor_cache import cached
-from ._launch import cdiv, fast_kernel, next_power_of_2
+from ._grid import cdiv, next_power_of_2
+from ._launch import fast_kernel
 
 MAX_BLOCK = 1024  # elements per program; small boxes get one program of next_pow2(nx*ny*nz) lanes
 NUM_WARPS = 4

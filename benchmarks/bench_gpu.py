@@ -75,7 +75,20 @@ def main() -> None:
     ap.add_argument("--graphs", default=",".join(GRAPHS))
     ap.add_argument("--widths", default="32,64,128,256")
     ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new graphs after this")
+    ap.add_argument("--sweep", action="store_true", help="also sweep CSR configs on products-like/reddit-like")
+    ap.add_argument("--tag", default="", help="suffix of the result files' name (runs split over several calls)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="no run: merge these result files (in order) into --name's table, summary and plot")
+    ap.add_argument("--name", default=None, help="with --merge: the merged files' name")
     args = ap.parse_args()
+    if args.merge:
+        parts = [json.loads(Path(p).read_text()) for p in args.merge]
+        meta = {**parts[0]["meta"], "merged_from": ", ".join(f"{Path(p).name} ({d['meta'].get('date')})"
+                                                              for p, d in zip(args.merge, parts))}
+        md = _save([r for d in parts for r in d["rows"]], meta, args.out, name=args.name)
+        plot(Path(md).with_suffix(".json"))
+        print(md.read_text(), flush=True)
+        return
     t_start = time.time()
     torch.manual_seed(0)
     meta = machine("cuda")
@@ -97,6 +110,7 @@ def main() -> None:
         print(f"{gname}: N={n} E={e} {stats} built in {time.time() - t0:.1f}s", flush=True)
         src, dst = csr.col, csr.row()
         a = torch.sparse_csr_tensor(csr.rowptr, csr.col, torch.ones(e, device="cuda"), (n, csr.num_src))
+        t_parts, no_arg = csr.transpose_parts(), csr.rowptr.new_empty(0, 0)
         for F in [int(f) for f in args.widths.split(",")]:
             x = torch.randn(csr.num_src, F, device="cuda")
             grad = torch.randn(n, F, device="cuda")
@@ -107,14 +121,19 @@ def main() -> None:
             r["auto_kernel"] = plan.kernel
 
             def t(fn, key):
+                t_key = time.time()
                 try:
                     r[key] = bench(fn, "cuda", warmup=2, repeat=7, max_seconds=0.8)["median_ms"]
+                    print(f"  {gname} F={F} {key}: {r[key]:.4f} ms ({time.time() - t_key:.1f} s)", flush=True)
                 except Exception as exc:  # noqa: BLE001 - an anchor may not exist / not fit
                     r[key] = None
                     print(f"  {key}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     torch.cuda.empty_cache()
 
-            # ours
+            # ours (after 0.3 s of untimed calls: on the small graphs, where a call is ~20 us of host
+            # time, the first timing of a width otherwise read up to 3x slow on the H200 host)
+            bench(lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"), "cuda", warmup=2, repeat=3, max_seconds=0.1,
+                  min_warmup_seconds=0.3)
             for red in ("sum", "mean", "max", "min", "mul"):
                 t(lambda red=red: gnnfuse.fused_gather_scatter(x, csr, red), f"ours_{red}")
             for k in ("csr", "coo", "atomic"):
@@ -122,6 +141,10 @@ def main() -> None:
                 t(lambda p=p: tgs.forward(x, csr.rowptr, csr.col, None, "sum", plan=p), f"sum_{k}")
             for red in ("sum", "max"):
                 t(lambda red=red: gnnfuse.fused_gather_scatter(xg, csr, red).backward(grad), f"ours_{red}_fwdbwd")
+            # the launchers alone (no autograd): backward against forward where host time does not hide it
+            t(lambda: tgs.infer(x, csr.rowptr, csr.col, None, "sum"), "fwd_launcher")
+            t(lambda: tgs.backward(grad, x, csr.rowptr, csr.col, None, *t_parts, no_arg, "sum", True, False),
+              "bwd_launcher")
             # anchors
             t(lambda: torch.sparse.mm(a, x), "cusparse")
             t(lambda: torch.sparse.mm(a, xg).backward(grad), "cusparse_fwdbwd")
@@ -140,13 +163,16 @@ def main() -> None:
                 r[f"{red}_over_sum"] = r[f"ours_{red}"] / r["ours_sum"] if r.get(f"ours_{red}") else None
             if r.get("ours_sum_fwdbwd"):
                 r["bwd_over_fwd"] = (r["ours_sum_fwdbwd"] - r["ours_sum"]) / r["ours_sum"]
+            if r.get("bwd_launcher") and r.get("fwd_launcher"):
+                r["bwd_launcher_over_fwd"] = r["bwd_launcher"] / r["fwd_launcher"]
             if r.get("sum_atomic") and r.get("sum_coo"):
                 r["coo_vs_atomic"] = r["sum_atomic"] / r["sum_coo"]
             rows.append(r)
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
+            _save(rows, meta, args.out, args.tag)  # a run cut by a time limit keeps every finished width
             del x, xg, grad
             torch.cuda.empty_cache()
-        if gname in ("products-like", "reddit-like"):  # CSR config sweep (what GNNFUSE_AUTOTUNE=1 would try)
+        if args.sweep and gname in ("products-like", "reddit-like"):  # CSR config sweep (what GNNFUSE_AUTOTUNE=1 would try)
             for F in (128, 256):
                 x = torch.randn(csr.num_src, F, device="cuda")
                 for cfg in csr_configs(F, e / n, 4)[: 6 if F == 128 else 4]:
@@ -165,16 +191,16 @@ def main() -> None:
                 print(f"  autotuned {gname} F={F}: {ms:.3f} ms, matches cuSPARSE: {ok}; {tuned.describe()}", flush=True)
                 rows.append(dict(graph=gname, F=F, sweep="autotuned", sum_csr=ms, auto_kernel=tuned.describe()))
                 del x, out
-        del csr, a, src, dst
+        del csr, a, src, dst, t_parts, no_arg
         torch.cuda.empty_cache()
-        _save(rows, meta, args.out)  # partial results survive a timeout
+        _save(rows, meta, args.out, args.tag)  # partial results survive a timeout
 
-    md = _save(rows, meta, args.out)
+    md = _save(rows, meta, args.out, args.tag)
     print(md.read_text(), flush=True)
     plot(Path(md).with_suffix(".json"))
 
 
-def _save(rows, meta, out):
+def _save(rows, meta, out, tag="", name=None):
     main_rows = [r for r in rows if "sweep" not in r]
     summary = {
         "geomean_x_vs_cusparse": geomean([r["x_vs_cusparse"] for r in main_rows if r.get("x_vs_cusparse")]),
@@ -182,14 +208,17 @@ def _save(rows, meta, out):
         "max_red_over_sum": max([r[f"{k}_over_sum"] for r in main_rows for k in ("mean", "max", "min")
                                  if r.get(f"{k}_over_sum")], default=None),
         "max_bwd_over_fwd": max([r["bwd_over_fwd"] for r in main_rows if r.get("bwd_over_fwd")], default=None),
+        "max_bwd_launcher_over_fwd": max([r["bwd_launcher_over_fwd"] for r in main_rows
+                                          if r.get("bwd_launcher_over_fwd")], default=None),
         "min_coo_vs_atomic": min([r["coo_vs_atomic"] for r in main_rows if r.get("coo_vs_atomic")], default=None),
     }
     meta["summary"] = summary
     print("SUMMARY", json.dumps(summary), flush=True)
-    name = f"gpu_{device_label('cuda')}_{dt.date.today().isoformat()}"
+    name = name or f"gpu_{device_label('cuda')}_{dt.date.today().isoformat()}{tag}"
     cols = ["graph", "F", "auto_kernel", "ours_sum", "sum_csr", "sum_coo", "sum_atomic", "cusparse", "index_add",
             "compile", "x_vs_cusparse", "x_vs_compile", "GBps_sum", "pct_copy_bw", "mean_over_sum", "max_over_sum",
-            "min_over_sum", "ours_mul", "ours_sum_fwdbwd", "cusparse_fwdbwd", "bwd_over_fwd", "ours_max_fwdbwd",
+            "min_over_sum", "ours_mul", "ours_sum_fwdbwd", "cusparse_fwdbwd", "bwd_over_fwd", "fwd_launcher", "bwd_launcher",
+            "bwd_launcher_over_fwd", "ours_max_fwdbwd",
             "coo_vs_atomic", "sweep"]
     return save_results(name, meta, rows, cols, out_dir=out,
                       notes="Times in ms (median, CUDA events). x_vs_* = anchor time / ours (higher is better).")

@@ -4,10 +4,11 @@
 
 On rfc-uniform (10K nodes, 200K edges) a gather-scatter kernel takes ~10 us, so a call's time is
 what the host spends launching it. Each row is a loop of back-to-back calls with one
-synchronisation at the end (time per call): the public call, its Triton launcher with a precomputed plan, one kernel launched
-through Triton's JIT and through gnnfuse's FastKernel (gnnfuse/triton/_launch.py), and the
-anchors torch.sparse.mm (cuSPARSE, prebuilt CSR) and a trivial autograd round trip, all in the
-same run. vs_cusparse = cuSPARSE's time / the row's (forward rows against torch.sparse.mm,
+synchronisation at the end (time per call): the public call (given a CSR, and given the raw
+edge_index whose CSR is cached on it), its Triton launchers (forward with the cached per-graph
+setup, backward), one kernel launched through Triton's JIT, through gnnfuse's FastKernel and
+through a bound launch (gnnfuse/triton/_launch.py), and the anchors torch.sparse.mm (cuSPARSE,
+prebuilt CSR) and a trivial autograd round trip, all in the same run. vs_cusparse = cuSPARSE's time / the row's (forward rows against torch.sparse.mm,
 forward+backward rows against torch.sparse.mm forward+backward).
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main(argv=None):
 
     import gnnfuse
     from gnnfuse.triton import gather_scatter as tgs
+    from gnnfuse.triton._launch import BoundLaunches
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
@@ -65,11 +67,18 @@ def main(argv=None):
         kargs = (x, short, csr.rowptr, csr.col, x, out, short.numel(), F)
         meta = dict(REDUCE=0, HAS_W=False, ACC64=False, ROWS=plan.group_rows, BLOCK_F=plan.block_f,
                     num_warps=plan.group_warps)
+        bound = BoundLaunches()
+        t_parts = csr.transpose_parts()
+        no_arg = csr.rowptr.new_empty(0, 0)
         t = {
             "public call, forward": lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"),
-            "launcher, precomputed plan": lambda: tgs.forward(x, csr.rowptr, csr.col, None, "sum", plan=plan),
+            "public call, forward (edge_index)": lambda: gnnfuse.fused_gather_scatter(x, ei, "sum"),
+            "launcher, forward (cached setup)": lambda: tgs.infer(x, csr.rowptr, csr.col, None, "sum"),
+            "launcher, backward (x grad)": lambda: tgs.backward(g, x, csr.rowptr, csr.col, None, *t_parts, no_arg,
+                                                                "sum", True, False),
             "one kernel, Triton JIT launch": lambda: tgs._rowgroup_kernel.kernel[grid](*kargs, **meta),
             "one kernel, FastKernel launch": lambda: tgs._rowgroup_kernel[grid](*kargs, **meta),
+            "one kernel, bound launch": lambda: bound("k", tgs._rowgroup_kernel, grid, kargs, meta, True),
             "torch.sparse.mm": lambda: torch.sparse.mm(adj, x),
             "public call, forward+backward": lambda: torch.autograd.grad(
                 gnnfuse.fused_gather_scatter(xr, csr, "sum"), xr, g),
@@ -78,7 +87,7 @@ def main(argv=None):
         }
         times = {name: per_call_us(fn, calls=500 if "backward" in name else 2000) for name, fn in t.items()}
         for name, us in times.items():
-            anchor = times["torch.sparse.mm, forward+backward" if "backward" in name else "torch.sparse.mm"]
+            anchor = times["torch.sparse.mm, forward+backward" if "forward+backward" in name else "torch.sparse.mm"]
             rows.append(dict(graph=args.graph, F=F, call=name, us_per_call=round(us, 1),
                              vs_cusparse=round(anchor / us, 2)))
             print(f"F={F:4d} {name:42s} {us:8.1f} us  x{anchor / us:.2f}", flush=True)

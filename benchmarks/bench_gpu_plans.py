@@ -3,8 +3,10 @@
     PYTHONPATH=. python -m benchmarks.bench_gpu_plans [--out DIR] [--graphs a,b] [--widths 32,64]
 
 For each suite graph and width, sum forward: torch.sparse.mm (cuSPARSE), the CSR plan, the
-sorted-COO plan and the hybrid plan over a grid of row-group settings (short_max, rows per
-program, warps), each checked against the CSR result. This is the data behind
+sorted-COO plan and the fully-atomic baseline at 32 and 64 edges per block, and the hybrid plan
+over a grid of row-group settings (rows per program, features per tile, warps; rows of up to 64
+edges, the setting that won every earlier sweep) and, at F >= 128, over the CSR part's tile
+(features per tile, warps) for the rows longer than that, each checked against the CSR result. This is the data behind
 gnnfuse/triton/gather_scatter_dispatch.hybrid_configs. Times are triton.testing.do_bench
 medians (GPU time, L2 flushed between calls), so they leave out the Python launch overhead
 that benchmarks/bench_gpu.py includes. Writes gpu-plans_<device>_<date>.{json,md}.
@@ -22,7 +24,9 @@ from benchmarks.common import device_label, machine, save_results
 from gnnfuse.triton import gather_scatter as tgs
 from gnnfuse.triton.gather_scatter_dispatch import choose
 
-HYBRID_GRID = [dict(short_max=s, group_rows=r, group_warps=w) for s in (32, 64) for r in (8, 16) for w in (4, 8)]
+HYBRID_GRID = [dict(short_max=64, group_rows=r, group_block_f=f, group_warps=w)
+               for r in (8, 16) for f in (0, 64) for w in (4, 8)]  # f0: the CSR part's tile
+CSR_PART_GRID = [dict(block_f=f, num_warps=w) for f in (32, 64, 128) for w in (1, 2, 4)]  # F >= 128 only
 
 
 def sweep_graph(name: str, widths: list[int], rows: list[dict]) -> None:
@@ -44,15 +48,27 @@ def sweep_graph(name: str, widths: list[int], rows: list[dict]) -> None:
         csr_plan = tgs.plan_for(x, csr.rowptr, csr.col, "sum", "csr")
         want = run(csr_plan)
         auto = choose("sum", n, e, F, x.dtype)
-        plans = {"csr": csr_plan, "coo": tgs.plan_for(x, csr.rowptr, csr.col, "sum", "coo")}
+        plans = {"csr": csr_plan}
+        for kernel in ("coo", "atomic"):
+            for block_e in (32, 64):
+                warps = max(1, min(8, block_e * min(F, 128) // 1024))
+                plans[f"{kernel} e{block_e}"] = tgs.plan_for(x, csr.rowptr, csr.col, "sum", kernel, block_e=block_e,
+                                                           num_warps=warps)
         for cfg in HYBRID_GRID:
-            label = "hybrid s{short_max} r{group_rows} w{group_warps}".format(**cfg)
+            if cfg["group_block_f"] and F <= cfg["group_block_f"]:
+                continue
+            label = "hybrid r{group_rows} f{group_block_f} w{group_warps}".format(**cfg)
             plans[label] = tgs.plan_for(x, csr.rowptr, csr.col, "sum", "hybrid", **cfg)
+        for cfg in CSR_PART_GRID if F >= 128 else ():
+            label = "hybrid r16 f64 w8, long rows f{block_f} w{num_warps}".format(**cfg)
+            plans[label] = tgs.plan_for(x, csr.rowptr, csr.col, "sum", "hybrid", short_max=64, group_rows=16,
+                                        group_block_f=64, group_warps=8, **cfg)
         for label, plan in plans.items():
             ok = torch.allclose(run(plan), want, rtol=1e-4, atol=1e-4)
             ms = do_bench(lambda plan=plan: run(plan), return_mode="median")
             is_auto = plan.kernel == auto.kernel and all(
-                getattr(plan, k) == getattr(auto, k) for k in ("short_max", "group_rows", "group_warps"))
+                (getattr(plan, k) or plan.block_f) == (getattr(auto, k) or auto.block_f)
+                for k in ("short_max", "group_rows", "group_warps", "group_block_f", "block_f", "num_warps"))
             rows.append(dict(graph=name, F=F, plan=label, ms=ms, cusparse_ms=cus, x_vs_cusparse=cus / ms,
                              matches_csr=ok, auto=is_auto))
         best = max((r for r in rows if r["graph"] == name and r["F"] == F), key=lambda r: r["x_vs_cusparse"])

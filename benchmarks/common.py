@@ -36,6 +36,12 @@ def bench(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmu
         calls += 1
     synchronize(device)
     per_call_ms = (time.perf_counter() - start) * 1e3 / calls
+    if per_call_ms < 100:  # size batches on calls after the warm-up: its first call may have compiled
+        start = time.perf_counter()
+        for _ in range(3):
+            fn()
+        synchronize(device)
+        per_call_ms = (time.perf_counter() - start) * 1e3 / 3
     batch = max(1, min(1000, int(min_sample_ms / max(per_call_ms, 1e-6))))
     samples: list[float] = []
     spent = 0.0

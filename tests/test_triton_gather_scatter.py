@@ -54,8 +54,9 @@ def test_forward_kernel(kernel, reduce):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(csr.num_src, 20, generator=g).to(DEVICE)
     w = torch.rand(csr.num_edges, generator=g).to(DEVICE) + 0.5
-    # hybrid: rows of <= 4 edges to the row-group kernel, 4 per program; the rest (a split hub) to CSR
-    tiles = dict(_TINY, short_max=4, group_rows=4) if kernel == "hybrid" else _TINY
+    # hybrid: rows of <= 4 edges to the row-group kernel, 4 rows x 16 features per program (two
+    # feature tiles, the second one partly masked); the rest (a split hub) to CSR
+    tiles = dict(_TINY, short_max=4, group_rows=4, group_block_f=16) if kernel == "hybrid" else _TINY
     for weight in (None, w):
         plan = tgs.plan_for(x, csr.rowptr, csr.col, reduce, kernel, **tiles)
         out, arg = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=plan)
@@ -192,7 +193,9 @@ def test_dispatch_and_explain():
     for reduce in ("sum", "mean", "max", "min", "mul"):
         plan = choose(reduce, 1000, 3000, 32, torch.float32)
         assert plan.kernel == "hybrid" and plan.deterministic and plan.short_max > 0
-    assert choose("sum", 1000, 30000, 256, torch.float32).group_rows == 8  # 256-wide tiles
+    wide = choose("sum", 1000, 30000, 256, torch.float32)
+    assert (wide.block_f, wide.group_block_f) == (64, 64)  # hybrid: 256-byte tiles at wide F
+    assert choose("sum", 1000, 30000, 256, torch.float32, kernel="csr").block_f == 256  # CSR alone: wide tiles
     assert choose("sum", 1000, 3000, 32, torch.float32, kernel="coo").kernel == "coo"
     assert choose("max", 1000, 3000, 32, torch.float32, kernel="coo").kernel == "hybrid"  # coo is sum/mean only
     assert choose("sum", 1000, 3000, 32, torch.float32, deterministic=True, kernel="coo").kernel == "hybrid"
@@ -325,3 +328,22 @@ def test_fast_launch_matches_the_jit_launch():
 
 def triton_cdiv(a, b):
     return -(-a // b)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_cached_setup_rebinds_nothing_wrong(reduce):
+    """Repeated public calls on one graph reuse its cached forward setup and, on CUDA, its bound
+    kernels (gnnfuse/triton/_launch.py BoundLaunches); an unaligned x or another width, dtype or
+    weights must still give the reference's numbers."""
+    csr = _graph(scale=8 if CUDA else 1)
+    w = torch.rand(csr.num_edges, device=DEVICE) + 0.5
+    for width, dtype, weight, offset in [(40, torch.float32, None, 0), (40, torch.float32, None, 1),
+                                         (40, torch.float32, w, 0), (40, torch.float64, None, 0),
+                                         (7, torch.float32, None, 1), (40, torch.float32, None, 0)]:
+        base = torch.randn(csr.num_src * width + 1, device=DEVICE, dtype=dtype)
+        x = base[offset:offset + csr.num_src * width].view(-1, width)
+        weight = None if weight is None else weight.to(dtype)
+        expected = _ref(x, csr, reduce, None if weight is None else weight[csr.perm])
+        for _ in range(3):  # the first call binds, the next ones take the bound launches
+            out = gnnfuse.fused_gather_scatter(x, csr, reduce, edge_weight=weight, backend="triton")
+            torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)

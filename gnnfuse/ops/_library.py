@@ -1,10 +1,9 @@
 """The ``gnnfuse`` torch.library namespace and backend selection, shared by every op."""
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .. import _env
 from .._validate import require_choice
 
 NAMESPACE = "gnnfuse"
@@ -24,19 +23,23 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     ``auto`` means the compiled kernel of the tensors' device; the environment variable
     ``GNNFUSE_BACKEND`` replaces ``auto`` (useful to run a whole program on the reference).
     """
+    kind = _device_types.get(device) or _device_types.setdefault(device, device.type)
     if backend == "auto":
-        backend = os.environ.get("GNNFUSE_BACKEND", "auto")
+        backend = _env.get("GNNFUSE_BACKEND", "auto")
         if backend == "auto":  # the common case first: one environment lookup, nothing else
-            return "cpu" if device.type == "cpu" else "triton"
+            return "cpu" if kind == "cpu" else "triton"
         require_choice("GNNFUSE_BACKEND (environment)", backend, BACKENDS)
     require_choice("backend", backend, BACKENDS)
     if backend == "auto":
-        return "cpu" if device.type == "cpu" else "triton"
-    if backend == "cpu" and device.type != "cpu":
+        return "cpu" if kind == "cpu" else "triton"
+    if backend == "cpu" and kind != "cpu":
         raise ValueError(f"backend='cpu' needs CPU tensors; got tensors on {device}")
-    if backend == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    if backend == "triton" and kind == "cpu" and _env.get("TRITON_INTERPRET") != "1":
         raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
     return backend
+
+
+_device_types: dict[torch.device, str] = {}  # device.type builds a new string each time (~0.4 us)
 
 
 def forbid_double_backward(backward_op: str, public_name: str) -> None:
@@ -59,14 +62,13 @@ def forbid_double_backward(backward_op: str, public_name: str) -> None:
 # Same kernels, same gradients. Tracing (torch.compile, export), dispatch/function modes
 # (FakeTensor, meta), functorch transforms and tensor subclasses take the registered op, which
 # opcheck and the compile tests cover.
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-_KERNEL_DEVICES = ("cpu", "cuda")  # meta and other devices go through the op's fake rule
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # on CPU or CUDA; meta and others take the op
 
 
 def eager_shortcut_ok(*tensors: torch.Tensor | None) -> bool:
     """True when a public function may skip the dispatcher (see above)."""
     for t in tensors:
-        if t is not None and (type(t) not in _PLAIN_TENSORS or t.device.type not in _KERNEL_DEVICES):
+        if t is not None and (type(t) not in _PLAIN_TENSORS or not (t.is_cuda or t.is_cpu)):
             return False
     return (
         not torch.compiler.is_compiling()

@@ -59,18 +59,33 @@ def _backward_cpu(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg,
     )
 
 
-def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
-    from ..triton import gather_scatter as triton_gs  # lazy: Triton is only needed on GPU
+def _triton():
+    from ..triton import gather_scatter  # lazy: Triton is only needed on GPU
 
-    return triton_gs.forward(x, rowptr, col, weight, reduce, track_arg=t_rowptr is not None)
+    global _triton_module
+    _triton_module = gather_scatter
+    return gather_scatter
+
+
+_triton_module = None  # set on first use: a function-level import costs ~1 us on every call
+
+
+def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
+    return (_triton_module or _triton()).forward(x, rowptr, col, weight, reduce, track_arg=t_rowptr is not None)
 
 
 def _backward_triton(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
-    from ..triton import gather_scatter as triton_gs
-
-    return triton_gs.backward(
+    return (_triton_module or _triton()).backward(
         grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad
     )
+
+
+def _infer_cpu(x, rowptr, col, weight, reduce):
+    return load_extension().gather_scatter_forward(x, rowptr, col, weight, reduce, False)[0]
+
+
+def _infer_triton(x, rowptr, col, weight, reduce):
+    return (_triton_module or _triton()).infer(x, rowptr, col, weight, reduce)
 
 
 torch.library.impl(OP, "cpu")(_forward_cpu)
@@ -79,6 +94,7 @@ torch.library.impl(OP, "cuda")(_forward_triton)
 torch.library.impl(BACKWARD_OP, "cuda")(_backward_triton)
 # (forward, backward) kernels per backend: "cpu" C++, "triton" CUDA or the interpreter on CPU tensors
 KERNELS = {"cpu": (_forward_cpu, _backward_cpu), "triton": (_forward_triton, _backward_triton)}
+INFER = {"cpu": _infer_cpu, "triton": _infer_triton}  # forward's out alone: no winners, no empty arg
 
 
 # ---- fake (shape) rules for torch.compile ------------------------------------------------------
@@ -156,7 +172,7 @@ def _run(x, weight, rowptr, col, transpose, reduce, backend):
     interpreted = backend == "triton" and x.device.type == "cpu"  # TRITON_INTERPRET=1: never through the op
     if interpreted or eager_shortcut_ok(x, weight):
         if transpose[0] is None:  # no gradient wanted: no autograd node either
-            return KERNELS[backend][0](x, rowptr, col, weight, None, None, None, reduce)[0]
+            return INFER[backend](x, rowptr, col, weight, reduce)
         return _EagerGatherScatter.apply(x, weight, (rowptr, col, *transpose), reduce, backend)
     return torch.ops.gnnfuse.gather_scatter(x, rowptr, col, weight, *transpose, reduce)[0]
 
@@ -220,7 +236,8 @@ def _as_csr(graph: torch.Tensor | CSR, x: torch.Tensor, num_nodes: int | None) -
     if not isinstance(graph, torch.Tensor):
         raise TypeError(f"edge_index_or_csr must be an edge_index tensor or a gnnfuse.CSR; got {type(graph).__name__}")
     check_edge_index(graph)
-    require_same_device(x=x, edge_index=graph)
+    if graph.device != x.device:
+        require_same_device(x=x, edge_index=graph)  # raises, naming them
     num_dst = x.shape[0] if num_nodes is None else require_node_count("num_nodes", num_nodes)
     return csr_for_edge_index(graph, x.shape[0], num_dst)
 

@@ -25,15 +25,14 @@ the product of non-zero messages and the zero count per (row, feature).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from .. import _env
 from .._tensor_cache import cached
 from ._grid import cdiv
-from ._launch import fast_kernel
+from ._launch import BoundLaunches, fast_kernel
 from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs, hybrid_configs
 
 _CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "mul": 4}
@@ -51,8 +50,9 @@ def _mul_combine(a, b):
 
 
 @triton.jit
-def _seg_add(v1, r1, v2, r2):
-    return tl.where(r1 == r2, v1 + v2, v2), r2
+def _seg_add(v1, h1, v2, h2):
+    """Segmented sum with head flags: a run starting in the right operand drops the left's sum."""
+    return tl.where(h2 != 0, v2, v1 + v2), h1 | h2
 
 
 @triton.jit
@@ -314,8 +314,12 @@ def _coo_kernel(x_ptr, row_ptr, col_ptr, w_ptr, out_ptr, E, F,
         v = v * w[:, None]
     dst = out_ptr + r[:, None] * F + offs_f[None, :]
     if SEGMENTED:
-        r2 = r[:, None] + tl.zeros([BLOCK_E, BLOCK_F], tl.int64)
-        run, _ = tl.associative_scan((v, r2), 0, _seg_add)
+        # Head-flag segmented scan: a 0/1 int32 flag per edge (a run of equal target starts here)
+        # rather than the int64 targets themselves, so the scanned tile holds 2 words per element,
+        # not 3 (the wide-F tiles spilled registers with int64 keys).
+        r_prev = tl.load(row_ptr + offs_e - 1, mask=emask & (lane > 0), other=-1).to(tl.int64)
+        head = (r != r_prev).to(tl.int32)
+        run, _ = tl.associative_scan((v, head[:, None] + tl.zeros([BLOCK_E, BLOCK_F], tl.int32)), 0, _seg_add)
         r_next = tl.load(row_ptr + offs_e + 1, mask=(offs_e + 1) < E, other=-1).to(tl.int64)
         is_end = emask & (r != r_next)
         write = emask & (is_end | (lane == BLOCK_E - 1))
@@ -533,7 +537,7 @@ def plan_for(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, reduce: s
 def autotune_enabled() -> bool:
     """GNNFUSE_AUTOTUNE=1: the first call per (graph, F, dtype, reduce) times the config
     builder's candidates and keeps the fastest (cached on the rowptr tensor)."""
-    return os.environ.get("GNNFUSE_AUTOTUNE") == "1"
+    return _env.get("GNNFUSE_AUTOTUNE") == "1"
 
 
 def _tuned(x, rowptr, col, weight, reduce, plan: Plan, track_arg: bool = True) -> Plan:
@@ -561,61 +565,132 @@ def _tuned(x, rowptr, col, weight, reduce, plan: Plan, track_arg: bool = True) -
     return cached("tune", (rowptr,), (plan.kernel, reduce, x.shape[1], x.dtype, weight is None), build)
 
 
+class _ForwardSetup:
+    """Everything a forward call needs besides its tensors, for one graph (rowptr) and one
+    (F, dtype, reduce, weighted or not, tracking or not, plan): the plan, work list, short rows,
+    grids and constexprs, and the kernels bound to their compiled code. On a small graph a call
+    is mostly host time, and all of this is the same call after call (see _forward_setup)."""
+
+    def __init__(self, plan: Plan, rowptr: torch.Tensor, E: int, F: int, dtype: torch.dtype, reduce: str,
+                 has_w: bool, tracks: bool):
+        # (holds tensors derived from rowptr, never rowptr itself: the cache entry must die with it)
+        self.plan = plan
+        self.launches = BoundLaunches()
+        nft = cdiv(F, plan.block_f)
+        acc64 = dtype == torch.float64
+        code = _CODES[reduce]
+        self.atomic = plan.kernel in ("coo", "atomic") and reduce in ("sum", "mean")
+        if self.atomic:
+            self.rows = expanded_rows(rowptr, E) if E else None
+            self.coo_grid = (cdiv(E, plan.block_e) * nft,)
+            self.coo_meta = dict(HAS_W=has_w, SEGMENTED=plan.kernel == "coo", ACC64=acc64, BLOCK_E=plan.block_e,
+                                 BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+            return
+        hybrid = plan.kernel == "hybrid" and not tracks  # the row-group kernel records no winners
+        self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
+        self.short = short_rows(rowptr, plan.short_max) if hybrid else None
+        if self.short is not None and self.short.numel():
+            group_block_f = plan.group_block_f or plan.block_f
+            self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))
+            self.rowgroup_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, ROWS=plan.group_rows,
+                                      BLOCK_F=group_block_f, num_warps=plan.group_warps)
+        self.csr_grid = (self.wl.num_pieces * nft,)
+        self.csr_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, SEG=plan.seg,
+                             BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+        self.combine_grid = (self.wl.split_rows.numel() * nft,)
+        self.combine_meta = dict(REDUCE=code, ACC64=acc64, TRACK=tracks, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f,
+                                 num_warps=4)
+
+
+def _forward_setup(x, rowptr, col, weight, reduce, tracks, kernel, plan) -> _ForwardSetup:
+    """The cached setup of this call (an explicit ``plan`` builds one, uncached)."""
+    F, E, has_w = x.shape[1], col.numel(), weight is not None
+    if plan is not None:
+        return _ForwardSetup(plan, rowptr, E, F, x.dtype, reduce, has_w, tracks)
+    forced = kernel or _env.get("GNNFUSE_TRITON_KERNEL")
+    tune = autotune_enabled() and x.is_cuda
+    deterministic = torch.are_deterministic_algorithms_enabled()
+
+    def build():
+        p = plan_for(x, rowptr, col, reduce, kernel)
+        if tune:
+            p = _tuned(x, rowptr, col, weight, reduce, p, tracks)
+        return _ForwardSetup(p, rowptr, E, F, x.dtype, reduce, has_w, tracks)
+
+    return cached("forward", (rowptr,), (F, x.dtype, reduce, has_w, tracks, E, forced, deterministic, tune), build)
+
+
 def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: torch.Tensor | None,
             reduce: str, *, track_arg: bool = True, kernel: str | None = None,
             plan: Plan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """out [N_dst, F] and arg ([N_dst, F] for max/min when ``track_arg``, else [0, 0]); see the op's
     contract (the op tracks winners exactly when it is given the transpose, i.e. for backward)."""
+    out, arg = _forward(x, rowptr, col, weight, reduce, track_arg and reduce in ("max", "min"), kernel, plan)
+    return out, (arg if arg is not None else rowptr.new_empty(0, 0))
+
+
+def infer(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: torch.Tensor | None,
+          reduce: str) -> torch.Tensor:
+    """forward's ``out`` alone, no winners tracked: the eager path when no gradient is wanted."""
+    return _forward(x, rowptr, col, weight, reduce, False, None, None)[0]
+
+
+def _forward(x, rowptr, col, weight, reduce, tracks: bool, kernel, plan) -> tuple[torch.Tensor, torch.Tensor | None]:
     _check(x, rowptr, col, weight)
-    code = _CODES[reduce]
     n, F, E = rowptr.numel() - 1, x.shape[1], col.numel()
-    tracks = reduce in ("max", "min") and track_arg
-    arg = torch.empty((n, F) if tracks else (0, 0), dtype=rowptr.dtype, device=x.device)
-    if plan is None:
-        plan = plan_for(x, rowptr, col, reduce, kernel)
-        if autotune_enabled() and x.is_cuda:
-            plan = _tuned(x, rowptr, col, weight, reduce, plan, track_arg)
-    acc64 = x.dtype == torch.float64
     if n == 0 or F == 0:
-        return x.new_zeros(n, F), arg
+        return x.new_zeros(n, F), (rowptr.new_empty(n, F) if tracks else None)
+    setup = _forward_setup(x, rowptr, col, weight, reduce, tracks, kernel, plan)
     w = weight if weight is not None else x  # dummy pointer when HAS_W is False
-    nft = cdiv(F, plan.block_f)
-    if plan.kernel in ("coo", "atomic") and reduce in ("sum", "mean"):
+    launch = setup.launches
+    fast = x.is_cuda and launch.usable(x, col, w)
+    if setup.atomic:
         half = x.dtype in (torch.float16, torch.bfloat16)
         out = torch.zeros(n, F, dtype=torch.float32 if half else x.dtype, device=x.device)
         if E:
-            rows = expanded_rows(rowptr, E)
-            grid = (cdiv(E, plan.block_e) * nft,)
-            _coo_kernel[grid](x, rows, col, w, out, E, F, HAS_W=weight is not None,
-                              SEGMENTED=plan.kernel == "coo", ACC64=acc64, BLOCK_E=plan.block_e,
-                              BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+            launch("coo", _coo_kernel, setup.coo_grid, (x, setup.rows, col, w, out, E, F), setup.coo_meta, fast)
         if reduce == "mean":
             out.div_(_mean_divisor(rowptr, out.dtype))
-        return out.to(x.dtype), arg
-    hybrid = plan.kernel == "hybrid" and not tracks  # the row-group kernel records no winners
-    wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
+        return out.to(x.dtype), None
     out = torch.empty(n, F, dtype=x.dtype, device=x.device)
-    if hybrid:
-        short = short_rows(rowptr, plan.short_max)
-        if short.numel():
-            _rowgroup_kernel[(cdiv(short.numel(), plan.group_rows), nft)](
-                x, short, rowptr, col, w, out, short.numel(), F, REDUCE=code, HAS_W=weight is not None,
-                ACC64=acc64, ROWS=plan.group_rows, BLOCK_F=plan.block_f, num_warps=plan.group_warps)
-        if wl.num_pieces == 0:
-            return out, arg
+    arg = torch.empty(n, F, dtype=rowptr.dtype, device=x.device) if tracks else None
+    short = setup.short
+    if short is not None and short.numel():
+        launch("rowgroup", _rowgroup_kernel, setup.rowgroup_grid, (x, short, rowptr, col, w, out, short.numel(), F),
+               setup.rowgroup_meta, fast)
+    wl = setup.wl
+    if wl.num_pieces == 0:
+        return out, arg
     # (unused pointer arguments get any tensor: no allocation for them)
     part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device) if wl.num_partials else out
     parg = torch.empty(wl.num_partials, F, dtype=torch.long, device=x.device) if wl.num_partials and tracks else col
     arg_p = arg if tracks else col
-    _csr_fwd_kernel[(wl.num_pieces * nft,)](
-        x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F,
-        REDUCE=code, HAS_W=weight is not None, ACC64=acc64, TRACK=tracks, SEG=plan.seg, BLOCK_E=plan.block_e,
-        BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+    launch("csr", _csr_fwd_kernel, setup.csr_grid,
+           (x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F), setup.csr_meta, fast)
     if wl.split_rows.numel():
-        _combine_kernel[(wl.split_rows.numel() * nft,)](
-            part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F,
-            REDUCE=code, ACC64=acc64, TRACK=tracks, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f, num_warps=4)
+        launch("combine", _combine_kernel, setup.combine_grid,
+               (part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F), setup.combine_meta, fast)
     return out, arg
+
+
+def _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce, plan) -> torch.Tensor:
+    """x's gradient for sum/mean: grad_x[j] = sum over the edges e leaving j of w[e] * g[target(e)],
+    with g = grad_out (sum) or grad_out / in-degree (mean). That is a sum gather-scatter over the
+    cached transpose, so it runs the forward's kernels and plan: row groups for the short rows,
+    which most rows of a power-law graph's transpose are (the CSR kernel alone spends a whole
+    edge tile on each). Atomic-free and deterministic; [N_dst, F] and [E] temporaries only."""
+    g = grad_out
+    if reduce == "mean":  # scaled in the accumulation dtype, as the forward divides
+        acc = _acc_dtype(x.dtype)
+        g = grad_out.to(acc) / _mean_divisor(rowptr, acc)
+    w_t = None if weight is None else weight.index_select(0, t_pos).to(g.dtype)  # transpose order
+    out, _ = _forward(g, t_rowptr, t_col, w_t, "sum", False, "hybrid", plan)
+    nt = t_rowptr.numel() - 1
+    if nt == x.shape[0] and out.dtype == x.dtype:
+        return out
+    grad_x = torch.zeros_like(x)
+    grad_x[:nt] = out
+    return grad_x
 
 
 def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad,
@@ -627,10 +702,11 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
     grad_out = grad_out.contiguous()
     acc64 = x.dtype == torch.float64
     want_w = need_w_grad and weight is not None
-    grad_x = torch.empty_like(x) if need_x_grad else x.new_empty(0)
+    grad_x = torch.empty_like(x) if need_x_grad and reduce not in ("sum", "mean") else x.new_empty(0)
     grad_w = x.new_empty(E) if want_w else x.new_empty(0)
     if n == 0 or F == 0 or E == 0:
-        return (grad_x.zero_() if need_x_grad else grad_x), (grad_w.zero_() if want_w else grad_w)
+        return (torch.zeros_like(x) if need_x_grad else grad_x), (grad_w.zero_() if want_w else grad_w)
+    given_plan = plan
     if plan is None:
         plan = choose(reduce, t_rowptr.numel() - 1, E, F, x.dtype, deterministic=True)
     w = weight if weight is not None else x
@@ -654,7 +730,9 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
                 _combine_kernel[(wl.split_rows.numel() * nft,)](
                     part, part, dst, rowptr, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F,
                     REDUCE=code_, ACC64=acc64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=bf, num_warps=4)
-    if need_x_grad:
+    if need_x_grad and reduce in ("sum", "mean"):
+        grad_x = _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce, given_plan)
+    elif need_x_grad:
         nt = t_rowptr.numel() - 1
         if nt < x.shape[0]:
             grad_x[nt:].zero_()

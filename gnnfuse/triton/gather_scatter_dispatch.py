@@ -17,11 +17,11 @@ Kernels:
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 
+from .. import _env
 from ._grid import next_power_of_2
 
 KERNELS = ("coo", "csr", "hybrid", "atomic")
@@ -39,12 +39,14 @@ class Plan:
     group_rows: int = 16  # hybrid: short rows per program
     short_max: int = 0  # hybrid: rows with at most this many edges take the row-group kernel
     group_warps: int = 4  # hybrid: warps of the row-group kernel (num_warps is the CSR part's)
+    group_block_f: int = 0  # hybrid: features per row-group tile (0: block_f)
 
     def describe(self) -> str:
         name = {
             "coo": "sorted-COO segmented (edge blocks, segmented scan, relaxed atomics at block-edge runs)",
             "csr": "CSR row-parallel, hub rows split into pieces + ordered second pass (atomic-free)",
-            "hybrid": f"row groups for rows of <= {self.short_max} edges ({self.group_rows} rows per program) "
+            "hybrid": f"row groups for rows of <= {self.short_max} edges ({self.group_rows} rows x "
+                      f"{self.group_block_f or self.block_f} features per program, {self.group_warps} warps) "
                       "+ CSR row-parallel for longer rows (atomic-free)",
             "atomic": "fully-atomic COO baseline (one atomic per edge and feature)",
         }[self.kernel]
@@ -92,20 +94,29 @@ def csr_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
 
 def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     """Candidate configs of the hybrid plan: the CSR kernel's first guess for the long rows plus
-    row-group settings, best guess first. The first guess comes from an H200 sweep (2026-11-21,
-    sum, F=32-256 on rfc-uniform, arxiv-like and products-like; short_max 8-64, 8-32 rows per
-    program, 2-8 warps): short_max=64 won everywhere; 16 rows per program up to 128-wide tiles
-    and 8 for 256-wide ones; 4 warps at F=32 and 8 above."""
+    row-group settings, best guess first.
+
+    From two H200 sweeps (benchmarks/results/gpu-plans_h200_2026-11-21.md and _2026-11-22.md,
+    sum forward, F=32-256 on the five suite graphs): rows of up to 64 edges to the row-group
+    kernel, 16 rows per program, 4 warps at F=32 and 8 above; at F >= 128 float32, tiles of 256
+    bytes (64 float32 features) for both kernels, the long rows' with 4 warps: more programs and
+    fewer registers than 128-wide tiles (arxiv-like F=128: 0.18 vs 0.26 ms; products-like
+    8.1 vs 8.6 ms; the other graphs equal or faster)."""
     csr = csr_configs(F, avg_degree, itemsize)[0]
-    wide = csr["block_f"] >= 256
-    first = dict(csr, short_max=64, group_rows=8 if wide else 16, group_warps=4 if F <= 32 else 8)
+    narrow = max(16, 256 // itemsize)
+    if csr["block_f"] > narrow:
+        csr = dict(csr, block_f=narrow, num_warps=4)
+    first = dict(csr, short_max=64, group_rows=16, group_warps=4 if F <= 32 else 8, group_block_f=csr["block_f"])
     out = [first]
+    wide = _block_f(F, itemsize)
     for short_max in (32, 64):
         for group_rows in (8, 16, 32):
             for group_warps in (4, 8):
-                cfg = dict(csr, short_max=short_max, group_rows=group_rows, group_warps=group_warps)
-                if cfg not in out:
-                    out.append(cfg)
+                for block_f in sorted({csr["block_f"], wide}):
+                    cfg = dict(csr, short_max=short_max, group_rows=group_rows, group_warps=group_warps,
+                               group_block_f=block_f)
+                    if cfg not in out:
+                        out.append(cfg)
     return out
 
 
@@ -113,7 +124,7 @@ def coo_configs(F: int, itemsize: int) -> list[dict]:
     """Candidate tile configs of the sorted-COO kernel, best guess first."""
     bf = _block_f(F, itemsize)
     out = []
-    for be in (64, 32, 128):
+    for be in (32, 64, 128):  # 32 first: faster than 64 in the H200 sweep of 2026-11-22 (gpu-plans)
         be = max(16, min(be, 8192 // bf))
         cfg = dict(block_e=be, block_f=bf, seg=0, num_warps=_warps(be, bf))
         if cfg not in out:
@@ -129,7 +140,7 @@ def choose(reduce: str, num_dst: int, num_edges: int, F: int, dtype: torch.dtype
     which also only do sum/mean."""
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    forced = kernel or os.environ.get("GNNFUSE_TRITON_KERNEL") or None
+    forced = kernel or _env.get("GNNFUSE_TRITON_KERNEL") or None
     return _choose(reduce, num_dst, num_edges, F, dtype, deterministic, forced)
 
 

@@ -169,7 +169,7 @@ class _EagerGatherScatter(torch.autograd.Function):
 
 def _run(x, weight, rowptr, col, transpose, reduce, backend):
     """out [N_dst, F] of the kernels of ``backend`` ("cpu" | "triton"), with autograd."""
-    interpreted = backend == "triton" and x.device.type == "cpu"  # TRITON_INTERPRET=1: never through the op
+    interpreted = backend == "triton" and x.is_cpu  # TRITON_INTERPRET=1: never through the op
     if interpreted or eager_shortcut_ok(x, weight):
         if transpose[0] is None:  # no gradient wanted: no autograd node either
             return INFER[backend](x, rowptr, col, weight, reduce)

@@ -71,8 +71,11 @@ class FastKernel:
     def __getitem__(self, grid):
         return lambda *args, **meta: self._launch(grid, args, meta)
 
+    def _takes_fast_path(self, args: tuple) -> bool:
+        return self._fast and len(args) == self._num_runtime and not _hooks_set()
+
     def _launch(self, grid, args: tuple, meta: dict):
-        if not self._fast or len(args) != self._num_runtime or _hooks_set():
+        if not self._takes_fast_path(args):
             return self.kernel[grid](*args, **meta)
         device = torch.cuda.current_device()
         key = (device, tuple(map(_spec, args)), tuple(meta.items()))
@@ -84,17 +87,14 @@ class FastKernel:
         if hit is None:
             return self.kernel[grid](*args, **meta)
         compiled, constexprs = hit
-        g1 = grid[1] if len(grid) > 1 else 1
-        g2 = grid[2] if len(grid) > 2 else 1
-        compiled.run(grid[0], g1, g2, torch._C._cuda_getCurrentRawStream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *constexprs)
+        _run_compiled(compiled, _grid3(grid), device, args, constexprs)
         return compiled
 
     def bind(self, grid, args: tuple, meta: dict) -> _Bound | None:
         """Launches like ``self[grid](*args, **meta)``; returns what repeats that launch with other
         arguments of the same specialisations (see BoundLaunches), or None off the fast path."""
         compiled = self._launch(grid, args, meta)
-        if not self._fast or len(args) != self._num_runtime or _hooks_set():
+        if not self._takes_fast_path(args):
             return None
         entry = self._entry(compiled, meta)
         return None if entry is None else _Bound(entry[0], entry[1], grid, torch.cuda.current_device())
@@ -112,19 +112,26 @@ def fast_kernel(kernel) -> FastKernel:
     return FastKernel(kernel)
 
 
+def _grid3(grid: tuple) -> tuple[int, int, int]:
+    return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+
+
+def _run_compiled(compiled, grid3: tuple[int, int, int], device: int, args: tuple, constexprs: tuple) -> None:
+    """Triton's C launcher of a compiled kernel, called directly (what ``kernel[grid]`` ends in)."""
+    compiled.run(*grid3, torch._C._cuda_getCurrentRawStream(device), compiled.function, compiled.packed_metadata,
+                 None, None, None, *args, *constexprs)
+
+
 class _Bound:
     """One compiled kernel with its grid and constexprs fixed."""
 
     __slots__ = ("compiled", "constexprs", "grid", "device")
 
     def __init__(self, compiled, constexprs: tuple, grid: tuple, device: int):
-        self.compiled, self.constexprs, self.device = compiled, constexprs, device
-        self.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self.compiled, self.constexprs, self.grid, self.device = compiled, constexprs, _grid3(grid), device
 
     def launch(self, args: tuple) -> None:
-        c = self.compiled
-        c.run(*self.grid, torch._C._cuda_getCurrentRawStream(self.device), c.function, c.packed_metadata,
-              None, None, None, *args, *self.constexprs)
+        _run_compiled(self.compiled, self.grid, self.device, args, self.constexprs)
 
 
 class BoundLaunches:

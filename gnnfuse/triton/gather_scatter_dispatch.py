@@ -29,7 +29,7 @@ KERNELS = ("coo", "csr", "hybrid", "atomic")
 
 @dataclass(frozen=True)
 class Plan:
-    kernel: str  # "coo" | "csr" | "atomic"
+    kernel: str  # "coo" | "csr" | "hybrid" | "atomic"
     block_e: int  # edges per tile
     block_f: int  # features per tile
     seg: int  # csr: longest row piece one program owns (multiple of block_e)

@@ -64,8 +64,8 @@ def main(argv=None):
         short = tgs.short_rows(csr.rowptr, plan.short_max)
         out = torch.empty(n, F, device="cuda")
         grid = (triton.cdiv(short.numel(), plan.group_rows), triton.cdiv(F, plan.block_f))
-        kargs = (x, short, csr.rowptr, csr.col, x, out, short.numel(), F)
-        meta = dict(REDUCE=0, HAS_W=False, ACC64=False, ROWS=plan.group_rows, BLOCK_F=plan.block_f,
+        kargs = (x, short, csr.rowptr, csr.col, x, out, out, short.numel(), F)
+        meta = dict(REDUCE=0, HAS_W=False, ACC64=False, TRACK=False, ROWS=plan.group_rows, BLOCK_F=plan.block_f,
                     num_warps=plan.group_warps)
         bound = BoundLaunches()
         t_parts = csr.transpose_parts()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import json
 import os
 import platform
@@ -30,6 +31,16 @@ def bench(fn: Callable[[], object], device: torch.device | str = "cpu", *, warmu
     stop early, with at least 3 samples, once ``max_seconds`` of timed calls are spent.
     """
     device = torch.device(device)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # as timeit does: a collection landing in one sample skews microsecond-scale calls
+    try:
+        return _bench(fn, device, warmup, repeat, max_seconds, min_warmup_seconds, min_sample_ms)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _bench(fn, device, warmup, repeat, max_seconds, min_warmup_seconds, min_sample_ms) -> dict[str, float]:
     calls, start = 0, time.perf_counter()
     while calls < warmup or (time.perf_counter() - start < min_warmup_seconds and calls < 10_000):
         fn()

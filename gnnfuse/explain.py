@@ -70,7 +70,13 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, backend:
             feat *= d
         plan = choose(reduce, num_dst, num_edges, feat, x.dtype)
         kernel, deterministic = plan.describe(), plan.deterministic
-        notes.append("backward: atomic-free CSR over the cached transpose + per-edge dot for edge_weight")
+        if reduce in ("max", "min") and not torch.are_deterministic_algorithms_enabled():
+            deterministic = deterministic and not x.requires_grad
+            notes.append("backward: x's gradient adds each winner's gradient to its source row with atomics "
+                         "(summation order varies; torch.use_deterministic_algorithms(True) walks the transpose "
+                         "instead) + per-edge dot for edge_weight")
+        else:
+            notes.append("backward: atomic-free, over the cached transpose + per-edge dot for edge_weight")
     return KernelPlan(
         backend=chosen,
         kernel=kernel,

@@ -18,10 +18,13 @@ Forward kernels (see the dispatch module for when each runs):
     fully inside the block is stored, a run touching the block edge is added with a relaxed
     atomic (about one atomic per row per block). ``SEGMENTED=False`` is the fully-atomic
     baseline.
-Backward (no E x F tensor): ``_csr_bwd_x_kernel`` walks the cached transpose with the same
-work-list splitting (dm = d out / d message; grad_x[j] += dm * w), ``_grad_w_kernel`` is a
-per-edge dot over features in CSR order, ``_mul_stats_kernel`` precomputes, for reduce="mul",
-the product of non-zero messages and the zero count per (row, feature).
+Backward (no E x F tensor): for sum/mean, x's gradient is a sum forward over the cached
+transpose (same kernels and plan); for max/min, ``_winner_scatter_kernel`` adds each winner's
+gradient to its source row with atomics (under torch.use_deterministic_algorithms(True), and
+for mul, ``_csr_bwd_x_kernel`` walks the transpose instead with the same work-list splitting:
+dm = d out / d message; grad_x[j] += dm * w); ``_grad_w_kernel`` is a per-edge dot over
+features in CSR order; ``_mul_stats_kernel`` precomputes, for reduce="mul", the product of
+non-zero messages and the zero count per (row, feature).
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ import triton.language as tl
 
 from .. import _env
 from .._tensor_cache import cached
-from ._grid import cdiv
+from ._grid import cdiv, next_power_of_2
 from ._launch import BoundLaunches, fast_kernel
 from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs, hybrid_configs
 
@@ -47,6 +50,25 @@ _COMBINE_K = 32  # partials folded per step by the second pass
 @triton.jit
 def _mul_combine(a, b):
     return a * b
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _nan_min(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _nan_max_min(acc, v, REDUCE: tl.constexpr):
+    """One step of max (REDUCE 2) or min: a NaN wins and sticks. One NaN-propagating min/max
+    instruction where the compare-or-NaN select took four (reddit-like F=32: max was 1.9x sum)."""
+    if REDUCE == 2:
+        return _nan_max(acc, v)
+    return _nan_min(acc, v)
 
 
 @triton.jit
@@ -85,6 +107,18 @@ def _tile_winner(v, m2, pos, REDUCE: tl.constexpr):
     val = tl.where(has_nan, float("nan"), best)
     at = tl.where(has_nan, nan_pos, best_pos)
     return val, at
+
+
+@triton.jit
+def _winner_step(acc, arg, v, pos, m2, REDUCE: tl.constexpr):
+    """One edge of max (REDUCE 2) or min with winners, edges in CSR order: the edge at ``pos`` wins
+    if strictly better, or the first NaN, or the row's first edge (arg -1); masked lanes never."""
+    if REDUCE == 2:
+        better = v > acc
+    else:
+        better = v < acc
+    win = (better | ((v != v) & (acc == acc)) | (arg < 0)) & m2
+    return tl.where(win, v, acc), tl.where(win, pos, arg)
 
 
 @triton.jit
@@ -151,32 +185,21 @@ def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_pt
         elif REDUCE == 4:
             acc2 = acc2 * v
         elif not TRACK:  # values only: masked lanes hold -inf/+inf; a NaN wins and sticks
-            if REDUCE == 2:
-                acc2 = tl.where((v > acc2) | (v != v), v, acc2)
-            else:
-                acc2 = tl.where((v < acc2) | (v != v), v, acc2)
+            acc2 = _nan_max_min(acc2, v, REDUCE)
         else:
-            if REDUCE == 2:
-                better = v > acc2
-            else:
-                better = v < acc2
-            win = (better | ((v != v) & (acc2 == acc2)) | (arg2 < 0)) & m2
-            acc2 = tl.where(win, v, acc2)
             rel = (e0 - start).to(tl.int32) + lane
-            arg2 = tl.where(win, rel[:, None] + tl.zeros([BLOCK_E, BLOCK_F], tl.int32), arg2)
+            acc2, arg2 = _winner_step(acc2, arg2, v, rel[:, None] + tl.zeros([BLOCK_E, BLOCK_F], tl.int32), m2,
+                                      REDUCE)
     arg = tl.full([BLOCK_F], -1, tl.int64)
     if REDUCE <= 1:
         acc = tl.sum(acc2, axis=0)
     elif REDUCE == 4:
         acc = tl.reduce(acc2, 0, _mul_combine)
     elif not TRACK:
-        isnan = acc2 != acc2
-        has_nan = tl.max(isnan.to(tl.int32), axis=0) > 0
         if REDUCE == 2:
-            best = tl.max(tl.where(isnan, float("-inf"), acc2), axis=0)
+            acc = tl.reduce(acc2, 0, _nan_max)
         else:
-            best = tl.min(tl.where(isnan, float("inf"), acc2), axis=0)
-        acc = tl.where(has_nan, float("nan"), best)
+            acc = tl.reduce(acc2, 0, _nan_min)
     else:
         acc, at = _tile_winner(acc2, arg2 >= 0, arg2.to(tl.int64), REDUCE)
         arg = tl.where(at < _BIG, start + at, -1)
@@ -249,14 +272,14 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
 
 @fast_kernel
 @triton.jit
-def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, num_rows, F,
-                     REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr,
+def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
+                     REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
                      ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
     """Short rows, ROWS per program: step j gathers the j-th edge of every row at once (a
     [ROWS, BLOCK_F] tile), so a program keeps ROWS source rows in flight where the CSR kernel
     would spend a whole [BLOCK_E, BLOCK_F] tile on a row of 2-3 edges. Rows come sorted by
     degree (rows_ptr), so a program's rows need about the same number of steps. Each row is
-    reduced in edge order (as on CPU); no tracking of winners (inference max/min only)."""
+    reduced in edge order (as on CPU). TRACK: max/min also record the winning CSR position."""
     ACC = tl.float64 if ACC64 else tl.float32
     offs_r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     rmask = offs_r < num_rows
@@ -266,6 +289,7 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, num_r
     offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = offs_f < F
     acc = _identity_tile(ROWS, BLOCK_F, REDUCE, ACC)
+    arg = tl.full([ROWS, BLOCK_F], -1, tl.int64)
     for j in range(0, tl.max(deg, axis=0)):
         emask = rmask & (j < deg)
         m2 = emask[:, None] & fmask[None, :]
@@ -277,17 +301,20 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, num_r
             acc += v
         elif REDUCE == 4:
             acc = tl.where(m2, acc * v, acc)
-        elif REDUCE == 2:  # a NaN wins and sticks, as in the CSR kernel
-            acc = tl.where(m2 & ((v > acc) | (v != v)), v, acc)
-        else:
-            acc = tl.where(m2 & ((v < acc) | (v != v)), v, acc)
+        elif TRACK:
+            acc, arg = _winner_step(acc, arg, v, (start + j)[:, None] + tl.zeros([ROWS, BLOCK_F], tl.int64), m2,
+                                    REDUCE)
+        else:  # max/min: a NaN wins and sticks, as in the CSR kernel
+            acc = tl.where(m2, _nan_max_min(acc, v, REDUCE), acc)
     res = acc
     if REDUCE == 1:
         res = acc / tl.maximum(deg, 1).to(ACC)[:, None]
     if REDUCE >= 2:
         res = tl.where((deg > 0)[:, None], acc, 0.0)
-    tl.store(out_ptr + rows[:, None] * F + offs_f[None, :], res.to(out_ptr.dtype.element_ty),
-             mask=rmask[:, None] & fmask[None, :])
+    dst = rows[:, None] * F + offs_f[None, :]
+    tl.store(out_ptr + dst, res.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & fmask[None, :])
+    if (REDUCE == 2 or REDUCE == 3) and TRACK:
+        tl.store(arg_ptr + dst, arg.to(arg_ptr.dtype.element_ty), mask=rmask[:, None] & fmask[None, :])
 
 
 @fast_kernel
@@ -388,6 +415,26 @@ def _csr_bwd_x_kernel(go_ptr, x_ptr, rowptr_ptr, w_ptr, t_rowptr_ptr, t_col_ptr,
         tl.store(gx_ptr + j * F + offs_f, acc.to(gx_ptr.dtype.element_ty), mask=fmask)
     else:
         tl.store(part_ptr + (slot + k) * F + offs_f, acc.to(part_ptr.dtype.element_ty), mask=fmask)
+
+
+@fast_kernel
+@triton.jit
+def _winner_scatter_kernel(go_ptr, arg_ptr, col_ptr, w_ptr, gx_ptr, num_rows, F,
+                           HAS_W: tl.constexpr, ACC64: tl.constexpr, ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """max/min x-gradient, atomic: grad_x[col[p], f] += w[p] * grad_out[i, f] for p = arg[i, f],
+    the winning edge. Reads [N_dst, F] where the transpose walk reads an [E, F] gather of arg."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    offs_r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    m2 = (offs_r < num_rows)[:, None] & (offs_f < F)[None, :]
+    at = offs_r[:, None] * F + offs_f[None, :]
+    p = tl.load(arg_ptr + at, mask=m2, other=-1).to(tl.int64)
+    won = m2 & (p >= 0)  # empty rows have no winner
+    j = tl.load(col_ptr + p, mask=won, other=0).to(tl.int64)
+    g = tl.load(go_ptr + at, mask=won, other=0.0).to(ACC)
+    if HAS_W:
+        g = g * tl.load(w_ptr + p, mask=won, other=0.0).to(ACC)
+    tl.atomic_add(gx_ptr + j * F + offs_f[None, :], g, mask=won, sem="relaxed")
 
 
 @fast_kernel
@@ -586,13 +633,13 @@ class _ForwardSetup:
             self.coo_meta = dict(HAS_W=has_w, SEGMENTED=plan.kernel == "coo", ACC64=acc64, BLOCK_E=plan.block_e,
                                  BLOCK_F=plan.block_f, num_warps=plan.num_warps)
             return
-        hybrid = plan.kernel == "hybrid" and not tracks  # the row-group kernel records no winners
+        hybrid = plan.kernel == "hybrid"
         self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
         self.short = short_rows(rowptr, plan.short_max) if hybrid else None
         if self.short is not None and self.short.numel():
             group_block_f = plan.group_block_f or plan.block_f
             self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))
-            self.rowgroup_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, ROWS=plan.group_rows,
+            self.rowgroup_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
                                       BLOCK_F=group_block_f, num_warps=plan.group_warps)
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, SEG=plan.seg,
@@ -654,17 +701,17 @@ def _forward(x, rowptr, col, weight, reduce, tracks: bool, kernel, plan) -> tupl
         return out.to(x.dtype), None
     out = torch.empty(n, F, dtype=x.dtype, device=x.device)
     arg = torch.empty(n, F, dtype=rowptr.dtype, device=x.device) if tracks else None
+    # (unused pointer arguments get any tensor: no allocation for them)
+    arg_p = arg if tracks else col
     short = setup.short
     if short is not None and short.numel():
-        launch("rowgroup", _rowgroup_kernel, setup.rowgroup_grid, (x, short, rowptr, col, w, out, short.numel(), F),
-               setup.rowgroup_meta, fast)
+        launch("rowgroup", _rowgroup_kernel, setup.rowgroup_grid,
+               (x, short, rowptr, col, w, out, arg_p, short.numel(), F), setup.rowgroup_meta, fast)
     wl = setup.wl
     if wl.num_pieces == 0:
         return out, arg
-    # (unused pointer arguments get any tensor: no allocation for them)
     part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device) if wl.num_partials else out
     parg = torch.empty(wl.num_partials, F, dtype=torch.long, device=x.device) if wl.num_partials and tracks else col
-    arg_p = arg if tracks else col
     launch("csr", _csr_fwd_kernel, setup.csr_grid,
            (x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F), setup.csr_meta, fast)
     if wl.split_rows.numel():
@@ -693,6 +740,23 @@ def _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce
     return grad_x
 
 
+def _winner_x_grad(grad_out, x, col, weight, arg) -> torch.Tensor:
+    """x's gradient for max/min, each winner's gradient added to its source row with a relaxed
+    atomic: [N_dst, F] reads where walking the transpose gathers arg over every edge ([E, F]
+    int64; products-like F=32: ~16 GB). Several targets a source wins for add in any order, so
+    the result may differ in the last bits from run to run: deterministic algorithms take the
+    transpose walk instead (see backward)."""
+    n, F = grad_out.shape
+    acc = _acc_dtype(x.dtype)
+    grad_x = torch.zeros(x.shape, dtype=acc, device=x.device)
+    rows, block_f = 16, min(max(16, next_power_of_2(F)), 64)
+    w = weight if weight is not None else grad_out  # dummy pointer when HAS_W is False
+    _winner_scatter_kernel[(cdiv(n, rows), cdiv(F, block_f))](
+        grad_out, arg, col, w, grad_x, n, F, HAS_W=weight is not None, ACC64=acc == torch.float64, ROWS=rows,
+        BLOCK_F=block_f, num_warps=4)
+    return grad_x.to(x.dtype)
+
+
 def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad,
              *, plan: Plan | None = None):
     """(grad_x, grad_w) per the op's contract; empty tensors for gradients not asked for."""
@@ -702,7 +766,7 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
     grad_out = grad_out.contiguous()
     acc64 = x.dtype == torch.float64
     want_w = need_w_grad and weight is not None
-    grad_x = torch.empty_like(x) if need_x_grad and reduce not in ("sum", "mean") else x.new_empty(0)
+    grad_x = x.new_empty(0)
     grad_w = x.new_empty(E) if want_w else x.new_empty(0)
     if n == 0 or F == 0 or E == 0:
         return (torch.zeros_like(x) if need_x_grad else grad_x), (grad_w.zero_() if want_w else grad_w)
@@ -732,7 +796,10 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
                     REDUCE=code_, ACC64=acc64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=bf, num_warps=4)
     if need_x_grad and reduce in ("sum", "mean"):
         grad_x = _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce, given_plan)
-    elif need_x_grad:
+    elif need_x_grad and reduce in ("max", "min") and not torch.are_deterministic_algorithms_enabled():
+        grad_x = _winner_x_grad(grad_out, x, col, weight, arg)
+    elif need_x_grad:  # mul, or max/min atomic-free: walk the transpose
+        grad_x = torch.empty_like(x)
         nt = t_rowptr.numel() - 1
         if nt < x.shape[0]:
             grad_x[nt:].zero_()

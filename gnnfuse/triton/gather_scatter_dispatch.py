@@ -11,7 +11,7 @@ Kernels:
                order, so hub rows of power-law graphs do not serialise. All reductions.
   * ``hybrid`` rows of at most ``short_max`` edges go to a row-group kernel (``group_rows`` rows
                per program, one edge of each per step, rows sorted by degree); longer rows to
-               the CSR kernel. Atomic-free and deterministic. Not for max/min with winners.
+               the CSR kernel. Atomic-free and deterministic; both kernels record max/min winners.
   * ``atomic`` fully-atomic baseline (one atomic per edge and feature); benchmarks only.
 """
 from __future__ import annotations
@@ -93,27 +93,30 @@ def csr_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
 
 
 def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
-    """Candidate configs of the hybrid plan: the CSR kernel's first guess for the long rows plus
+    """Candidate configs of the hybrid plan: a tile for the long rows (CSR kernel) plus
     row-group settings, best guess first.
 
-    From two H200 sweeps (benchmarks/results/gpu-plans_h200_2026-11-21.md and _2026-11-22.md,
-    sum forward, F=32-256 on the five suite graphs): rows of up to 64 edges to the row-group
-    kernel, 16 rows per program, 4 warps at F=32 and 8 above; at F >= 128 float32, tiles of 256
-    bytes (64 float32 features) for both kernels, the long rows' with 4 warps: more programs and
-    fewer registers than 128-wide tiles (arxiv-like F=128: 0.18 vs 0.26 ms; products-like
-    8.1 vs 8.6 ms; the other graphs equal or faster)."""
+    From three H200 sweeps (benchmarks/results/gpu-plans_h200_2026-11-22*.md, sum forward,
+    F=32-256 on the five suite graphs): rows of up to 64 edges to the row-group kernel, 16 rows
+    per program, 4 warps at F=32 and 8 above, with tiles of up to 256 bytes (64 float32
+    features). The long rows want many small programs with 4 warps each: 128-byte tiles of 16
+    edges up to F*itemsize = 256 bytes (arxiv-like F=64: 0.093 vs 0.160 ms with the CSR plan's
+    64-wide 1-warp tile; hub-stress, reddit-like and products-like 5-25% faster), 256-byte
+    tiles above (arxiv-like F=128: 0.18 vs 0.26 ms with 128-wide tiles)."""
     csr = csr_configs(F, avg_degree, itemsize)[0]
-    narrow = max(16, 256 // itemsize)
-    if csr["block_f"] > narrow:
-        csr = dict(csr, block_f=narrow, num_warps=4)
-    first = dict(csr, short_max=64, group_rows=16, group_warps=4 if F <= 32 else 8, group_block_f=csr["block_f"])
+    group_f = min(csr["block_f"], max(16, 256 // itemsize))
+    if F * itemsize <= 256:
+        long_rows = dict(block_e=16, block_f=min(group_f, max(16, 128 // itemsize)), seg=csr["seg"], num_warps=4)
+    else:
+        long_rows = dict(csr, block_f=group_f, num_warps=4)
+    first = dict(long_rows, short_max=64, group_rows=16, group_warps=4 if F <= 32 else 8, group_block_f=group_f)
     out = [first]
     wide = _block_f(F, itemsize)
     for short_max in (32, 64):
         for group_rows in (8, 16, 32):
             for group_warps in (4, 8):
-                for block_f in sorted({csr["block_f"], wide}):
-                    cfg = dict(csr, short_max=short_max, group_rows=group_rows, group_warps=group_warps,
+                for block_f in sorted({group_f, wide}):
+                    cfg = dict(long_rows, short_max=short_max, group_rows=group_rows, group_warps=group_warps,
                                group_block_f=block_f)
                     if cfg not in out:
                         out.append(cfg)

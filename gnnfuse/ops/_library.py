@@ -29,9 +29,8 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         if backend == "auto":  # the common case first: one environment lookup, nothing else
             return "cpu" if kind == "cpu" else "triton"
         require_choice("GNNFUSE_BACKEND (environment)", backend, BACKENDS)
-    require_choice("backend", backend, BACKENDS)
-    if backend == "auto":
-        return "cpu" if kind == "cpu" else "triton"
+    else:
+        require_choice("backend", backend, BACKENDS)
     if backend == "cpu" and kind != "cpu":
         raise ValueError(f"backend='cpu' needs CPU tensors; got tensors on {device}")
     if backend == "triton" and kind == "cpu" and _env.get("TRITON_INTERPRET") != "1":

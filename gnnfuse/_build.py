@@ -186,11 +186,14 @@ def _import_built(path: Path, name: str) -> ModuleType:
     return module
 
 
+def prebuilt_manifest() -> Path:
+    return Path(__file__).resolve().parent / PREBUILT_MANIFEST
+
+
 def _prebuilt(extension: str) -> ModuleType | None:
     """The module compiled into the installed package, when it matches these sources and torch."""
-    manifest = Path(__file__).resolve().parent / PREBUILT_MANIFEST
     try:
-        record = json.loads(manifest.read_text())
+        record = json.loads(prebuilt_manifest().read_text())
     except (OSError, ValueError):
         return None
     if record.get("torch") != torch.__version__:

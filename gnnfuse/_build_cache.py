@@ -157,33 +157,41 @@ def marker_state(directory: Path, module_file: Path) -> str:
 
 
 # ---- locking -------------------------------------------------------------------------------------
-def _try_lock(fd: int) -> bool:
-    """Non-blocking exclusive lock of the open file; False when another process holds it."""
+def _lock_module():  # noqa: ANN202  (fcntl or msvcrt)
+    """fcntl on POSIX, msvcrt on Windows: imported here, so that importing gnnfuse works everywhere."""
     try:
         if os.name == "nt":
             import msvcrt
 
-            os.lseek(fd, 0, os.SEEK_SET)
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        else:
-            import fcntl  # POSIX only: imported here so that importing gnnfuse works everywhere
+            return msvcrt
+        import fcntl
 
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fcntl
+    except ImportError as exc:
+        raise BuildError(f"no file locking on this platform ({exc}): use backend='reference'") from exc
+
+
+def _try_lock(fd: int) -> bool:
+    """Non-blocking exclusive lock of the open file; False when another process holds it."""
+    locks = _lock_module()
+    try:
+        if os.name == "nt":
+            os.lseek(fd, 0, os.SEEK_SET)
+            locks.locking(fd, locks.LK_NBLCK, 1)
+        else:
+            locks.lockf(fd, locks.LOCK_EX | locks.LOCK_NB)
         return True
     except OSError:  # BlockingIOError / PermissionError: held elsewhere
         return False
 
 
 def _unlock(fd: int) -> None:
+    locks = _lock_module()
     if os.name == "nt":
-        import msvcrt
-
         os.lseek(fd, 0, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        locks.locking(fd, locks.LK_UNLCK, 1)
     else:
-        import fcntl
-
-        fcntl.lockf(fd, fcntl.LOCK_UN)
+        locks.lockf(fd, locks.LOCK_UN)
 
 
 def lock_timeout() -> float:

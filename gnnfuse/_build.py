@@ -35,21 +35,11 @@ from types import ModuleType
 import torch
 
 from . import _build_cache as cache
-from ._build_cache import BuildError
+from ._build_cache import EXTENSIONS, BuildError, compile_flags
 
 __all__ = ["BuildError", "EXTENSIONS", "build_all", "cache_root", "build_dir", "compiler", "extension_available",
            "load_extension"]
 
-# extension name -> its .cpp files in csrc/ (exactly one of them defines PYBIND11_MODULE).
-EXTENSIONS: dict[str, list[str]] = {
-    "graph": ["csr.cpp", "gather_scatter.cpp", "graph_module.cpp"],
-    "planarity": ["planarity.cpp"],
-    "density": ["density_scatter.cpp"],
-}
-# No -std flag: cpp_extension picks the standard torch was built with (C++20 for torch >= 2.9).
-# Forcing another one mixes inline libstdc++/c10 code compiled under two standards, which
-# crashed in std::ostream (formatting an error message) on torch 2.11. The sources are C++17.
-CXX_FLAGS = ["-O3", "-fopenmp", "-march=native", "-Wno-unknown-pragmas"]
 PREBUILT_MANIFEST = "_prebuilt.json"  # written next to the prebuilt modules by setup.py
 # Seconds a build took on a 2-core machine, shown before the first build; later builds show the last one.
 TYPICAL_BUILD_S = {"graph": 70, "planarity": 25, "density": 25}
@@ -94,26 +84,6 @@ def compiler() -> str | None:
     return shutil.which(compiler_command()[0])
 
 
-def _libomp_prefix() -> Path | None:
-    """Homebrew's (or $LIBOMP_PREFIX's) libomp on macOS, whose Apple clang ships no OpenMP."""
-    for prefix in (os.environ.get("LIBOMP_PREFIX"), "/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"):
-        if prefix and (Path(prefix) / "include" / "omp.h").is_file():
-            return Path(prefix)
-    return None
-
-
-def compile_flags(native: bool = True) -> tuple[list[str], list[str]]:
-    """(compiler flags, linker flags) for this platform. ``native=False`` gives portable code (wheels)."""
-    cflags = [f for f in CXX_FLAGS if native or f != "-march=native"]
-    if sys.platform != "darwin":
-        return cflags, ["-fopenmp"]
-    cflags = [f for f in cflags if f not in ("-fopenmp", "-march=native")]  # Apple clang rejects both
-    prefix = _libomp_prefix()
-    if prefix is None:  # the kernels still compile: their OpenMP pragmas are then ignored (one thread)
-        return cflags, []
-    return cflags + ["-Xpreprocessor", "-fopenmp", f"-I{prefix}/include"], [f"-L{prefix}/lib", "-lomp"]
-
-
 def _check_toolchain() -> tuple[dict[str, str], list[str]]:
     """Checks the compiler and ninja. Returns (environment for the build, extra compiler flags)."""
     if os.name == "nt":
@@ -136,7 +106,7 @@ def _check_toolchain() -> tuple[dict[str, str], list[str]]:
             raise BuildError("gnnfuse builds its CPU kernels with ninja, which is missing: pip install ninja "
                              "(or apt-get install ninja-build).") from None
         env["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-    if sys.platform == "darwin" and _libomp_prefix() is None and "darwin" not in cache._warned:
+    if sys.platform == "darwin" and cache.libomp_prefix() is None and "darwin" not in cache._warned:
         cache._warned.add("darwin")
         cache.say("no libomp found (brew install libomp, or set LIBOMP_PREFIX): the CPU kernels build "
                   "without OpenMP and run on one thread.")

@@ -1,6 +1,8 @@
-"""The build cache's safety: where it lives, who may write it, how builds are locked and checked.
+"""The torch-free half of the C++ build: what is compiled with which flags, and the build cache's
+safety (where it lives, who may write it, how builds are locked and checked).
 
-Nothing here imports torch or the rest of gnnfuse, so ``setup.py`` can load this file on its own.
+Nothing here imports torch or the rest of gnnfuse, so ``setup.py`` can load this file on its own
+to compile the same extensions into a wheel.
 
 * **Location.** ``$GNNFUSE_BUILD_DIR`` (must be absolute), else ``$XDG_CACHE_HOME/gnnfuse`` or
   ``~/.cache/gnnfuse``. Directories are created with mode 0700.
@@ -34,9 +36,40 @@ REPORT_WAIT_AFTER_S = 3.0
 MARKER = "BUILD_OK"
 _warned: set[str] = set()
 
+# extension name -> its .cpp files in csrc/ (exactly one of them defines PYBIND11_MODULE).
+EXTENSIONS: dict[str, list[str]] = {
+    "graph": ["csr.cpp", "gather_scatter.cpp", "graph_module.cpp"],
+    "planarity": ["planarity.cpp"],
+    "density": ["density_scatter.cpp"],
+}
+# No -std flag: cpp_extension picks the standard torch was built with (C++20 for torch >= 2.9).
+# Forcing another one mixes inline libstdc++/c10 code compiled under two standards, which
+# crashed in std::ostream (formatting an error message) on torch 2.11. The sources are C++17.
+CXX_FLAGS = ["-O3", "-fopenmp", "-march=native", "-Wno-unknown-pragmas"]
+
 
 class BuildError(RuntimeError):
     """The C++ extension could not be built or loaded; ``backend="reference"`` still works."""
+
+
+def libomp_prefix() -> Path | None:
+    """Homebrew's (or $LIBOMP_PREFIX's) libomp on macOS, whose Apple clang ships no OpenMP."""
+    for prefix in (os.environ.get("LIBOMP_PREFIX"), "/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"):
+        if prefix and (Path(prefix) / "include" / "omp.h").is_file():
+            return Path(prefix)
+    return None
+
+
+def compile_flags(native: bool = True) -> tuple[list[str], list[str]]:
+    """(compiler flags, linker flags) for this platform. ``native=False`` gives portable code (wheels)."""
+    cflags = [f for f in CXX_FLAGS if native or f != "-march=native"]
+    if sys.platform != "darwin":
+        return cflags, ["-fopenmp"]
+    cflags = [f for f in cflags if f not in ("-fopenmp", "-march=native")]  # Apple clang rejects both
+    prefix = libomp_prefix()
+    if prefix is None:  # the kernels still compile: their OpenMP pragmas are then ignored (one thread)
+        return cflags, []
+    return cflags + ["-Xpreprocessor", "-fopenmp", f"-I{prefix}/include"], [f"-L{prefix}/lib", "-lomp"]
 
 
 def say(message: str) -> None:

@@ -292,12 +292,12 @@ print("ok")
 
 
 def test_macos_flags_without_and_with_libomp(monkeypatch, tmp_path):
-    monkeypatch.setattr(_build.sys, "platform", "darwin")
-    monkeypatch.setattr(_build, "_libomp_prefix", lambda: None)
-    cflags, ldflags = _build.compile_flags()
+    monkeypatch.setattr(_build_cache.sys, "platform", "darwin")
+    monkeypatch.setattr(_build_cache, "libomp_prefix", lambda: None)
+    cflags, ldflags = _build_cache.compile_flags()
     assert "-fopenmp" not in cflags and "-march=native" not in cflags and ldflags == []
-    monkeypatch.setattr(_build, "_libomp_prefix", lambda: tmp_path)
-    cflags, ldflags = _build.compile_flags()
+    monkeypatch.setattr(_build_cache, "libomp_prefix", lambda: tmp_path)
+    cflags, ldflags = _build_cache.compile_flags()
     assert cflags[-3:] == ["-Xpreprocessor", "-fopenmp", f"-I{tmp_path}/include"] and "-lomp" in ldflags
 
 

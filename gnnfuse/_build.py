@@ -246,10 +246,9 @@ def _build(extension: str) -> ModuleType:
 
 
 def _compile(extension: str, root: Path, directory: Path, module_file: Path, extra_flags: list[str]) -> ModuleType:
-    from torch.utils import cpp_extension
-
     cache.say(f"compiling C++ kernels '{extension}' (one-time, about {_last_build_seconds(root, extension):.0f} s); "
               f"cached in {directory}")
+    from torch.utils import cpp_extension  # after the message: importing it takes a second or two
     cflags, ldflags = compile_flags()
     cflags, ldflags = extra_flags + cflags, extra_flags + ldflags
     start = time.perf_counter()

@@ -6,9 +6,11 @@ PY := $(VENV)/bin/python
 # On CPU machines take the CPU build of torch; an already-installed torch is kept.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv demo test docs typecheck package-check bench-cpu build-ext clean
+.PHONY: setup venv demo test docs typecheck package-check bench-cpu build-ext clean
 
 venv: $(VENV)/.torch
+
+setup: $(VENV)/.installed-test,triton
 
 $(VENV)/.torch:
 	@if [ ! -x $(PY) ]; then \

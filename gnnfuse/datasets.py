@@ -185,12 +185,13 @@ def load_facebook(root: Path | str | None = None, seed: int = 0, *, train: float
 
     from torch_geometric.data import Data
 
-    folder = _facebook_folder(root)
-    if folder is None:
-        return None
     import csv
 
-    edge_index, _ = load_facebook_edge_index(folder)
+    folder = _facebook_folder(root)
+    loaded = load_facebook_edge_index(folder) if folder is not None else None
+    if folder is None or loaded is None:
+        return None
+    edge_index, _ = loaded
 
     names: dict[str, int] = {}
     ids, labels = [], []

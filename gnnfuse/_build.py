@@ -176,7 +176,8 @@ def _prebuilt(extension: str) -> ModuleType | None:
         return None
     try:
         return importlib.import_module(f"gnnfuse._C_{extension}")
-    except ImportError:
+    except ImportError as exc:
+        cache.say(f"cannot load the prebuilt '{extension}' kernels ({exc}); building them instead.")
         return None
 
 
@@ -194,7 +195,7 @@ def _record_build_seconds(root: Path, extension: str, seconds: float) -> None:
     except (OSError, ValueError):
         times = {}
     times[extension] = round(seconds, 1)
-    tmp = root / "build_times.json.tmp"
+    tmp = root / f"build_times.json.{os.getpid()}"
     tmp.write_text(json.dumps(times))
     os.replace(tmp, path)
 

@@ -9,6 +9,9 @@ Data is never shipped with gnnfuse and never downloaded by it. Each dataset is l
 
 Each of these folders holds ``planetoid/<Name>/raw/ind.<name>.*`` (Cora, CiteSeer, PubMed, as PyG's
 ``Planetoid`` reads them) and ``musae-facebook/facebook_{edges.csv,features.json,target.csv}``.
+Planetoid graphs are read by PyG's own ``Planetoid`` class. PyG's ``FacebookPagePage`` reads a
+preprocessed ``facebook.npz`` that the MUSAE release does not contain, so the MUSAE files are read
+here directly (with the real sparse features and a seeded stratified split).
 ``load(name)`` raises ``DatasetNotFoundError`` saying exactly what to download and where to put it;
 the older ``load_*`` functions return None instead, so callers can fall back to a synthetic graph.
 

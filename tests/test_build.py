@@ -316,3 +316,21 @@ def test_prebuilt_module_is_preferred_only_when_it_matches(monkeypatch, tmp_path
     assert _build._prebuilt("graph") is None  # sources edited since: build them
     manifest.write_text(json.dumps({"torch": "0.0.1", "sources": {"graph": digest}}))
     assert _build._prebuilt("graph") is None  # another torch: its ABI may differ
+
+
+def test_command_line_build_and_info(cache_dir, fake_compile, capsys):
+    from gnnfuse.__main__ import main
+
+    assert main([]) == 2 and "build" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["build", "nonsense"])
+    saved = dict(_build._modules)
+    _build._modules.clear()
+    try:
+        assert main(["build", "density"]) == 0
+    finally:
+        _build._modules.clear()
+        _build._modules.update(saved)
+    captured = capsys.readouterr()
+    assert "compiling C++ kernels 'density'" in captured.err and captured.out.startswith("density: ")
+    assert main(["info"]) == 0 and "build cache" in capsys.readouterr().out

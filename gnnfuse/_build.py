@@ -88,7 +88,7 @@ def _check_toolchain() -> tuple[dict[str, str], list[str]]:
     """Checks the compiler and ninja. Returns (environment for the build, extra compiler flags)."""
     if os.name == "nt":
         raise BuildError("gnnfuse builds its CPU kernels with GCC or Clang (Linux, macOS); on Windows use "
-                         "backend='reference', a wheel built with the kernels, or WSL.")
+                         "backend='reference', or WSL.")
     if compiler() is None:
         raise BuildError(
             f"gnnfuse needs a C++17 compiler to build its CPU kernels, and '{compiler_command()[0]}' "

@@ -15,8 +15,12 @@ here directly (with the real sparse features and a seeded stratified split).
 ``load(name)`` raises ``DatasetNotFoundError`` saying exactly what to download and where to put it;
 the older ``load_*`` functions return None instead, so callers can fall back to a synthetic graph.
 
->>> from gnnfuse import datasets
->>> data = datasets.load("Cora")        # doctest: +SKIP
+Example::
+
+    from gnnfuse import datasets
+    from torch_geometric.transforms import NormalizeFeatures
+
+    data = datasets.load("Cora", transform=NormalizeFeatures())   # a PyG Data with the public split
 """
 from __future__ import annotations
 

@@ -123,7 +123,7 @@ def structured_scatter_add(density_cube: torch.Tensor, wa: torch.Tensor, wbwc: t
     bad = (flat < 0) | (flat >= map_size)
     if flat.numel() and bool(bad.any()):
         if check_bounds:
-            raise ValueError(f"structured_scatter_add: flat index {int(flat[bad][0])} (wa + wbwc) is outside "
+            raise IndexOutOfRange(f"structured_scatter_add: flat index {int(flat[bad][0])} (wa + wbwc) is outside "
                              f"[0, map_size={map_size})")
         flat, values = flat[~bad], values[~bad]
     work_dtype = torch.float32 if density_cube.dtype in (torch.float16, torch.bfloat16) else density_cube.dtype
@@ -154,7 +154,13 @@ def planarity_nll(xyz: torch.Tensor, plane_groups) -> torch.Tensor:
     """
     x = xyz.to(torch.float64)
     centred = []
-    for indices, _ in plane_groups:
+    for b, (indices, _) in enumerate(plane_groups):
+        if indices.numel() and not torch.compiler.is_compiling():
+            low, high = torch.aminmax(indices)
+            if int(low) < 0 or int(high) >= x.shape[0]:
+                bad = int(indices.reshape(-1)[((indices < 0) | (indices >= x.shape[0])).reshape(-1)][0])
+                raise IndexOutOfRange(f"planarity_nll: plane_groups[{b}] indices contain atom id {bad}, "
+                                      f"outside [0, {x.shape[0]})")
         pts = x[indices.long()]  # [P, n, 3]
         centred.append(pts - pts.mean(dim=1, keepdim=True))
     normals = planarity_normals(centred).to(x.device)

@@ -10,8 +10,8 @@ plus extra hashable values, and it is served only while every source still passe
   * the same in-place version counter: catches every ordinary in-place write (``t[0] = 1``,
     ``t.add_()``, ``out=``, a write through any view of ``t``);
   * on CPU, the same *fingerprint*: the bytes of the tensor's memory span when it is at most
-    ``FULL_BYTES`` long, else its first and last 8 bytes and ``SAMPLES - 2`` evenly spaced 8-byte
-    words. This catches writes that bypass the version counter (through ``.data``, ``.numpy()``,
+    ``FULL_BYTES`` long, else ``SAMPLES`` evenly spaced elements of it, the first and the last
+    included. This catches writes that bypass the version counter (through ``.data``, ``.numpy()``,
     DLPack, another tensor aliasing the storage) wherever they change a fingerprinted byte; a
     write elsewhere into a large tensor that bypasses the version counter is NOT detected (hashing
     everything would cost as much as the work the cache saves). On CUDA no fingerprint is taken
@@ -49,26 +49,34 @@ def _span_bytes(t: torch.Tensor) -> int:
 
 
 class _Fingerprint:
-    """Reads the fingerprinted bytes of a CPU tensor straight from its memory (see the module
+    """Reads the fingerprinted elements of a CPU tensor straight from its memory (see the module
     docstring). It holds no reference to the storage (the cache must not keep tensors alive), so
     it is read only after the stamp has confirmed that the tensor in hand still owns that memory."""
 
-    __slots__ = ("windows", "tail")
+    __slots__ = ("view",)
+    _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
     def __init__(self, t: torch.Tensor):
         span = _span_bytes(t)
-        raw = np.frombuffer((ctypes.c_char * span).from_address(t.data_ptr()), dtype=np.uint8) if span else None
-        if span <= FULL_BYTES:
-            self.windows, self.tail = raw, None
+        if span == 0:
+            self.view = None
             return
-        stride = (span - 8) // (SAMPLES - 2)  # SAMPLES - 1 windows from the start, then the last 8 bytes
-        self.windows = np.lib.stride_tricks.as_strided(raw, shape=(SAMPLES - 1, 8), strides=(stride, 1))
-        self.tail = raw[span - 8:]
+        item = t.element_size()
+        words = np.frombuffer((ctypes.c_char * span).from_address(t.data_ptr()), dtype=self._UNSIGNED.get(item, np.uint8))
+        n = words.size
+        if span <= FULL_BYTES:
+            self.view = words
+            return
+        # two rows of SAMPLES // 2 evenly spaced elements: the first row starts at the first
+        # element, the second ends at the last one (one strided view: a single read)
+        k = SAMPLES // 2
+        step = (n - 1) // (k - 1)
+        shift = (n - 1) - (k - 1) * step
+        size = words.itemsize
+        self.view = np.lib.stride_tricks.as_strided(words, shape=(2, k), strides=(shift * size, step * size))
 
     def read(self) -> bytes:
-        if self.tail is None:
-            return b"" if self.windows is None else self.windows.tobytes()
-        return self.windows.tobytes() + self.tail.tobytes()
+        return b"" if self.view is None else self.view.tobytes()
 
 
 def stamp(t: torch.Tensor, on_free: Callable | None = None) -> tuple:
@@ -91,18 +99,22 @@ def same_stamp(t: torch.Tensor, old: tuple) -> bool:
 # ---- the cache ----------------------------------------------------------------------------------
 def cached(kind: str, sources: tuple[torch.Tensor, ...], key: tuple, build: Callable[[], T]) -> T:
     """``build()``, or its cached result for these source tensors' contents, unchanged, and ``key``."""
-    for t in sources:
-        if t.is_inference():  # no version counter: a change could not be seen, so never cache
-            return build()
-    k = (kind, *[(t.data_ptr(), t.dtype, t.shape, t.stride()) for t in sources], *key)
-    hit = _entries.get(k)
-    if hit is not None:
-        stamps = hit[0]
-        for i in range(len(sources)):  # a plain loop: a generator would double a hit's cost
-            if not same_stamp(sources[i], stamps[i]):
-                break
-        else:
+    if len(sources) == 1:  # the common case (hot path of every GPU call), inlined
+        t = sources[0]
+        k = (kind, t.data_ptr(), t.dtype, t.shape, t.stride(), key)
+        hit = _entries.get(k)
+        if hit is not None:
+            old = hit[0][0]
+            if (old[0]() is t.untyped_storage() and t.data_ptr() == old[1] and not t.is_inference()
+                    and t._version == old[2] and (old[3] is None or old[3].read() == old[4])):
+                return hit[1]  # type: ignore[return-value]
+    else:
+        k = (kind, *[(t.data_ptr(), t.dtype, t.shape, t.stride()) for t in sources], key)
+        hit = _entries.get(k)
+        if hit is not None and all(not t.is_inference() and same_stamp(t, old) for t, old in zip(sources, hit[0])):
             return hit[1]  # type: ignore[return-value]
+    if any(t.is_inference() for t in sources):  # no version counter: a change could not be seen, so never cache
+        return build()
     value = build()
     forget = lambda _ref, k=k: _entries.pop(k, None)  # noqa: E731  (the first freed storage ends the entry)
     _entries[k] = (tuple(stamp(t, forget) for t in sources), value)

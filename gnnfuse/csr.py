@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._tensor_cache import cached, clear, same_stamp, stamp
+from ._tensor_cache import cached, clear, stamp
 from ._validate import (
     INDEX_DTYPES,
     INT32_MAX,
@@ -198,11 +198,12 @@ class CSR:
                 reference.assert_valid_csr(self.rowptr, self.col, self.perm, self.num_src)
             return self
         held = self._stamps
-        if held is not None:
-            tensors, stamps = held
+        if held is not None:  # inlined stamp comparison (see _stamp): about 1 us
             r, c, p = self.rowptr, self.col, self.perm
-            if (r is tensors[0] and c is tensors[1] and p is tensors[2] and same_stamp(r, stamps[0])
-                    and same_stamp(c, stamps[1]) and same_stamp(p, stamps[2])):
+            (r0, c0, p0), (rs, cs, ps) = held
+            if (r is r0 and c is c0 and p is p0 and r.data_ptr() == rs[1] and c.data_ptr() == cs[1]
+                    and p.data_ptr() == ps[1] and r._version == rs[2] and c._version == cs[2] and p._version == ps[2]
+                    and (rs[3] is None or (rs[3].read() == rs[4] and cs[3].read() == cs[4] and ps[3].read() == ps[4]))):
                 return self
         return self.validate()
 
@@ -240,11 +241,15 @@ class CSR:
         require_fits_index("CSR", col.dtype, edges=col.shape[0], nodes=max(self.num_src, rowptr.shape[0] - 1))
 
     def _stamp(self) -> None:
+        """Records (tensor objects, their stamps) for checked(). The stamps hold the storages
+        strongly (each is (storage, data pointer, version, fingerprint reader, fingerprint)): the
+        fingerprinted memory stays readable, and while the old storage lives no other can take
+        its address, so an unchanged data pointer of the same tensor object means the same storage."""
         tensors = (self.rowptr, self.col, self.perm)
         if any(t.is_inference() for t in tensors):
             self._stamps = None  # no version counter: re-validated on every use, derived state not kept
             return
-        self._stamps = (tensors, tuple(stamp(t) for t in tensors))
+        self._stamps = (tensors, tuple((t.untyped_storage(),) + stamp(t)[1:] for t in tensors))
 
 
 def expand_rowptr(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:

@@ -122,28 +122,36 @@ void validate_csr_kernel(const index_t* rowptr, int64_t num_dst, const index_t* 
                          " entries; rowptr must end at the number of edges"));
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(),
                                                                 std::max(num_dst, E) / kMinEdgesPerChunk));
-  std::vector<int64_t> bad_row(chunks, -1), bad_col(chunks, -1), bad_perm(chunks, -1), dup_perm(chunks, -1);
-  // perm: a bitmap of the edge ids seen; fetch_or tells whether an id was already there
-  std::vector<uint64_t> seen((E + 63) / 64, 0);
+  std::vector<int64_t> bad_row(chunks, -1), bad_col(chunks, -1), bad_perm(chunks, -1);
+  std::vector<char> identity(chunks, 1);  // perm[e] == e throughout the chunk (then no marking pass)
+  // Branch-free scans (they vectorise); a chunk that fails is scanned again for the first bad position.
   at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
     for (int64_t c = cb; c < ce; ++c) {
-      for (int64_t r = num_dst * c / chunks, end = num_dst * (c + 1) / chunks; r < end; ++r) {
-        if (rowptr[r + 1] < rowptr[r]) {
-          bad_row[c] = r;
-          break;
-        }
+      const int64_t rb = num_dst * c / chunks, re = num_dst * (c + 1) / chunks;
+      bool drops = false;
+      for (int64_t r = rb; r < re; ++r) drops |= rowptr[r + 1] < rowptr[r];
+      if (drops) {
+        for (int64_t r = rb; r < re && bad_row[c] < 0; ++r) bad_row[c] = rowptr[r + 1] < rowptr[r] ? r : -1;
       }
       const int64_t begin = E * c / chunks, end = E * (c + 1) / chunks;
-      check_range(col, begin, end, num_src, bad_col[c]);
-      check_range(perm, begin, end, E, bad_perm[c]);
-      if (bad_perm[c] >= 0) continue;
-      for (int64_t e = begin; e < end; ++e) {
-        const uint64_t v = static_cast<uint64_t>(perm[e]), bit = uint64_t{1} << (v & 63);
-        if (__atomic_fetch_or(&seen[v >> 6], bit, __ATOMIC_RELAXED) & bit) {
-          dup_perm[c] = e;
-          break;
-        }
+      index_t col_min = 0, col_max = 0, perm_min = 0, perm_max = 0;
+      int64_t moved = 0;  // OR of perm[e] ^ e: zero exactly when perm is the identity here
+      if (begin < end) col_min = col_max = col[begin], perm_min = perm_max = perm[begin];
+      for (int64_t e = begin; e < end; ++e) {  // min/max reductions: vectorised by the compiler
+        col_min = std::min(col_min, col[e]);
+        col_max = std::max(col_max, col[e]);
       }
+      for (int64_t e = begin; e < end; ++e) {
+        perm_min = std::min(perm_min, perm[e]);
+        perm_max = std::max(perm_max, perm[e]);
+        moved |= int64_t(perm[e]) ^ e;
+      }
+      const bool col_bad = col_min < 0 || int64_t(col_max) >= num_src;
+      const bool perm_bad = perm_min < 0 || int64_t(perm_max) >= E;
+      const bool same = moved == 0;
+      if (col_bad) check_range(col, begin, end, num_src, bad_col[c]);
+      if (perm_bad) check_range(perm, begin, end, E, bad_perm[c]);
+      identity[c] = same;
     }
   });
   for (int64_t c = 0; c < chunks; ++c) {
@@ -161,10 +169,35 @@ void validate_csr_kernel(const index_t* rowptr, int64_t num_dst, const index_t* 
     TORCH_CHECK_INDEX(e < 0, text("CSR.perm contains edge id ", int64_t(perm[e]), " at CSR position ", e,
                                   ", outside [0, ", E, ")"));
   }
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t e = dup_perm[c];
-    TORCH_CHECK_VALUE(e < 0, text("CSR.perm is not a permutation: edge id ", int64_t(perm[e]),
-                                  " appears more than once (again at CSR position ", e, ")"));
+  if (std::all_of(identity.begin(), identity.end(), [](char same) { return same != 0; })) return;
+  // E ids, all in [0, E): a permutation exactly when every id is hit. A bitmap of the ids (E / 8
+  // bytes: stays in cache); each thread owns a word-aligned range of ids and scans all of perm,
+  // setting only its own bits, so no two threads write one word.
+  const int64_t words = (E + 63) / 64;
+  std::vector<uint64_t> seen(words, 0);
+  std::vector<char> complete(chunks, 1);
+  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      const int64_t wb = words * c / chunks, we = words * (c + 1) / chunks;
+      const uint64_t lo = uint64_t(wb) * 64, span = uint64_t(we - wb) * 64;
+      for (int64_t e = 0; e < E; ++e) {
+        const uint64_t v = uint64_t(perm[e]);
+        if (v - lo < span) seen[v >> 6] |= uint64_t{1} << (v & 63);
+      }
+      for (int64_t w = wb; w < we; ++w) {
+        const int64_t bits = std::min<int64_t>(64, E - w * 64);
+        const uint64_t full = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+        if (seen[w] != full) complete[c] = 0;
+      }
+    }
+  });
+  if (std::all_of(complete.begin(), complete.end(), [](char ok) { return ok != 0; })) return;
+  std::vector<uint8_t> repeat(E, 0);
+  // Not a permutation: name the first repeated id (a sequential pass, on failure only).
+  for (int64_t e = 0; e < E; ++e) {
+    TORCH_CHECK_VALUE(!repeat[perm[e]], text("CSR.perm is not a permutation: edge id ", int64_t(perm[e]),
+                                             " appears more than once (again at CSR position ", e, ")"));
+    repeat[perm[e]] = 1;
   }
 }
 

@@ -43,6 +43,8 @@ _entries: dict[tuple, tuple[tuple[tuple, ...], object]] = {}
 
 # ---- stamps ----------------------------------------------------------------------------------------
 def _span_bytes(t: torch.Tensor) -> int:
+    if t.is_contiguous():
+        return t.numel() * t.element_size()
     if t.numel() == 0:
         return 0
     return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
@@ -54,26 +56,26 @@ class _Fingerprint:
     it is read only after the stamp has confirmed that the tensor in hand still owns that memory."""
 
     __slots__ = ("view",)
-    _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+    _UNSIGNED = {n: np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
 
     def __init__(self, t: torch.Tensor):
         span = _span_bytes(t)
         if span == 0:
             self.view = None
             return
-        item = t.element_size()
-        words = np.frombuffer((ctypes.c_char * span).from_address(t.data_ptr()), dtype=self._UNSIGNED.get(item, np.uint8))
-        n = words.size
+        dtype = self._UNSIGNED.get(t.element_size(), self._UNSIGNED[1])
+        memory = (ctypes.c_char * span).from_address(t.data_ptr())
+        size = dtype.itemsize
+        n = span // size
         if span <= FULL_BYTES:
-            self.view = words
+            self.view = np.ndarray((n,), dtype=dtype, buffer=memory)
             return
         # two rows of SAMPLES // 2 evenly spaced elements: the first row starts at the first
         # element, the second ends at the last one (one strided view: a single read)
         k = SAMPLES // 2
         step = (n - 1) // (k - 1)
         shift = (n - 1) - (k - 1) * step
-        size = words.itemsize
-        self.view = np.lib.stride_tricks.as_strided(words, shape=(2, k), strides=(shift * size, step * size))
+        self.view = np.ndarray((2, k), dtype=dtype, buffer=memory, strides=(shift * size, step * size))
 
     def read(self) -> bytes:
         return b"" if self.view is None else self.view.tobytes()

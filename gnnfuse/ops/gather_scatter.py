@@ -192,10 +192,12 @@ def fused_gather_scatter(
         x: [N_src, *feat] node features (float16, bfloat16, float32, float64).
         edge_index_or_csr: PyG ``edge_index`` [2, E] (row 0 source, row 1 target; int32 or
             int64), a PyG ``EdgeIndex``, or a :class:`gnnfuse.CSR`. A raw tensor is sorted
-            once and cached on that tensor object.
+            once and cached on its memory (see gnnfuse._tensor_cache); a hand-built CSR is
+            validated on first use. Out-of-range ids raise :class:`gnnfuse.IndexOutOfRange`.
         reduce: "sum" | "mean" | "max" | "min" | "mul". Empty target rows give 0.
         edge_weight: optional [E] weights in edge_index order, cast to x's dtype; differentiable.
-        num_nodes: number of target nodes (default: ``x.size(0)``, or the CSR's row count).
+        num_nodes: number of target nodes, any integer type (default: ``x.size(0)``, or the CSR's
+            row count).
         backend: "auto" | "cpu" | "triton" | "reference" (env ``GNNFUSE_BACKEND`` replaces "auto").
 
     Returns:

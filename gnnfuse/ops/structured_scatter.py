@@ -174,8 +174,8 @@ def structured_scatter_add(
         check_bounds: every flat index must lie in [0, map_size). True (default) checks it and
             raises ValueError naming the first bad atom: on CPU from the per-atom min/max of wa
             and wbwc rows (free), on GPU inside the scatter kernel (one host sync after it; a
-            pass is remembered on the wa/wbwc tensor objects while their in-place version
-            counters are unchanged, so a loop over the same index tensors syncs once).
+            pass is remembered on the wa/wbwc tensors while they are unchanged, as
+            gnnfuse._tensor_cache defines it, so a loop over the same index tensors syncs once).
             False skips the check on the caller's guarantee; out-of-range elements are then
             dropped (never written out of bounds).
         backend: "auto" | "cpu" | "triton" | "reference" (env ``GNNFUSE_BACKEND`` replaces "auto").

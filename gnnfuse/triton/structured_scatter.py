@@ -192,6 +192,6 @@ def _launch(kernel, op: str, src: torch.Tensor, dst: torch.Tensor, wa: torch.Ten
 
 
 def _bounds_checked(wa: torch.Tensor, wbwc: torch.Tensor, map_size: int) -> list[bool]:
-    """[True] once these wa/wbwc objects passed the bounds check against map_size, unchanged since
-    (their in-place version counters): a loop over the same index tensors syncs for the check once."""
+    """[True] once these wa/wbwc passed the bounds check against map_size, unchanged since (as
+    gnnfuse._tensor_cache defines it): a loop over the same index tensors syncs for the check once."""
     return cached("bounds_checked", (wa, wbwc), (map_size,), lambda: [False])

@@ -17,8 +17,10 @@ plus extra hashable values, and it is served only while every source still passe
     everything would cost as much as the work the cache saves). On CUDA no fingerprint is taken
     (reading device memory would need a host sync): only storage, pointer and version are checked.
 
-Inference tensors (made under ``torch.inference_mode()``) have no version counter: values derived
-from them are never cached, just built (correct, at the cost of rebuilding on each call).
+Inference tensors (made under ``torch.inference_mode()``) have no version counter, and tensor
+subclasses (a PyG ``EdgeIndex`` wraps its data: pass ``as_tensor()``) may have no storage of their
+own: values derived from either are never cached, just built (correct, at the cost of rebuilding
+on each call).
 An entry dies with the first of its sources' storages to be freed.
 
 Code that Dynamo may trace must not use the cache while compiling (a hit is Python state that would
@@ -37,7 +39,8 @@ import torch
 
 T = TypeVar("T")
 FULL_BYTES = 512  # spans up to this size are fingerprinted whole
-SAMPLES = 32  # 8-byte words read from a larger span
+SAMPLES = 32  # elements read from a larger span
+PLAIN = (torch.Tensor, torch.nn.Parameter)  # types whose data_ptr/storage are their own memory
 _entries: dict[tuple, tuple[tuple[tuple, ...], object]] = {}
 
 
@@ -103,6 +106,8 @@ def cached(kind: str, sources: tuple[torch.Tensor, ...], key: tuple, build: Call
     """``build()``, or its cached result for these source tensors' contents, unchanged, and ``key``."""
     if len(sources) == 1:  # the common case (hot path of every GPU call), inlined
         t = sources[0]
+        if type(t) not in PLAIN:
+            return build()
         k = (kind, t.data_ptr(), t.dtype, t.shape, t.stride(), key)
         hit = _entries.get(k)
         if hit is not None:
@@ -111,11 +116,13 @@ def cached(kind: str, sources: tuple[torch.Tensor, ...], key: tuple, build: Call
                     and t._version == old[2] and (old[3] is None or old[3].read() == old[4])):
                 return hit[1]  # type: ignore[return-value]
     else:
+        if any(type(t) not in PLAIN for t in sources):
+            return build()
         k = (kind, *[(t.data_ptr(), t.dtype, t.shape, t.stride()) for t in sources], key)
         hit = _entries.get(k)
         if hit is not None and all(not t.is_inference() and same_stamp(t, old) for t, old in zip(sources, hit[0])):
             return hit[1]  # type: ignore[return-value]
-    if any(t.is_inference() for t in sources):  # no version counter: a change could not be seen, so never cache
+    if any(type(t) not in PLAIN or t.is_inference() for t in sources):  # see the module docstring
         return build()
     value = build()
     forget = lambda _ref, k=k: _entries.pop(k, None)  # noqa: E731  (the first freed storage ends the entry)

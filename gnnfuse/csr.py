@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._tensor_cache import cached, clear, stamp
+from ._tensor_cache import PLAIN, cached, clear, stamp
 from ._validate import (
     INDEX_DTYPES,
     INT32_MAX,
@@ -246,8 +246,8 @@ class CSR:
         fingerprinted memory stays readable, and while the old storage lives no other can take
         its address, so an unchanged data pointer of the same tensor object means the same storage."""
         tensors = (self.rowptr, self.col, self.perm)
-        if any(t.is_inference() for t in tensors):
-            self._stamps = None  # no version counter: re-validated on every use, derived state not kept
+        if any(type(t) not in PLAIN or t.is_inference() for t in tensors):
+            self._stamps = None  # no version counter or own storage: re-validated on every use, nothing kept
             return
         self._stamps = (tensors, tuple((t.untyped_storage(),) + stamp(t)[1:] for t in tensors))
 
@@ -320,8 +320,9 @@ def _from_pyg_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -
 def csr_for_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -> CSR:
     if torch.compiler.is_compiling():  # the cache is Python state; inside a graph just build it
         return CSR.from_edge_index(edge_index, (num_src, num_dst))
-    return cached("csr", (edge_index,), (num_src, num_dst),
-                  lambda: CSR.from_edge_index(edge_index, (num_src, num_dst)))
+    # a PyG EdgeIndex wraps its data (no storage of its own): key the cache on that data
+    source = edge_index if type(edge_index) is torch.Tensor else getattr(edge_index, "as_tensor", lambda: edge_index)()
+    return cached("csr", (source,), (num_src, num_dst), lambda: CSR.from_edge_index(edge_index, (num_src, num_dst)))
 
 
 def clear_cache() -> None:

@@ -470,3 +470,17 @@ def test_fuzz_corrupted_hand_built_graphs():
     pytest.importorskip("torch_geometric")
     out = run_isolated(FUZZ.replace("SEED", "1234").replace("TRIALS", "300"))
     assert "raised" in out and "matched" in out
+
+
+def test_pyg_edge_index_is_cached_on_its_data():
+    pyg = pytest.importorskip("torch_geometric")
+    from gnnfuse import _tensor_cache
+
+    clear_cache()
+    data = random_graph(12, 12, 60, seed=12)
+    ei = pyg.EdgeIndex(data, sparse_size=(12, 12)).sort_by("col")[0]
+    x = torch.randn(12, 3)
+    first = gnnfuse.fused_gather_scatter(x, ei)
+    assert len(_tensor_cache._entries) == 1  # keyed on the wrapped data (the wrapper has no storage)
+    torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, ei), first)
+    assert len(_tensor_cache._entries) == 1

@@ -484,3 +484,17 @@ def test_pyg_edge_index_is_cached_on_its_data():
     assert len(_tensor_cache._entries) == 1  # keyed on the wrapped data (the wrapper has no storage)
     torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, ei), first)
     assert len(_tensor_cache._entries) == 1
+
+
+def test_hand_built_csr_is_checked_inside_a_compiled_graph():
+    edge_index = torch.tensor([[0, 1, 2, 2, 3], [1, 2, 0, 1, 3]])
+    good = CSR.from_edge_index(edge_index, 4, index_dtype=torch.int64)
+    compiled = torch.compile(lambda x, csr: gnnfuse.fused_gather_scatter(x, csr, "sum"), fullgraph=True)
+    x = torch.randn(4, 3, requires_grad=True)
+    hand = CSR(good.rowptr.clone(), good.col.clone(), good.perm.clone(), 4)  # never validated eagerly
+    out = compiled(x, hand)
+    out.sum().backward()
+    torch.testing.assert_close(out, gnnfuse.fused_gather_scatter(x, good))
+    bad = CSR(good.rowptr.clone(), torch.tensor([0, 1, 99, 2, 3]), good.perm.clone(), 4)
+    with pytest.raises(RuntimeError, match="CSR.col has a node id outside"):  # a device-side assertion
+        compiled(x, bad)

@@ -53,7 +53,7 @@ def _span_bytes(t: torch.Tensor) -> int:
     return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
 
-class _Fingerprint:
+class Fingerprint:
     """Reads the fingerprinted elements of a CPU tensor straight from its memory (see the module
     docstring). It holds no reference to the storage (the cache must not keep tensors alive), so
     it is read only after the stamp has confirmed that the tensor in hand still owns that memory."""
@@ -88,7 +88,7 @@ def stamp(t: torch.Tensor, on_free: Callable | None = None) -> tuple:
     """What must stay the same for a value derived from ``t`` to still hold: (weak reference to its
     storage, data pointer, version, fingerprint reader or None on CUDA, fingerprint). ``on_free``
     is called when the storage is freed. Not for inference tensors (no version counter)."""
-    reader = _Fingerprint(t) if t.is_cpu else None
+    reader = Fingerprint(t) if t.is_cpu else None
     storage = weakref.ref(t.untyped_storage(), on_free)
     return storage, t.data_ptr(), t._version, reader, None if reader is None else reader.read()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._tensor_cache import PLAIN, cached, clear, stamp
+from ._tensor_cache import PLAIN, Fingerprint, cached, clear
 from ._validate import (
     INDEX_DTYPES,
     INT32_MAX,
@@ -249,7 +249,11 @@ class CSR:
         if any(type(t) not in PLAIN or t.is_inference() for t in tensors):
             self._stamps = None  # no version counter or own storage: re-validated on every use, nothing kept
             return
-        self._stamps = (tensors, tuple((t.untyped_storage(),) + stamp(t)[1:] for t in tensors))
+        stamps = []
+        for t in tensors:
+            reader = Fingerprint(t) if t.is_cpu else None
+            stamps.append((t.untyped_storage(), t.data_ptr(), t._version, reader, reader and reader.read()))
+        self._stamps = (tensors, tuple(stamps))
 
 
 def expand_rowptr(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:

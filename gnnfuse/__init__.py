@@ -9,4 +9,5 @@ from .ops.planarity import planarity_nll
 from .ops.structured_scatter import structured_scatter_add
 from . import nn  # noqa: E402  (PyG drop-in; imports torch_geometric lazily)
 
-__all__ = ["CSR", "IndexOutOfRange", "KernelPlan", "REDUCTIONS", "explain", "fused_gather_scatter", "nn", "planarity_nll", "show_config", "structured_scatter_add"]
+__all__ = ["CSR", "IndexOutOfRange", "KernelPlan", "REDUCTIONS", "explain", "fused_gather_scatter", "nn",
+           "planarity_nll", "show_config", "structured_scatter_add"]

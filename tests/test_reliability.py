@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ import torch
 
 import gnnfuse
 from gnnfuse import CSR, IndexOutOfRange, reference
-from gnnfuse.csr import clear_cache, csr_for_edge_index
+from gnnfuse.csr import clear_cache
 from gnnfuse.testing import random_graph
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -403,6 +403,16 @@ def test_planarity_rejects_non_positive_sigma(sigma):
             gnnfuse.planarity_nll(xyz, groups, backend=backend)
 
 
+def test_planarity_sigma_check_is_redone_after_an_in_place_change():
+    xyz = torch.randn(5, 3)
+    sigma = torch.tensor([0.5, 0.7])
+    groups = [(torch.tensor([[0, 1, 2], [1, 3, 4]]), sigma)]
+    gnnfuse.planarity_nll(xyz, groups)  # the pass is remembered on the unchanged tensor
+    sigma[0] = -1.0
+    with pytest.raises(ValueError, match=r"sigma\[0\] = -1.0"):
+        gnnfuse.planarity_nll(xyz, groups)
+
+
 def test_csr_help_shows_only_public_arguments():
     params = list(inspect.signature(CSR).parameters)
     assert params == ["rowptr", "col", "perm", "num_src"]

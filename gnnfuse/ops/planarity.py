@@ -20,6 +20,7 @@ import torch
 
 from .. import reference
 from .._build import load_extension
+from .._tensor_cache import cached
 from .._validate import (
     INDEX_DTYPES,
     IndexOutOfRange,
@@ -225,17 +226,28 @@ def _check_groups(xyz: torch.Tensor, plane_groups) -> tuple[list[torch.Tensor], 
 
 def _check_sigmas_positive(sigmas: list[torch.Tensor]) -> None:
     """A sigma <= 0 (or NaN) would give a NaN or infinite loss silently. On CPU: ValueError naming
-    the bucket and plane. On CUDA and while tracing: a device-side assertion (no host sync)."""
+    the bucket and plane. On CUDA and while tracing: a device-side assertion (no host sync). A
+    pass is remembered on the unchanged sigma tensors (gnnfuse._tensor_cache): constant sigmas,
+    the usual case, are checked once, not on every refinement step."""
+    compiling = torch.compiler.is_compiling()
     for b, s in enumerate(sigmas):
         if s.numel() == 0:
             continue
-        if s.is_cpu and not torch.compiler.is_compiling():
-            positive = s > 0
-            if not bool(positive.all()):
-                p = int(torch.nonzero(~positive)[0, 0])
-                raise ValueError(f"plane_groups[{b}] sigmas must be positive; sigma[{p}] = {float(s[p])}")
-        else:
+        if compiling:
             torch._assert_async((s > 0).all(), "planarity_nll: every sigma must be positive")
+        else:
+            cached("sigmas_positive", (s,), (b,), lambda b=b, s=s: _require_positive(b, s))
+
+
+def _require_positive(b: int, s: torch.Tensor) -> bool:
+    if not s.is_cpu:
+        torch._assert_async((s > 0).all(), "planarity_nll: every sigma must be positive")
+        return True
+    positive = s.detach() > 0
+    if not bool(positive.all()):
+        p = int(torch.nonzero(~positive)[0, 0])
+        raise ValueError(f"plane_groups[{b}] sigmas must be positive; sigma[{p}] = {float(s[p])}")
+    return True
 
 
 def _group_ok(group) -> bool:

@@ -15,17 +15,8 @@ namespace {
 constexpr int64_t kMaxHistogramEntries = int64_t{1} << 26;
 constexpr int64_t kMinEdgesPerChunk = int64_t{1} << 16;
 
-// bad_pos = the first e in [begin, end) with values[e] outside [0, limit) (left alone when there is
-// none). A branch-free min/max pass first (vectorised); the position search runs only on failure.
 template <typename index_t>
 void check_range(const index_t* values, int64_t begin, int64_t end, int64_t limit, int64_t& bad_pos) {
-  if (begin >= end) return;
-  index_t lo = values[begin], hi = values[begin];
-  for (int64_t e = begin; e < end; ++e) {
-    lo = std::min(lo, values[e]);
-    hi = std::max(hi, values[e]);
-  }
-  if (lo >= 0 && int64_t(hi) < limit) return;
   for (int64_t e = begin; e < end; ++e) {
     const int64_t v = values[e];
     if (v < 0 || v >= limit) {
@@ -143,11 +134,23 @@ void validate_csr_kernel(const index_t* rowptr, int64_t num_dst, const index_t* 
         for (int64_t r = rb; r < re && bad_row[c] < 0; ++r) bad_row[c] = rowptr[r + 1] < rowptr[r] ? r : -1;
       }
       const int64_t begin = E * c / chunks, end = E * (c + 1) / chunks;
-      check_range(col, begin, end, num_src, bad_col[c]);
-      check_range(perm, begin, end, E, bad_perm[c]);
+      index_t col_min = 0, col_max = 0, perm_min = 0, perm_max = 0;
       int64_t moved = 0;  // OR of perm[e] ^ e: zero exactly when perm is the identity here
-      for (int64_t e = begin; e < end; ++e) moved |= int64_t(perm[e]) ^ e;
+      if (begin < end) col_min = col_max = col[begin], perm_min = perm_max = perm[begin];
+      for (int64_t e = begin; e < end; ++e) {  // min/max reductions: vectorised by the compiler
+        col_min = std::min(col_min, col[e]);
+        col_max = std::max(col_max, col[e]);
+      }
+      for (int64_t e = begin; e < end; ++e) {
+        perm_min = std::min(perm_min, perm[e]);
+        perm_max = std::max(perm_max, perm[e]);
+        moved |= int64_t(perm[e]) ^ e;
+      }
+      const bool col_bad = col_min < 0 || int64_t(col_max) >= num_src;
+      const bool perm_bad = perm_min < 0 || int64_t(perm_max) >= E;
       const bool same = moved == 0;
+      if (col_bad) check_range(col, begin, end, num_src, bad_col[c]);
+      if (perm_bad) check_range(perm, begin, end, E, bad_perm[c]);
       identity[c] = same;
     }
   });

@@ -6,7 +6,9 @@ For Cora (or a Cora-sized synthetic graph when the data is absent) and a ~1M-edg
                perm a permutation), which must stay a small fraction of the build;
   * checked    a repeated call's check of an unchanged CSR (stamp comparison), in microseconds,
                next to ``x.add(1)`` on a 3-element tensor as a same-process anchor of Python/dispatch speed;
-  * cache hit  the lookup of a raw edge_index's cached CSR.
+  * cache hit  the lookup of a raw edge_index's cached CSR;
+  * aminmax    torch.aminmax(col), one parallel torch reduction over the edges: an anchor for what
+               any parallel pass costs on the machine at that moment.
 Build and validate are timed interleaved (median of rounds); the microsecond calls with timeit.
 
     python -m benchmarks.bench_validation
@@ -41,22 +43,23 @@ def graphs() -> dict[str, tuple[torch.Tensor, int]]:
 def main() -> None:
     info = machine("cpu")
     print(f"# validation cost, {device_label('cpu')}, torch {torch.__version__}, {info.get('date', '')}")
-    print("| graph | nodes | edges | build ms | validate ms | validate / build | checked us (median, min) "
-          "| cache hit us | x.add(1) us |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| graph | nodes | edges | build ms | validate ms | validate / build | aminmax(col) ms "
+          "| checked us (median, min) | cache hit us | x.add(1) us |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, (edge_index, n) in graphs().items():
         built = gnnfuse.CSR.from_edge_index(edge_index, n)
         hand = gnnfuse.CSR(built.rowptr.clone(), built.col.clone(), built.perm.clone(), n)
         times = bench_interleaved({"build": lambda: gnnfuse.CSR.from_edge_index(edge_index, n),
-                                   "validate": hand.validate}, rounds=21)
+                                   "validate": hand.validate, "aminmax": lambda: torch.aminmax(hand.col)}, rounds=21)
         build, validate = times["build"]["median_ms"], times["validate"]["median_ms"]
+        aminmax = times["aminmax"]["median_ms"]
         checked = _us(hand.checked)
         csr_for_edge_index(edge_index, n, n)
         hit = _us(lambda: csr_for_edge_index(edge_index, n, n))
         x = torch.ones(3)
         anchor = _us(lambda: x.add(1))
         print(f"| {name} | {n} | {edge_index.shape[1]} | {build:.3f} | {validate:.3f} | {validate / build:.1%} "
-              f"| {checked[0]:.2f}, {checked[1]:.2f} | {hit[0]:.2f} | {anchor[0]:.2f} |")
+              f"| {aminmax:.3f} | {checked[0]:.2f}, {checked[1]:.2f} | {hit[0]:.2f} | {anchor[0]:.2f} |")
 
 
 if __name__ == "__main__":

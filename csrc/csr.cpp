@@ -169,29 +169,21 @@ void validate_csr_kernel(const index_t* rowptr, int64_t num_dst, const index_t* 
     TORCH_CHECK_INDEX(e < 0, text("CSR.perm contains edge id ", int64_t(perm[e]), " at CSR position ", e,
                                   ", outside [0, ", E, ")"));
   }
-  if (std::all_of(identity.begin(), identity.end(), [](char same) { return same != 0; })) return;
+  if (E == 0 || std::all_of(identity.begin(), identity.end(), [](char same) { return same != 0; })) return;
   // E ids, all in [0, E): a permutation exactly when every id is hit. A bitmap of the ids (E / 8
-  // bytes: stays in cache); each thread owns a word-aligned range of ids and scans all of perm,
-  // setting only its own bits, so no two threads write one word.
+  // bytes: stays in cache), filled by one thread: a parallel fill would need atomics or every
+  // thread reading all of perm, and this pass is already a small part of the check.
   const int64_t words = (E + 63) / 64;
   std::vector<uint64_t> seen(words, 0);
-  std::vector<char> complete(chunks, 1);
-  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
-    for (int64_t c = cb; c < ce; ++c) {
-      const int64_t wb = words * c / chunks, we = words * (c + 1) / chunks;
-      const uint64_t lo = uint64_t(wb) * 64, span = uint64_t(we - wb) * 64;
-      for (int64_t e = 0; e < E; ++e) {
-        const uint64_t v = uint64_t(perm[e]);
-        if (v - lo < span) seen[v >> 6] |= uint64_t{1} << (v & 63);
-      }
-      for (int64_t w = wb; w < we; ++w) {
-        const int64_t bits = std::min<int64_t>(64, E - w * 64);
-        const uint64_t full = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
-        if (seen[w] != full) complete[c] = 0;
-      }
-    }
-  });
-  if (std::all_of(complete.begin(), complete.end(), [](char ok) { return ok != 0; })) return;
+  for (int64_t e = 0; e < E; ++e) {
+    const uint64_t v = uint64_t(perm[e]);
+    seen[v >> 6] |= uint64_t{1} << (v & 63);
+  }
+  bool complete = true;
+  for (int64_t w = 0; w + 1 < words; ++w) complete &= seen[w] == ~uint64_t{0};
+  const int64_t tail = E - (words - 1) * 64;
+  complete &= seen[words - 1] == (tail == 64 ? ~uint64_t{0} : (uint64_t{1} << tail) - 1);
+  if (complete) return;
   std::vector<uint8_t> repeat(E, 0);
   // Not a permutation: name the first repeated id (a sequential pass, on failure only).
   for (int64_t e = 0; e < E; ++e) {

@@ -43,7 +43,8 @@ HIDDEN = {"gcn": 16, "sage": 64, "gin": 64}
 # ---- data --------------------------------------------------------------------------------------------
 def load_dataset(name: str, root: str | None = None, split_seed: int = 0, quiet: bool = False):
     """(Data, name actually used). Falls back to the synthetic graph, with a message, when data is missing."""
-    from gnnfuse.datasets import _cache_dir, data_root, load_facebook, load_planetoid, synthetic_node_classification
+    from gnnfuse.datasets import _cache_dir, find, load_facebook, load_planetoid, missing_message
+    from gnnfuse.datasets import synthetic_node_classification
 
     def say(msg):
         if not quiet:
@@ -51,29 +52,26 @@ def load_dataset(name: str, root: str | None = None, split_seed: int = 0, quiet:
 
     if name == "synthetic":
         return synthetic_node_classification(split_seed), "synthetic"
-    base = Path(root) if root else data_root()
     data = None
-    if name == "Facebook":
-        data = load_facebook(base, seed=split_seed) if base else None
-        where = f"{base}/musae-facebook" if base else "--root, $GNNFUSE_DATA or ../shared/data"
+    if name == "Facebook":  # each dataset is looked up on its own: one folder may hold Cora but not Facebook
+        data = load_facebook(root, seed=split_seed)
         if data is None:
-            say(f"Facebook Page-Page not found in {where} (facebook_edges.csv, facebook_features.json, "
-                "facebook_target.csv; see the MUSAE repository). Training on a synthetic graph instead.")
+            say(missing_message(name, root) + " Training on a synthetic graph instead.")
     else:
-        data = load_planetoid(name, base) if base else None
+        data = load_planetoid(name, root) if find(name, root) else None
         if data is None:  # PyG's normal route: download the raw files (into --root, else a cache dir)
             from torch_geometric.datasets import Planetoid
 
             target = Path(root) if root else _cache_dir() / "planetoid-download"
-            say(f"{name}: no raw files under {base or '--root / $GNNFUSE_DATA / ../shared/data'}; "
+            say(f"{name}: no raw files under --root / $GNNFUSE_DATA / the user cache / ../shared/data; "
                 f"trying PyG's download into {target} ...")
             old = socket.getdefaulttimeout()
             socket.setdefaulttimeout(20)
             try:
                 data = Planetoid(str(target), name)[0]
             except Exception as exc:  # noqa: BLE001  (offline, blocked, ...)
-                say(f"{name} is not reachable ({type(exc).__name__}: {str(exc)[:120]}). Point --root or "
-                    "GNNFUSE_DATA at a folder holding planetoid/<Name>/raw. Training on a synthetic graph instead.")
+                say(f"{name} is not reachable ({type(exc).__name__}: {str(exc)[:120]}). "
+                    + missing_message(name, root) + " Training on a synthetic graph instead.")
             finally:
                 socket.setdefaulttimeout(old)
     if data is None:

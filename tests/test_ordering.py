@@ -126,6 +126,7 @@ def test_locality_stats():
     assert "distinct rows/edge" in str(rand) and rand.reuse == pytest.approx(1 - rand.distinct_fraction)
     empty = gnnfuse.locality_stats(CSR.from_edge_index(torch.empty(2, 0, dtype=torch.long), 3))
     assert empty.windows == 0
+    assert "locality: distinct rows/edge" in gnnfuse.explain(torch.randn(10_000, 4), graphs.mesh(100, 100)).notes
     bip = gnnfuse.locality_stats(CSR.from_edge_index(random_graph(30, 20, 100, seed=7), (30, 20)))
     assert bip.log_gap is None
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import time
 from unittest import mock
@@ -237,6 +238,8 @@ def main(argv=None):
     import torch_geometric
 
     meta["torch_geometric"] = torch_geometric.__version__
+    if hasattr(os, "getloadavg"):
+        meta["load_average_1min_at_start"] = round(os.getloadavg()[0], 2)
     name = f"e2e_{device_label(device)}{args.tag}"
     notes = __doc__.split("\n\n", 2)[2]
     for gname in args.graphs.split(","):

@@ -53,6 +53,8 @@ def reorder(edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = 
     if n == 0 or method == "identity":
         return torch.arange(n, device=device)
     if method == "auto":
+        if n < AUTO_MIN_NODES:  # choose_method's first rule, before paying for a CSR
+            return torch.arange(n, device=device)
         csr = CSR.from_edge_index(edge_index, n)
         method = choose_method(csr)
         if method == "identity":

@@ -67,7 +67,8 @@ def run_graph(name, args, device, rows):
     g = torch.Generator(device=device).manual_seed(0)
     x0 = torch.randn(n, args.width, generator=g, device=device)
     y0 = torch.randint(0, args.classes, (n,), generator=g, device=device)
-    variants = {"generated": dict(edge_index=generated, x=x0, y=y0), "scrambled": dict(edge_index=scrambled, x=x0, y=y0)}
+    variants = {"generated": dict(edge_index=generated, x=x0, y=y0),
+                "scrambled": dict(edge_index=scrambled, x=x0, y=y0)}
     for method in methods:
         try:
             perm, t_reorder = _timed(lambda: reorder(scrambled, n, method), device)
@@ -95,7 +96,8 @@ def run_graph(name, args, device, rows):
     for label, v in variants.items():
         s = v["stats"]
         r = dict(graph=name, nodes=n, edges=scrambled.shape[1], F=args.width, order=label,
-                 distinct_per_edge=round(s.distinct_fraction, 3), log_gap=None if s.log_gap is None else round(s.log_gap, 3),
+                 distinct_per_edge=round(s.distinct_fraction, 3),
+                 log_gap=None if s.log_gap is None else round(s.log_gap, 3),
                  reorder_s=v.get("reorder_s"), csr_build_s=v["csr_s"],
                  ours_ms=fwd[f"{label}|ours"]["median_ms"], sparse_mm_ms=fwd[f"{label}|sparse.mm"]["median_ms"])
         for k, key in (("ours", "ours_ms"), ("sparse.mm", "sparse_mm_ms")):
@@ -115,7 +117,8 @@ def run_graph(name, args, device, rows):
                                if k not in ("graph", "nodes", "edges", "F")), flush=True)
 
 
-COLUMNS = ["graph", "nodes", "edges", "F", "order", "distinct_per_edge", "log_gap", "reorder_s", "csr_build_s", "ours_ms",
+COLUMNS = ["graph", "nodes", "edges", "F", "order", "distinct_per_edge", "log_gap", "reorder_s", "csr_build_s",
+           "ours_ms",
            "sparse_mm_ms", "ours_vs_sparse_mm", "x_ours_vs_scrambled", "x_sparse.mm_vs_scrambled", "recovered_ours",
            "recovered_sparse.mm", "epoch_ms", "epoch_saving_ms", "break_even_epochs"]
 

@@ -210,7 +210,8 @@ def parse_args(argv=None):
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--split-seed", type=int, default=0, help="seed of the Facebook / synthetic random split")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
-    p.add_argument("--reorder", default="none", choices=["none", "auto", "identity", "degree", "rcm", "metis", "community"],
+    p.add_argument("--reorder", default="none",
+                   choices=["none", "auto", "identity", "degree", "rcm", "metis", "community"],
                    help="renumber the nodes with gnnfuse.transforms.Reorder(METHOD) before training")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bars")
     return p.parse_args(argv)

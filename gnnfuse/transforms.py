@@ -55,7 +55,8 @@ class Reorder(BaseTransform):
                 continue
             if not isinstance(value, torch.Tensor):
                 if hasattr(value, "sparse_sizes"):  # torch_sparse.SparseTensor
-                    raise ValueError(f"Reorder: attribute {key!r} is a SparseTensor; apply Reorder before ToSparseTensor")
+                    raise ValueError(f"Reorder: attribute {key!r} is a SparseTensor; "
+                                     "apply Reorder before ToSparseTensor")
                 continue
             if "index" in key or key == "face":
                 out[key] = inv.to(value.device, value.dtype)[value.long()]

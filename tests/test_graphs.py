@@ -89,7 +89,8 @@ def test_every_suite_graph_builds_small(name, order):
 
 def test_suite_registry_lists_realistic_graphs_first_and_rejects_unknown_names():
     names = list(graphs.SUITE)
-    assert names[: len(graphs.REALISTIC)] == graphs.REALISTIC and set(graphs.STRESS) == set(names) - set(graphs.REALISTIC)
+    assert names[: len(graphs.REALISTIC)] == graphs.REALISTIC
+    assert set(graphs.STRESS) == set(names) - set(graphs.REALISTIC)
     with pytest.raises(ValueError, match="unknown suite graph"):
         graphs.suite_graph("nope")
     with pytest.raises(ValueError, match="order"):

@@ -13,11 +13,12 @@ stock PyG (its edge_index path and its torch.sparse adj_t path, without torch_sc
 the same model from the same weights on the same ordered graph.
 
 Timing: each variant runs --warmup epochs, then --epochs consecutive epochs, timed one by one (median
-reported): what a training loop runs. (Timing one epoch per variant per round lets allocator churn of
-the variant with the largest footprint land on whichever runs next.) An epoch is split by synchronised
-timestamps into forward, loss, backward, the Adam step (``optimizer_ms``) and zero_grad (``other_ms``); the forward +
-backward is split into aggregation and dense work by timing the same gnnfuse model with every
-aggregation replaced by zeros (``dense_ms``, the linear layers, activations, dropout and autograd; the
+reported): what a training loop runs. (This benchmark used to time one epoch per variant per round;
+allocator churn of the variant with the largest footprint could then land on whichever ran next, which
+an independent H100 run suggested penalised the stock paths on GPU; not measured on CPU here.) An epoch
+is split by synchronised timestamps into forward, loss, backward, the Adam step (``optimizer_ms``) and
+zero_grad (``other_ms``); the forward + backward is split into aggregation and dense work by timing the
+same gnnfuse model with every aggregation replaced by zeros (``dense_ms``, the linear layers, activations, dropout and autograd; the
 same dense work for the stock variants except that gnnfuse's SAGE aggregates after its linear map when
 that narrows): ``aggregation_ms`` = forward + backward - dense_ms.
 """

@@ -61,8 +61,8 @@ def test_windowed_schedule_is_bitwise_the_global_one(reduce):
 def test_dispatch_measures_locality(monkeypatch):
     """With an L2 far smaller than x, community order gets windows and scrambled ids do not."""
     monkeypatch.setattr(schedule, "l2_cache_bytes", lambda device: 16 * 1024)
-    monkeypatch.setattr(schedule, "MIN_WINDOW", 16)
-    F = 16  # 64-byte rows: windows of 128 rows
+    monkeypatch.setattr(schedule, "WINDOW_ROWS", 128)
+    F = 16
     for order, windowed in (("generated", True), ("scrambled", False)):
         csr = _community_csr(3000, 30000, order)
         window, why = schedule.choose_window(csr.rowptr, csr.col, csr.num_src, F, 4, torch.device(DEVICE))
@@ -76,7 +76,7 @@ def test_dispatch_measures_locality(monkeypatch):
 
 def test_plan_for_and_explain_report_the_schedule(monkeypatch):
     monkeypatch.setattr(schedule, "l2_cache_bytes", lambda device: 16 * 1024)
-    monkeypatch.setattr(schedule, "MIN_WINDOW", 16)
+    monkeypatch.setattr(schedule, "WINDOW_ROWS", 128)
     csr = _community_csr(3000, 30000, "generated")
     x = torch.randn(csr.num_src, 16).to(DEVICE)
     plan = tgs.plan_for(x, csr.rowptr, csr.col, "sum")

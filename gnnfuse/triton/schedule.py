@@ -4,13 +4,13 @@ The hybrid plan's row-group kernel takes the short rows in an order that puts ro
 degree into the same program. Sorting all rows by degree balances the programs but scatters
 consecutive ids over the whole launch, so on a graph whose ids carry locality (community order,
 or after ``gnnfuse.reorder``) the source rows that neighbouring targets share are fetched from
-DRAM again and again. The windowed schedule keeps id order at the scale of the L2 cache: rows
-are cut into windows of consecutive ids whose source rows fill about half of L2, windows run in
-id order, and rows are sorted by degree only inside a window.
+DRAM again and again. The windowed schedule keeps id order at cache scale: rows are cut into
+windows of WINDOW_ROWS consecutive ids, windows run in id order, and rows are sorted by degree
+only inside a window.
 
 Which schedule runs is measured once per graph: ``gnnfuse.locality_stats`` on a few
-L2-window-sized stretches of the CSR (distinct source rows per edge, against what random ids
-would give). Rows whose features all fit in L2 need no window.
+window-sized stretches of the CSR (distinct source rows per edge, against what random ids would
+give). When x fits in half of L2 the order does not matter and the global order stays.
 """
 from __future__ import annotations
 
@@ -21,8 +21,13 @@ import torch
 from .._tensor_cache import cached
 
 DEFAULT_L2_BYTES = 50 * 2**20  # H100; the device's own value is used where it can be read
-L2_SHARE = 0.5  # of L2 for a window's source rows (the rest: outputs, indices, other streams)
-MIN_WINDOW = 1024  # rows
+L2_SHARE = 0.5  # of L2 for the source rows (the rest: outputs, indices, other streams)
+# Rows per window. Swept on an H100 (benchmarks/results/gpu-locality_h100_2026-11-22.md,
+# community-products, F=64-256): windows of 1024-4096 ids were 5-20% faster than L2-sized ones
+# (25K-100K ids): the programs in flight then cover a few windows whose rows share sources, so
+# the shared rows stay in L1/L2 while they are reused. Degree sorting inside so small a window
+# still groups rows of equal degree.
+WINDOW_ROWS = 4096
 # Windowed when a window reads at most this share of the distinct rows random ids would read.
 LOCAL_RATIO = 0.6
 STAT_WINDOWS = 8  # windows sampled by the statistic
@@ -34,11 +39,6 @@ def l2_cache_bytes(device: torch.device) -> int:
         if size:
             return int(size)
     return DEFAULT_L2_BYTES
-
-
-def window_rows(F: int, itemsize: int, l2_bytes: int) -> int:
-    """Rows per window: their feature rows fill L2_SHARE of the L2 cache."""
-    return max(MIN_WINDOW, int(l2_bytes * L2_SHARE) // max(1, F * itemsize))
 
 
 def locality(rowptr: torch.Tensor, col: torch.Tensor, num_src: int, window_edges: int):
@@ -62,13 +62,13 @@ def choose_window(rowptr: torch.Tensor, col: torch.Tensor, num_src: int, F: int,
     footprint = num_src * F * itemsize
     if footprint <= l2 * L2_SHARE or E == 0:
         return 0, f"x ({footprint / 2**20:.1f} MiB) fits in L2 ({l2 / 2**20:.0f} MiB): rows in global degree order"
-    window = window_rows(F, itemsize, l2)
+    window = WINDOW_ROWS
     if window >= n:
         return 0, "one window holds every row: rows in global degree order"
     stats = locality(rowptr, col, num_src, int(window * E / max(n, 1)))
     ratio = stats.distinct_fraction / max(stats.random_fraction, 1e-9)
     local = ratio <= LOCAL_RATIO
-    verdict = (f"rows in windows of {window} consecutive ids (L2-sized), degree-sorted within a window"
+    verdict = (f"rows in windows of {window} consecutive ids, degree-sorted within a window"
                if local else "no id locality: rows in global degree order")
     return (window if local else 0), f"locality {ratio:.2f} of random ({stats}): {verdict}"
 

@@ -2,7 +2,7 @@
 # One GPU session in one call: build, the whole test suite on CUDA, then the GPU benchmarks.
 # From the repo root on a CUDA machine:
 #   PYTHONPATH=. OUT=/some/dir bash benchmarks/gpu/validate.sh [STEP ...]
-# STEPs (default: tests planarity structured): tests | planarity | structured | gather | e2e.
+# STEPs (default: tests planarity structured): tests | planarity | structured | gather | locality | e2e.
 # GATHER_ARGS (e.g. "--graphs rfc-uniform,arxiv-like") goes to benchmarks.bench_gpu.
 # Each step has its own timeout and writes its results and log (<step>.log) into a work folder; a
 # step that fails or times out does not stop the next one. At the end everything is packed into
@@ -41,6 +41,7 @@ for step in "${steps[@]}"; do
     structured) run structured 330 "$PY" -m benchmarks.bench_structured_scatter --device cuda --out "$OUT" ;;
     gather) run gather "${GATHER_TIMEOUT_S:-340}" "$PY" -m benchmarks.bench_gpu --out "$OUT" \
               --budget-s "${GATHER_BUDGET_S:-280}" ${GATHER_ARGS:-} ;;
+    locality) run locality 400 "$PY" -m benchmarks.bench_gpu_locality --out "$OUT" ;;
     e2e) run e2e 170 "$PY" -m benchmarks.bench_e2e --device cuda --out "$OUT" --max-seconds 2 ;;
     *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
   esac

@@ -217,10 +217,11 @@ def run_graph(spec, loaded, widths, reductions, threads, max_seconds, only, pass
 def summarise(rows) -> str:
     ops = [r for r in rows if r["kind"] == "op"]
     lines = ["## Geometric-mean speed-up of gnnfuse (anchor time / gnnfuse time)", ""]
-    for order in dict.fromkeys(r["order"] for r in ops):
+    for order, threads in dict.fromkeys((r.get("order", "generated"), r["threads"]) for r in ops):
         for reduce in sorted({r["reduce"] for r in ops}):
             for pass_ in ("fwd", "fwd+bwd"):
-                sel = [r for r in ops if r["reduce"] == reduce and r["pass"] == pass_ and r["order"] == order]
+                sel = [r for r in ops if r["reduce"] == reduce and r["pass"] == pass_
+                       and r.get("order", "generated") == order and r["threads"] == threads]
                 parts = []
                 for name in ANCHORS:
                     vals = [r[f"vs {name}"] for r in sel if r.get(f"vs {name}")]
@@ -229,16 +230,16 @@ def summarise(rows) -> str:
                         parts.append(f"{name} {geomean(vals):.2f}x by medians (min {min(vals):.2f}x), "
                                      f"{geomean(best):.2f}x by fastest rounds (min {min(best):.2f}x), {len(vals)} rows")
                 if parts:
-                    lines.append(f"- {order} order, {reduce} {pass_}: " + "; ".join(parts))
+                    lines.append(f"- {order} order, {threads} thread(s), {reduce} {pass_}: " + "; ".join(parts))
     # what an order is worth: scrambled time / this order's time, ours and sparse.mm's
-    by = {(r["graph"], r["order"], r["F"], r["reduce"], r["pass"], r["threads"]): r for r in ops}
+    by = {(r["graph"], r.get("order", "generated"), r["F"], r["reduce"], r["pass"], r["threads"]): r for r in ops}
     for (g, order, F, red, pass_, th), r in by.items():
         s = by.get((g, "scrambled", F, red, pass_, th))
         if order == "scrambled" or not s or not r.get("gnnfuse_ms"):
             continue
         anchor = (f", sparse.mm {s['sparse.mm_min_ms'] / r['sparse.mm_min_ms']:.2f}x"
                   if r.get("sparse.mm_min_ms") and s.get("sparse.mm_min_ms") else "")
-        lines.append(f"- {g} F={F} {red} {pass_}: {order} vs scrambled ids (fastest rounds): gnnfuse "
+        lines.append(f"- {g} F={F} {red} {pass_} {th}t: {order} vs scrambled ids (fastest rounds): gnnfuse "
                      f"{s['gnnfuse_min_ms'] / r['gnnfuse_min_ms']:.2f}x{anchor}")
     builds = [r for r in rows if r["kind"] == "csr-build"]
     if builds:

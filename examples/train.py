@@ -4,6 +4,7 @@
     python examples/train.py --model sage --dataset Facebook --compare
     python examples/train.py --model gcn --dataset Cora --seeds 5 --compare   # accuracy mean ± std, speed-up
     python examples/train.py --dataset CiteSeer --device cuda --backend pyg
+    python examples/train.py --dataset Facebook --reorder auto             # renumber nodes for locality first
 
 Models (2 layers, the hyper-parameters of PyG's examples: lr 0.01, weight decay 5e-4, dropout 0.5,
 200 epochs): gcn (hidden 16, cached normalisation), sage (mean aggregation, hidden 64), gin (2-layer
@@ -15,6 +16,10 @@ Data (never shipped with gnnfuse): Planetoid raw files under ``--root``, else ``
 Facebook Page-Page is read from ``<root>/musae-facebook`` with a seeded stratified 60/20/20 split; its
 4,714-dim binary features stay sparse and feed a learned input Linear applied with torch.sparse.mm.
 When no data is reachable the script says so and trains on a synthetic graph.
+
+``--reorder METHOD`` renumbers the nodes with ``gnnfuse.transforms.Reorder(METHOD)`` before training
+(features, labels and masks move with their nodes; ``data.node_perm`` maps back): the same accuracy,
+possibly faster epochs on large graphs. The time it took is printed.
 
 Planetoid features are row-normalised (PyG's ``T.NormalizeFeatures()``, as in its gcn.py).
 Reported: test accuracy at the epoch of best validation accuracy (as PyG's gcn.py) and at the last
@@ -205,6 +210,8 @@ def parse_args(argv=None):
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--split-seed", type=int, default=0, help="seed of the Facebook / synthetic random split")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--reorder", default="none", choices=["none", "auto", "identity", "degree", "rcm", "metis", "community"],
+                   help="renumber the nodes with gnnfuse.transforms.Reorder(METHOD) before training")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bars")
     return p.parse_args(argv)
 
@@ -219,6 +226,12 @@ def main(argv=None) -> dict:
 
     data, name = load_dataset(args.dataset, args.root, args.split_seed)
     data = data.to(device)
+    if args.reorder != "none":
+        from gnnfuse.transforms import Reorder
+
+        start = time.perf_counter()
+        data = Reorder(args.reorder)(data)
+        print(f"reordered the nodes ({args.reorder}) in {time.perf_counter() - start:.2f} s", flush=True)
     sparse = data.x.layout != torch.strided
     feat = f"{data.x.shape[1]} {'sparse ' if sparse else ''}features"
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"

@@ -83,6 +83,7 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, backend:
                          "instead) + per-edge dot for edge_weight")
         else:
             notes.append("backward: atomic-free, over the cached transpose + per-edge dot for edge_weight")
+    notes.append(f"locality: {_locality(x, edge_index_or_csr)}")
     return KernelPlan(
         backend=chosen,
         kernel=kernel,
@@ -94,6 +95,18 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, backend:
         threads=torch.get_num_threads() if x.device.type == "cpu" else 0,
         notes="; ".join(notes),
     )
+
+
+def _locality(x: torch.Tensor, graph) -> str:
+    """The graph's locality statistic (a raw edge_index is sorted into the CSR the op would cache)."""
+    from .csr import csr_for_edge_index
+    from .locality import locality_stats
+
+    try:
+        csr = graph if isinstance(graph, CSR) else csr_for_edge_index(graph, x.shape[0], x.shape[0])
+    except (ValueError, RuntimeError) as e:
+        return f"not measured ({type(e).__name__})"
+    return str(locality_stats(csr))
 
 
 def _first_line(cmd: list[str]) -> str:

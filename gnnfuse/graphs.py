@@ -94,9 +94,9 @@ def planted_communities(num_nodes: int, num_edges: int, *, community_size: int |
     ``community[node]`` being each node's community id.
 
     In-degrees follow :func:`pareto_degrees` (tail ``alpha``, cap ``max_degree``). Each edge's source
-    lies in its target's community with probability ``intra_fraction`` and anywhere otherwise, and is
-    drawn with probability proportional to the nodes' degree weights (popular nodes are popular
-    sources too, as in undirected data). Communities are contiguous id ranges when ``order`` is
+    lies in its target's community with probability ``intra_fraction`` and anywhere otherwise, drawn
+    with probability proportional to a per-node weight uniform in [0.5, 1.5) (out-degrees are therefore
+    near-Poisson, not heavy-tailed). Communities are contiguous id ranges when ``order`` is
     ``"generated"``; ``"scrambled"`` relabels the nodes at random. Duplicate edges and self loops
     occur as in any random graph.
     """
@@ -111,7 +111,7 @@ def planted_communities(num_nodes: int, num_edges: int, *, community_size: int |
     deg = pareto_degrees(num_nodes, num_edges, alpha=alpha, max_degree=max_degree, generator=g, device=device)
     dst = torch.repeat_interleave(torch.arange(num_nodes, device=device), deg, output_size=num_edges)
     del deg
-    # sources by inverse-CDF over the degree weights: an interval of the cumulative weights per edge,
+    # sources by inverse-CDF over the node weights: an interval of the cumulative weights per edge,
     # the target's community's for intra edges, the whole graph's otherwise
     weight = torch.rand(num_nodes, generator=g, device=device, dtype=torch.float64).add_(0.5)  # jitter, no zeros
     cum = torch.cumsum(weight, 0)

@@ -53,6 +53,8 @@ def reorder(edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = 
     if n == 0 or method == "identity":
         return torch.arange(n, device=device)
     if method == "auto":
+        if n < AUTO_MIN_NODES:  # choose_method's first rule, before paying for a CSR
+            return torch.arange(n, device=device)
         csr = CSR.from_edge_index(edge_index, n)
         method = choose_method(csr)
         if method == "identity":
@@ -162,11 +164,12 @@ def cluster_embedding(csr: CSR, *, dim: int = EMBED_DIM, steps: int = EMBED_STEP
     """[num_nodes, dim] float32 coordinates in which nodes of one community lie close together.
 
     Random vectors averaged ``steps`` times over each node and its in-neighbours (the power iteration
-    of spectral clustering, with the constant direction removed and each dimension rescaled every
-    step): inside a community the average mixes within a few steps, across communities only through
-    the few edges between them, so each community contracts to its own point. Each step is one
-    ``fused_gather_scatter`` (linear in the edges, on CPU or GPU). Nodes without in-edges take the
-    coordinates of one node they point to.
+    of spectral clustering): inside a community the average mixes within a few steps, across
+    communities only through the few edges between them, so each community contracts to its own
+    point. Each step is one ``fused_gather_scatter`` (linear in the edges, on CPU or GPU). The
+    average keeps constants and shrinks nothing else to zero in a few steps, so the coordinates are
+    centred and scaled once, at the end (that commutes with the steps). Nodes without in-edges take
+    the coordinates of one node they point to.
     """
     from .ops.gather_scatter import fused_gather_scatter
 
@@ -177,9 +180,9 @@ def cluster_embedding(csr: CSR, *, dim: int = EMBED_DIM, steps: int = EMBED_STEP
         return x
     scale = 1.0 / (csr.in_degree().float() + 1.0)[:, None]
     for _ in range(steps):
-        x = (fused_gather_scatter(x, csr, "sum") + x).mul_(scale)
-        x -= x.mean(0)
-        x /= x.std(0).clamp_(min=1e-30)
+        x = fused_gather_scatter(x, csr, "sum").add_(x).mul_(scale)
+    x -= x.mean(0)
+    x /= x.std(0).clamp_(min=1e-30)
     orphans = (csr.in_degree() == 0)[csr.col.long()]  # edges out of nodes without in-edges
     if bool(orphans.any()):
         x[csr.col.long()[orphans]] = x[csr.row().long()[orphans]]
@@ -193,9 +196,14 @@ def zorder(x: torch.Tensor, bits: int = ZORDER_BITS) -> torch.Tensor:
     n, dim = x.shape
     if bits * dim > 63:
         raise ValueError(f"zorder: bits * dim must be <= 63; got {bits} * {dim}")
-    q = ((x.clamp(-3.0, 3.0) + 3.0) * ((1 << bits) / 6.0)).long().clamp_(max=(1 << bits) - 1)
-    shifts = torch.arange(dim - 1, -1, -1, device=x.device)
+    # [dim, n] cells: every step below runs on contiguous rows
+    q = ((x.t().clamp(-3.0, 3.0) + 3.0) * ((1 << bits) / 6.0)).long().clamp_(max=(1 << bits) - 1).contiguous()
+    # spread[v]: v's bits moved to every dim-th position (bit b -> b * dim): a 2**bits-entry table
+    levels = torch.arange(1 << bits, device=x.device)
+    spread = torch.zeros_like(levels)
+    for b in range(bits):
+        spread |= ((levels >> b) & 1) << (b * dim)
     key = torch.zeros(n, dtype=torch.int64, device=x.device)
-    for b in range(bits - 1, -1, -1):  # most significant level first, dimensions interleaved
-        key = (key << dim) | (((q >> b) & 1) << shifts).sum(1)
+    for j in range(dim):  # level-major interleave, dimension 0 most significant within a level
+        key |= spread[q[j]] << (dim - 1 - j)
     return torch.sort(key, stable=True).indices

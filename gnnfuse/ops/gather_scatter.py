@@ -16,6 +16,7 @@ import torch
 
 from .. import reference
 from .._build import load_extension
+from .._tensor_cache import cached
 from .._validate import (
     require_choice,
     require_floating,
@@ -248,4 +249,9 @@ def _weight_in_csr_order(edge_weight: torch.Tensor | None, csr: CSR, dtype: torc
     edge_weight = require_tensor("edge_weight", edge_weight)
     require_floating("edge_weight", edge_weight)
     require_shape("edge_weight", edge_weight, f"[E] = [{csr.num_edges}]", edge_weight.shape == (csr.num_edges,))
-    return edge_weight.to(dtype).index_select(0, csr.perm)
+    if edge_weight.requires_grad or torch.compiler.is_compiling():
+        return edge_weight.to(dtype).index_select(0, csr.perm)
+    # a constant weight passed again (GCNConv's cached normalisation, a fixed edge_weight) is put in
+    # CSR order once per (weight, graph) and reused, not gathered on every call
+    return cached("csr_order_weight", (edge_weight, csr.perm), (dtype,),
+                  lambda: edge_weight.to(dtype).index_select(0, csr.perm))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -62,6 +62,12 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, edge_wei
         for d in x.shape[1:]:
             feat *= d
         plan = choose(reduce, num_dst, num_edges, feat, x.dtype)
+        if plan.kernel == "hybrid":  # its row order follows the graph's measured id locality
+            from .triton.schedule import choose_window
+
+            csr = edge_index_or_csr if isinstance(edge_index_or_csr, CSR) else CSR.from_edge_index(index, x.shape[0])
+            window, why = choose_window(csr.rowptr, csr.col, x.shape[0], feat, x.element_size(), x.device)
+            plan = replace(plan, window=window, reason=f"{plan.reason}; {why}")
         kernel, deterministic = plan.describe(), plan.deterministic
         if reduce in ("max", "min") and not torch.are_deterministic_algorithms_enabled():
             deterministic = deterministic and not x.requires_grad

@@ -46,6 +46,9 @@ class GATConv(pyg_nn.GATConv):
 
     gnnfuse_backend: str = "auto"
     gnnfuse_checks_per_call = True  # fuse(): this class decides per call whether the fused path applies
+    # PyG builds the fallback's propagate/edge_updater templates from these comments in the class source:
+    # propagate_type: (x: OptPairTensor, alpha: Tensor)
+    # edge_updater_type: (alpha: OptPairTensor, edge_attr: OptTensor)
 
     def forward(self, x, edge_index, edge_attr=None, size=None, return_attention_weights=None):
         reason = self._why_not_fused(x, edge_index, size, return_attention_weights)

@@ -42,11 +42,11 @@ def _dropout_scale(seed, ids, heads, H, threshold, scale):
 
 
 @triton.jit
-def _edge_block(ks, end, node, heads, hmask, a_other, a_edge, a_loop, nbr, pos, ad_node,
+def _edge_block(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, nbr, pos, ad_node,
                 N_EDGES, H, slope, seed, threshold, scale,
                 TRANSPOSED: tl.constexpr, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr,
                 SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr):
-    """One block of a row's edges (the virtual self loop is position ``end``).
+    """One block of a row's edges [.., end) plus the virtual self loop at position ``end`` when stop == end + 1.
 
     ``node`` is the row's own node (target i in the graph, source j in the transpose); ``nbr``
     holds the other endpoints and ``pos`` (transpose only) the CSR positions. Returns (other
@@ -56,7 +56,7 @@ def _edge_block(ks, end, node, heads, hmask, a_other, a_edge, a_loop, nbr, pos, 
     real = ks < end
     other = tl.load(nbr + ks, mask=real, other=0).to(tl.int64)
     other = tl.where(real, other, node)  # the virtual loop's other endpoint is the node itself
-    valid = ks <= end
+    valid = ks < stop
     if SELF_LOOPS:
         valid = valid & ~(real & (other == node))
     else:
@@ -101,7 +101,7 @@ def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_
     acc = tl.zeros((HB, FB), ACC)
     for k0 in range(start, stop, BE):
         ks = k0 + tl.arange(0, BE)
-        j, v2, s, e, keep = _edge_block(ks, end, i, heads, hmask, a_src, a_edge, a_loop, col, col, ad, N_EDGES, H,
+        j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, col, col, ad, N_EDGES, H,
                                         slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS,
                                         DROPOUT, ACC)
         m_new = tl.maximum(m, tl.max(e, 0))
@@ -148,7 +148,7 @@ def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, r
         acc = tl.zeros((HB,), ACC)
         for k0 in range(start, stop, BE):
             ks = k0 + tl.arange(0, BE)
-            j, v2, s, e, keep = _edge_block(ks, end, i, heads, hmask, a_src, a_edge, a_loop, col, col, ad, N_EDGES,
+            j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, col, col, ad, N_EDGES,
                                             H, slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM,
                                             SELF_LOOPS, DROPOUT, ACC)
             p = tl.exp(e - mi[None, :]) / zi[None, :]
@@ -191,7 +191,7 @@ def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_r
     acc_s = tl.zeros((HB,), ACC)
     for q0 in range(start, stop, BE):
         qs = q0 + tl.arange(0, BE)
-        i, v2, s, e, keep = _edge_block(qs, end, j, heads, hmask, a_dst, a_edge, a_loop, t_col, t_pos, asrc, N_EDGES,
+        i, v2, s, e, keep = _edge_block(qs, end, stop, j, heads, hmask, a_dst, a_edge, a_loop, t_col, t_pos, asrc, N_EDGES,
                                         H, slope, seed, threshold, scale, True, HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS,
                                         DROPOUT, ACC)
         ih = i[:, None] * H + heads[None, :]

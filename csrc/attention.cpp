@@ -48,28 +48,111 @@ struct Params {
 };
 // Logits, softmax statistics and accumulators use acc_t: float for float/half types, double for double.
 
-// The logit of edge (row i, source j, edge-term pointer) for head h, before leaky_relu.
-template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
-inline acc_t logit(const scalar_t* a_src, const scalar_t* a_dst, const scalar_t* edge_term, int64_t j, int64_t i,
-                   int64_t h, int64_t H) {
-  acc_t s = acc_t(a_src[j * H + h]) + acc_t(a_dst[i * H + h]);
-  if (edge_term) s += acc_t(edge_term[h]);
+// exp for the softmax weights, written so that `omp simd` loops vectorise it (std::exp, std::floor
+// and std::fmax are library calls that keep GCC from vectorising): Cephes' expf (round-to-nearest
+// range reduction by ln 2 with the 1.5 * 2^23 trick, degree-6 polynomial; relative error < 1e-7 on
+// [-87, 0]); x < -87 gives 0 (exp(-inf) = 0), NaN stays NaN. Arguments are logit - row max <= 0.
+inline float exp_simd(float x0) {
+  const float x = x0 > -87.0f ? (x0 < 88.0f ? x0 : 88.0f) : -87.0f;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float two_n = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+  const float y = x0 >= -87.0f ? p * two_n : 0.0f;
+  return x0 != x0 ? x0 : y;
+}
+inline double exp_simd(double x) { return std::exp(x); }
+
+// One edge of a row as the kernels walk it: the other endpoint, the CSR position (-1 for the
+// virtual self loop) and the dropout id (the CSR position, E + node for the loop).
+struct Edge {
+  int64_t other, pos, id;
+};
+
+// Feature rows of other endpoints are random reads: the first kAhead are prefetched while the
+// row's edges are collected, later ones kAhead edges before use (as the gather-scatter kernel does).
+constexpr int64_t kAhead = 8;
+
+template <typename scalar_t>
+inline void prefetch_row(const scalar_t* row, int64_t elems) {
+  const char* c = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < elems * int64_t(sizeof(scalar_t)); b += 64) __builtin_prefetch(c + b, 0, 1);
+}
+
+// The edges of `node`'s row in (ptr, nbr[, pos]): the graph (targets) or its transpose (sources).
+// With self loops, edges to the node itself are skipped and the virtual loop comes last.
+// `rows` (row width `width`) is the feature matrix the caller will read at the other endpoints.
+template <typename index_t, typename scalar_t>
+void collect_edges(const Params& P, const index_t* ptr, const index_t* nbr, const index_t* pos, int64_t node,
+                   std::vector<Edge>& edges, const scalar_t* rows, int64_t width) {
+  edges.clear();
+  for (int64_t q = ptr[node]; q < ptr[node + 1]; ++q) {
+    const int64_t other = nbr[q], k = pos ? int64_t(pos[q]) : q;
+    if (P.self_loops && other == node) continue;
+    if (int64_t(edges.size()) < kAhead) prefetch_row(rows + other * width, width);
+    edges.push_back({other, k, k});
+  }
+  if (node < P.num_loops) edges.push_back({node, -1, P.num_edges + node});
+}
+
+// s[n*H + h] = a_node[h] + a_other[other_n, h] (+ the edge term): the logits before leaky_relu.
+template <typename scalar_t, typename acc_t>
+void edge_logits(const Params& P, const std::vector<Edge>& edges, const scalar_t* a_node, const scalar_t* a_other,
+                 const scalar_t* a_edge, const scalar_t* a_loop_row, acc_t* s) {
+  const int64_t H = P.H;
+  for (size_t n = 0; n < edges.size(); ++n) {
+    const Edge& e = edges[n];
+    const scalar_t* ao = a_other + e.other * H;
+    const scalar_t* et = e.pos >= 0 ? (a_edge ? a_edge + e.pos * H : nullptr) : a_loop_row;
+    acc_t* sn = s + n * H;
+    for (int64_t h = 0; h < H; ++h) sn[h] = acc_t(a_node[h]) + acc_t(ao[h]);
+    if (et)
+      for (int64_t h = 0; h < H; ++h) sn[h] += acc_t(et[h]);
+  }
+}
+
+// Feature loops with the head width F as a compile-time constant where it is common (8, 16), so
+// each head's update is a few full vector instructions; FF = 0 is the runtime-width fallback.
+template <int FF, typename acc_t, typename scalar_t>
+inline void axpy(acc_t* __restrict a, const scalar_t* __restrict x, acc_t c, int64_t F) {
+  const int64_t n = FF ? FF : F;
+#pragma omp simd
+  for (int64_t f = 0; f < n; ++f) a[f] += c * acc_t(x[f]);
+}
+
+template <int FF, typename acc_t, typename scalar_t>
+inline acc_t dot(const scalar_t* __restrict a, const scalar_t* __restrict b, int64_t F) {
+  const int64_t n = FF ? FF : F;
+  acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t f = 0; f < n; ++f) s += acc_t(a[f]) * acc_t(b[f]);
   return s;
 }
 
-// Calls fn(k, j, edge_term_row, dropout_id) for every edge of target row i, virtual loop last.
-template <typename scalar_t, typename index_t, typename Fn>
-inline void for_each_edge(const Params& P, const index_t* rowptr, const index_t* col, const scalar_t* a_edge,
-                          const scalar_t* a_loop, int64_t i, Fn&& fn) {
-  for (int64_t k = rowptr[i]; k < rowptr[i + 1]; ++k) {
-    const int64_t j = col[k];
-    if (P.self_loops && j == i) continue;
-    fn(k, j, a_edge ? a_edge + k * P.H : nullptr, k);
-  }
-  if (i < P.num_loops) fn(int64_t(-1), i, a_loop ? a_loop + i * P.H : nullptr, P.num_edges + i);
+template <typename Fn>
+void dispatch_width(int64_t F, Fn&& fn) {
+  if (F == 8) fn(std::integral_constant<int, 8>{});
+  else if (F == 16) fn(std::integral_constant<int, 16>{});
+  else fn(std::integral_constant<int, 0>{});
 }
 
-template <typename scalar_t, typename index_t>
+template <typename acc_t>
+struct Scratch {
+  std::vector<Edge> edges;
+  std::vector<acc_t> s, w;  // per (edge, head): pre-activation logit; softmax weight
+  void size_for(int64_t H) {
+    s.resize(edges.size() * H);
+    w.resize(edges.size() * H);
+  }
+};
+
+template <typename scalar_t, typename index_t, int FF>
 void forward_kernel(const Params& P, const scalar_t* x, const scalar_t* a_src, const scalar_t* a_dst,
                     const scalar_t* a_edge, const scalar_t* a_loop, const index_t* rowptr, const index_t* col,
                     scalar_t* out, at::opmath_type<scalar_t>* m_out, at::opmath_type<scalar_t>* z_out) {
@@ -77,27 +160,35 @@ void forward_kernel(const Params& P, const scalar_t* x, const scalar_t* a_src, c
   const int64_t H = P.H, F = P.F, HF = H * F;
   parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
     std::vector<acc_t> acc(HF);
+    Scratch<acc_t> S;
     acc_t m[kMaxHeads], z[kMaxHeads];
     for (int64_t i = r0; i < r1; ++i) {
-      // Pass 1: the row's maximum logit per head (H numbers per edge, cheap next to x's rows).
+      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
+      const int64_t n = S.edges.size();
+      S.size_for(H);
+      edge_logits(P, S.edges, a_dst + i * H, a_src, a_edge, a_loop ? a_loop + i * H : nullptr, S.s.data());
       for (int64_t h = 0; h < H; ++h) m[h] = -std::numeric_limits<acc_t>::infinity(), z[h] = acc_t(0);
-      for_each_edge(P, rowptr, col, a_edge, a_loop, i, [&](int64_t, int64_t j, const scalar_t* et, int64_t) {
-        for (int64_t h = 0; h < H; ++h) m[h] = std::max(m[h], P.lrelu(logit(a_src, a_dst, et, j, i, h, H)));
-      });
-      // Pass 2: weights and the weighted sum of source rows.
-      std::fill(acc.begin(), acc.end(), acc_t(0));
-      for_each_edge(P, rowptr, col, a_edge, a_loop, i, [&](int64_t, int64_t j, const scalar_t* et, int64_t id) {
-        const scalar_t* xr = x + j * HF;
-        for (int64_t h = 0; h < H; ++h) {
-          const acc_t w = std::exp(P.lrelu(logit(a_src, a_dst, et, j, i, h, H)) - m[h]);
-          z[h] += w;
-          const acc_t c = w * P.keep<acc_t>(id, h);
-          acc_t* a = acc.data() + h * F;
-          const scalar_t* xh = xr + h * F;
+      acc_t* w = S.w.data();
+      const acc_t slope = acc_t(P.slope);
 #pragma omp simd
-          for (int64_t f = 0; f < F; ++f) a[f] += c * acc_t(xh[f]);
-        }
-      });
+      for (int64_t q = 0; q < n * H; ++q) w[q] = S.s[q] > acc_t(0) ? S.s[q] : S.s[q] * slope;
+      for (int64_t e = 0; e < n; ++e)
+        for (int64_t h = 0; h < H; ++h) m[h] = w[e * H + h] > m[h] ? w[e * H + h] : m[h];
+      for (int64_t e = 0; e < n; ++e)
+        for (int64_t h = 0; h < H; ++h) w[e * H + h] -= m[h];
+#pragma omp simd
+      for (int64_t q = 0; q < n * H; ++q) w[q] = exp_simd(w[q]);
+      for (int64_t e = 0; e < n; ++e)
+        for (int64_t h = 0; h < H; ++h) z[h] += w[e * H + h];
+      if (P.threshold)
+        for (int64_t e = 0; e < n; ++e)
+          for (int64_t h = 0; h < H; ++h) w[e * H + h] *= P.keep<acc_t>(S.edges[e].id, h);
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t e = 0; e < n; ++e) {
+        if (e + kAhead < n) prefetch_row(x + S.edges[e + kAhead].other * HF, HF);
+        const scalar_t* xr = x + S.edges[e].other * HF;
+        for (int64_t h = 0; h < H; ++h) axpy<FF>(acc.data() + h * F, xr + h * F, w[e * H + h], F);
+      }
       scalar_t* o = out + i * HF;
       for (int64_t h = 0; h < H; ++h) {
         const acc_t inv = z[h] > acc_t(0) ? acc_t(1) / z[h] : acc_t(0);
@@ -109,46 +200,50 @@ void forward_kernel(const Params& P, const scalar_t* x, const scalar_t* a_src, c
   });
 }
 
-template <typename scalar_t, typename acc_t = at::opmath_type<scalar_t>>
-inline acc_t dot(const scalar_t* a, const scalar_t* b, int64_t F) {
-  acc_t s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t f = 0; f < F; ++f) s += acc_t(a[f]) * acc_t(b[f]);
-  return s;
-}
-
 struct Grads {
   void *x, *a_src, *a_dst, *a_edge, *a_loop;
 };
 
-// Pass A (rows of the graph): D_i, grad_a_dst, grad_a_edge, grad_a_loop.
-template <typename scalar_t, typename index_t>
+// Pass A (rows of the graph): D_i = g_i . out_i, and with per_edge grad_a_dst, grad_a_edge, grad_a_loop.
+template <typename scalar_t, typename index_t, int FF>
 void backward_rows(const Params& P, const scalar_t* g, const scalar_t* out, const at::opmath_type<scalar_t>* m,
-                   const at::opmath_type<scalar_t>* z,
-                   const scalar_t* x, const scalar_t* a_src, const scalar_t* a_dst, const scalar_t* a_edge,
-                   const scalar_t* a_loop, const index_t* rowptr, const index_t* col, at::opmath_type<scalar_t>* D,
-                   Grads G, bool per_edge) {
+                   const at::opmath_type<scalar_t>* z, const scalar_t* x, const scalar_t* a_src, const scalar_t* a_dst,
+                   const scalar_t* a_edge, const scalar_t* a_loop, const index_t* rowptr, const index_t* col,
+                   at::opmath_type<scalar_t>* D, Grads G, bool per_edge) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t H = P.H, F = P.F, HF = H * F;
   auto* gd = static_cast<scalar_t*>(G.a_dst);
   auto* ge = static_cast<scalar_t*>(G.a_edge);
   auto* gl = static_cast<scalar_t*>(G.a_loop);
   parallel_over_rows(rowptr, P.num_dst, per_edge ? HF : 1, [&](int64_t r0, int64_t r1) {
+    Scratch<acc_t> S;
     acc_t acc[kMaxHeads];
     for (int64_t i = r0; i < r1; ++i) {
-      for (int64_t h = 0; h < H; ++h) D[i * H + h] = dot(g + i * HF + h * F, out + i * HF + h * F, F), acc[h] = 0;
+      const scalar_t* gi = g + i * HF;
+      for (int64_t h = 0; h < H; ++h) D[i * H + h] = dot<FF, acc_t>(gi + h * F, out + i * HF + h * F, F), acc[h] = 0;
       if (!per_edge) continue;
-      for_each_edge(P, rowptr, col, a_edge, a_loop, i, [&](int64_t k, int64_t j, const scalar_t* et, int64_t id) {
+      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
+      const int64_t n = S.edges.size();
+      S.size_for(H);
+      edge_logits(P, S.edges, a_dst + i * H, a_src, a_edge, a_loop ? a_loop + i * H : nullptr, S.s.data());
+      acc_t* w = S.w.data();
+      for (int64_t e = 0; e < n; ++e)
+        for (int64_t h = 0; h < H; ++h) w[e * H + h] = P.lrelu(S.s[e * H + h]) - m[i * H + h];
+#pragma omp simd
+      for (int64_t q = 0; q < n * H; ++q) w[q] = exp_simd(w[q]);
+      for (int64_t e = 0; e < n; ++e) {
+        const Edge& E = S.edges[e];
+        if (e + kAhead < n) prefetch_row(x + S.edges[e + kAhead].other * HF, HF);
+        const scalar_t* xj = x + E.other * HF;
         for (int64_t h = 0; h < H; ++h) {
-          const acc_t s = logit(a_src, a_dst, et, j, i, h, H);
-          const acc_t p = std::exp(P.lrelu(s) - m[i * H + h]) / z[i * H + h];
-          const acc_t gx = dot(g + i * HF + h * F, x + j * HF + h * F, F);
-          const acc_t ds = p * (P.keep<acc_t>(id, h) * gx - D[i * H + h]) * P.dlrelu(s);
+          const acc_t p = w[e * H + h] / z[i * H + h];
+          const acc_t gx = dot<FF, acc_t>(gi + h * F, xj + h * F, F);
+          const acc_t ds = p * (P.keep<acc_t>(E.id, h) * gx - D[i * H + h]) * P.dlrelu(S.s[e * H + h]);
           acc[h] += ds;
-          if (k >= 0 && ge) ge[k * H + h] = scalar_t(ds);
-          if (k < 0 && gl) gl[i * H + h] = scalar_t(ds);
+          if (E.pos >= 0 && ge) ge[E.pos * H + h] = scalar_t(ds);
+          if (E.pos < 0 && gl) gl[i * H + h] = scalar_t(ds);
         }
-      });
+      }
       if (gd)
         for (int64_t h = 0; h < H; ++h) gd[i * H + h] = scalar_t(acc[h]);
     }
@@ -156,46 +251,48 @@ void backward_rows(const Params& P, const scalar_t* g, const scalar_t* out, cons
 }
 
 // Pass B (rows of the transpose, i.e. sources): grad_x and grad_a_src.
-template <typename scalar_t, typename index_t>
+template <typename scalar_t, typename index_t, int FF>
 void backward_sources(const Params& P, const scalar_t* g, const at::opmath_type<scalar_t>* m,
-                      const at::opmath_type<scalar_t>* z, const scalar_t* x,
-                      const scalar_t* a_src, const scalar_t* a_dst, const scalar_t* a_edge, const scalar_t* a_loop,
-                      const index_t* t_rowptr, const index_t* t_col, const index_t* t_pos, const at::opmath_type<scalar_t>* D,
-                      Grads G) {
+                      const at::opmath_type<scalar_t>* z, const scalar_t* x, const scalar_t* a_src,
+                      const scalar_t* a_dst, const scalar_t* a_edge, const scalar_t* a_loop, const index_t* t_rowptr,
+                      const index_t* t_col, const index_t* t_pos, const at::opmath_type<scalar_t>* D, Grads G) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t H = P.H, F = P.F, HF = H * F;
   auto* gx = static_cast<scalar_t*>(G.x);
   auto* gs = static_cast<scalar_t*>(G.a_src);
-  const int64_t num_t_rows = P.num_src;
-  parallel_over_rows(t_rowptr, num_t_rows, HF, [&](int64_t r0, int64_t r1) {
+  parallel_over_rows(t_rowptr, P.num_src, HF, [&](int64_t r0, int64_t r1) {
     std::vector<acc_t> acc(HF);
+    Scratch<acc_t> S;
     acc_t acc_s[kMaxHeads];
     for (int64_t j = r0; j < r1; ++j) {
+      collect_edges(P, t_rowptr, t_col, t_pos, j, S.edges, g, HF);
+      const int64_t n = S.edges.size();
+      S.size_for(H);
+      // a_loop's row for j's own loop is j's row (the loop's target is j)
+      edge_logits(P, S.edges, a_src + j * H, a_dst, a_edge, a_loop ? a_loop + j * H : nullptr, S.s.data());
+      acc_t* w = S.w.data();
+      for (int64_t e = 0; e < n; ++e) {
+        const int64_t i = S.edges[e].other;
+        for (int64_t h = 0; h < H; ++h) w[e * H + h] = P.lrelu(S.s[e * H + h]) - m[i * H + h];
+      }
+#pragma omp simd
+      for (int64_t q = 0; q < n * H; ++q) w[q] = exp_simd(w[q]);
       std::fill(acc.begin(), acc.end(), acc_t(0));
       for (int64_t h = 0; h < H; ++h) acc_s[h] = 0;
       const scalar_t* xj = x + j * HF;
-      auto visit = [&](int64_t i, const scalar_t* et, int64_t id) {
-        const scalar_t* gi = g + i * HF;
+      for (int64_t e = 0; e < n; ++e) {
+        const Edge& E = S.edges[e];
+        if (e + kAhead < n) prefetch_row(g + S.edges[e + kAhead].other * HF, HF);
+        const scalar_t* gi = g + E.other * HF;
         for (int64_t h = 0; h < H; ++h) {
-          const acc_t s = logit(a_src, a_dst, et, j, i, h, H);
-          const acc_t p = std::exp(P.lrelu(s) - m[i * H + h]) / z[i * H + h];
-          const acc_t keep = P.keep<acc_t>(id, h);
-          const acc_t c = p * keep;
-          acc_t* a = acc.data() + h * F;
-          const scalar_t* gh = gi + h * F;
-          if (gx) {
-#pragma omp simd
-            for (int64_t f = 0; f < F; ++f) a[f] += c * acc_t(gh[f]);
-          }
-          if (gs) acc_s[h] += p * (keep * dot(gh, xj + h * F, F) - D[i * H + h]) * P.dlrelu(s);
+          const acc_t p = w[e * H + h] / z[E.other * H + h];
+          const acc_t keep = P.keep<acc_t>(E.id, h);
+          if (gx) axpy<FF>(acc.data() + h * F, gi + h * F, p * keep, F);
+          if (gs)
+            acc_s[h] += p * (keep * dot<FF, acc_t>(gi + h * F, xj + h * F, F) - D[E.other * H + h]) *
+                        P.dlrelu(S.s[e * H + h]);
         }
-      };
-      for (int64_t q = t_rowptr[j]; q < t_rowptr[j + 1]; ++q) {
-        const int64_t i = t_col[q], k = t_pos[q];
-        if (P.self_loops && i == j) continue;
-        visit(i, a_edge ? a_edge + k * H : nullptr, k);
       }
-      if (j < P.num_loops) visit(j, a_loop ? a_loop + j * H : nullptr, P.num_edges + j);
       if (gx)
         for (int64_t f = 0; f < HF; ++f) gx[j * HF + f] = scalar_t(acc[f]);
       if (gs)
@@ -240,11 +337,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward(
   auto z = at::empty({P.num_dst, P.H}, x.options().dtype(stat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gat_forward", [&] {
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gat_forward_index", [&] {
-      forward_kernel<scalar_t, index_t>(P, x.data_ptr<scalar_t>(), a_src.data_ptr<scalar_t>(),
+      dispatch_width(P.F, [&](auto ff) {
+      forward_kernel<scalar_t, index_t, decltype(ff)::value>(P, x.data_ptr<scalar_t>(), a_src.data_ptr<scalar_t>(),
                                         a_dst.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(a_edge),
                                         ptr_or_null<scalar_t>(a_loop), rowptr.data_ptr<index_t>(),
                                         col.data_ptr<index_t>(), out.data_ptr<scalar_t>(),
                                         m.data_ptr<at::opmath_type<scalar_t>>(), z.data_ptr<at::opmath_type<scalar_t>>());
+      });
     });
   });
   return {out, m, z};
@@ -277,19 +376,93 @@ std::vector<at::Tensor> gat_backward(const at::Tensor& grad_out, const at::Tenso
       const scalar_t* ae = ptr_or_null<scalar_t>(a_edge);
       const scalar_t* al = ptr_or_null<scalar_t>(a_loop);
       const bool per_edge = G.a_dst || G.a_edge || G.a_loop;
-      backward_rows<scalar_t, index_t>(P, g.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), m.data_ptr<acc_t>(),
+      dispatch_width(P.F, [&](auto ff) {
+      constexpr int FF = decltype(ff)::value;
+      backward_rows<scalar_t, index_t, FF>(P, g.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), m.data_ptr<acc_t>(),
                                        z.data_ptr<acc_t>(), x.data_ptr<scalar_t>(), a_src.data_ptr<scalar_t>(),
                                        a_dst.data_ptr<scalar_t>(), ae, al, rowptr.data_ptr<index_t>(),
                                        col.data_ptr<index_t>(), D.data_ptr<acc_t>(), G, per_edge);
       if (G.x || G.a_src)
-        backward_sources<scalar_t, index_t>(P, g.data_ptr<scalar_t>(), m.data_ptr<acc_t>(), z.data_ptr<acc_t>(),
+        backward_sources<scalar_t, index_t, FF>(P, g.data_ptr<scalar_t>(), m.data_ptr<acc_t>(), z.data_ptr<acc_t>(),
                                             x.data_ptr<scalar_t>(), a_src.data_ptr<scalar_t>(),
                                             a_dst.data_ptr<scalar_t>(), ae, al, t_rowptr.data_ptr<index_t>(),
                                             t_col.data_ptr<index_t>(), t_pos.data_ptr<index_t>(),
                                             D.data_ptr<acc_t>(), G);
+      });
     });
   });
   return grads;
+}
+
+// gnnfuse.edge_softmax: p[e, h] = softmax of logits[e, h] over the edges e of e's target row.
+// logits/out are in edge order; perm maps CSR positions to edge ids, so no permuted copy is made.
+template <typename scalar_t, typename index_t>
+void edge_softmax_kernel(const scalar_t* logits, const index_t* rowptr, const index_t* perm, scalar_t* out,
+                         int64_t num_rows, int64_t H) {
+  using acc_t = at::opmath_type<scalar_t>;
+  parallel_over_rows(rowptr, num_rows, H, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      for (int64_t h = 0; h < H; ++h) {
+        acc_t m = -std::numeric_limits<acc_t>::infinity(), z = 0;
+        for (int64_t k = rowptr[i]; k < rowptr[i + 1]; ++k) m = std::max(m, acc_t(logits[int64_t(perm[k]) * H + h]));
+        for (int64_t k = rowptr[i]; k < rowptr[i + 1]; ++k) z += std::exp(acc_t(logits[int64_t(perm[k]) * H + h]) - m);
+        for (int64_t k = rowptr[i]; k < rowptr[i + 1]; ++k) {
+          const int64_t q = int64_t(perm[k]) * H + h;
+          out[q] = scalar_t(std::exp(acc_t(logits[q]) - m) / z);
+        }
+      }
+    }
+  });
+}
+
+// grad_logits = p * (g - sum_row(p * g)), per head.
+template <typename scalar_t, typename index_t>
+void edge_softmax_backward_kernel(const scalar_t* g, const scalar_t* p, const index_t* rowptr, const index_t* perm,
+                                  scalar_t* grad, int64_t num_rows, int64_t H) {
+  using acc_t = at::opmath_type<scalar_t>;
+  parallel_over_rows(rowptr, num_rows, H, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      for (int64_t h = 0; h < H; ++h) {
+        acc_t s = 0;
+        for (int64_t k = rowptr[i]; k < rowptr[i + 1]; ++k) {
+          const int64_t q = int64_t(perm[k]) * H + h;
+          s += acc_t(p[q]) * acc_t(g[q]);
+        }
+        for (int64_t k = rowptr[i]; k < rowptr[i + 1]; ++k) {
+          const int64_t q = int64_t(perm[k]) * H + h;
+          grad[q] = scalar_t(acc_t(p[q]) * (acc_t(g[q]) - s));
+        }
+      }
+    }
+  });
+}
+
+at::Tensor edge_softmax(const at::Tensor& logits, const at::Tensor& rowptr, const at::Tensor& perm) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.size(0) == perm.numel(),
+              "edge_softmax: logits must be a contiguous [E, H] tensor");
+  auto out = at::zeros_like(logits);  // edges outside every row (none for a valid CSR) stay 0
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "edge_softmax", [&] {
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "edge_softmax_index", [&] {
+      edge_softmax_kernel<scalar_t, index_t>(logits.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(),
+                                             perm.data_ptr<index_t>(), out.data_ptr<scalar_t>(), rowptr.numel() - 1,
+                                             logits.size(1));
+    });
+  });
+  return out;
+}
+
+at::Tensor edge_softmax_backward(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& rowptr,
+                                 const at::Tensor& perm) {
+  auto g = grad.contiguous();
+  auto result = at::zeros_like(out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "edge_softmax_backward", [&] {
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "edge_softmax_backward_index", [&] {
+      edge_softmax_backward_kernel<scalar_t, index_t>(g.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                                      rowptr.data_ptr<index_t>(), perm.data_ptr<index_t>(),
+                                                      result.data_ptr<scalar_t>(), rowptr.numel() - 1, out.size(1));
+    });
+  });
+  return result;
 }
 
 }  // namespace
@@ -298,6 +471,8 @@ std::vector<at::Tensor> gat_backward(const at::Tensor& grad_out, const at::Tenso
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gat_forward", &gnnfuse::gat_forward);
   m.def("gat_backward", &gnnfuse::gat_backward);
+  m.def("edge_softmax", &gnnfuse::edge_softmax);
+  m.def("edge_softmax_backward", &gnnfuse::edge_softmax_backward);
   m.def("dropout_keep", [](int64_t seed, int64_t edge, int64_t H, int64_t h, double p) {
     return gnnfuse::dropout_keep(uint32_t(seed), edge, H, h, gnnfuse::dropout_threshold(p));
   });

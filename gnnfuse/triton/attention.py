@@ -305,6 +305,7 @@ def _edge_softmax_kernel(logits, rowptr, perm, out, H, ACC: tl.constexpr, BE: tl
         z = z * tl.exp(m - m_safe) + tl.sum(tl.exp(s - m_safe[None, :]), 0)
         m = m_new
     z = tl.where(z > 0, z, 1.0)
+    m = tl.where(m == NEG_INF, 0.0, m)  # padded heads
     for k0 in range(start, end, BE):
         ks = k0 + tl.arange(0, BE)
         v2 = (ks < end)[:, None] & hmask[None, :]

@@ -102,13 +102,16 @@ void collect_edges(const Params& P, const index_t* ptr, const index_t* nbr, cons
 }
 
 // s[n*H + h] = a_node[h] + a_other[other_n, h] (+ the edge term): the logits before leaky_relu.
-template <typename scalar_t, typename acc_t>
-void edge_logits(const Params& P, const std::vector<Edge>& edges, const scalar_t* a_node, const scalar_t* a_other,
-                 const scalar_t* a_edge, const scalar_t* a_loop_row, acc_t* s) {
-  const int64_t H = P.H;
-  for (size_t n = 0; n < edges.size(); ++n) {
+// a_other's rows are `stride` apart (the transpose pass reads a_dst from a packed per-target row).
+template <typename scalar_t, typename other_t, typename acc_t>
+void edge_logits(const Params& P, const std::vector<Edge>& edges, const scalar_t* a_node, const other_t* a_other,
+                 int64_t stride, const scalar_t* a_edge, const scalar_t* a_loop_row, acc_t* s) {
+  const int64_t H = P.H, n_edges = edges.size();
+  for (int64_t n = 0; n < std::min(kAhead, n_edges); ++n) prefetch_row(a_other + edges[n].other * stride, stride);
+  for (int64_t n = 0; n < n_edges; ++n) {
     const Edge& e = edges[n];
-    const scalar_t* ao = a_other + e.other * H;
+    if (n + kAhead < n_edges) prefetch_row(a_other + edges[n + kAhead].other * stride, stride);
+    const other_t* ao = a_other + e.other * stride;
     const scalar_t* et = e.pos >= 0 ? (a_edge ? a_edge + e.pos * H : nullptr) : a_loop_row;
     acc_t* sn = s + n * H;
     for (int64_t h = 0; h < H; ++h) sn[h] = acc_t(a_node[h]) + acc_t(ao[h]);
@@ -166,7 +169,7 @@ void forward_kernel(const Params& P, const scalar_t* x, const scalar_t* a_src, c
       collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
       const int64_t n = S.edges.size();
       S.size_for(H);
-      edge_logits(P, S.edges, a_dst + i * H, a_src, a_edge, a_loop ? a_loop + i * H : nullptr, S.s.data());
+      edge_logits(P, S.edges, a_dst + i * H, a_src, H, a_edge, a_loop ? a_loop + i * H : nullptr, S.s.data());
       for (int64_t h = 0; h < H; ++h) m[h] = -std::numeric_limits<acc_t>::infinity(), z[h] = acc_t(0);
       acc_t* w = S.w.data();
       const acc_t slope = acc_t(P.slope);
@@ -181,8 +184,11 @@ void forward_kernel(const Params& P, const scalar_t* x, const scalar_t* a_src, c
       for (int64_t e = 0; e < n; ++e)
         for (int64_t h = 0; h < H; ++h) z[h] += w[e * H + h];
       if (P.threshold)
-        for (int64_t e = 0; e < n; ++e)
-          for (int64_t h = 0; h < H; ++h) w[e * H + h] *= P.keep<acc_t>(S.edges[e].id, h);
+        for (int64_t e = 0; e < n; ++e) {
+          const int64_t id = S.edges[e].id;
+#pragma omp simd
+          for (int64_t h = 0; h < H; ++h) w[e * H + h] *= P.keep<acc_t>(id, h);
+        }
       std::fill(acc.begin(), acc.end(), acc_t(0));
       for (int64_t e = 0; e < n; ++e) {
         if (e + kAhead < n) prefetch_row(x + S.edges[e + kAhead].other * HF, HF);
@@ -209,7 +215,7 @@ template <typename scalar_t, typename index_t, int FF>
 void backward_rows(const Params& P, const scalar_t* g, const scalar_t* out, const at::opmath_type<scalar_t>* m,
                    const at::opmath_type<scalar_t>* z, const scalar_t* x, const scalar_t* a_src, const scalar_t* a_dst,
                    const scalar_t* a_edge, const scalar_t* a_loop, const index_t* rowptr, const index_t* col,
-                   at::opmath_type<scalar_t>* D, Grads G, bool per_edge) {
+                   at::opmath_type<scalar_t>* T, Grads G, bool per_edge) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t H = P.H, F = P.F, HF = H * F;
   auto* gd = static_cast<scalar_t*>(G.a_dst);
@@ -220,12 +226,18 @@ void backward_rows(const Params& P, const scalar_t* g, const scalar_t* out, cons
     acc_t acc[kMaxHeads];
     for (int64_t i = r0; i < r1; ++i) {
       const scalar_t* gi = g + i * HF;
-      for (int64_t h = 0; h < H; ++h) D[i * H + h] = dot<FF, acc_t>(gi + h * F, out + i * HF + h * F, F), acc[h] = 0;
+      acc_t D[kMaxHeads];
+      for (int64_t h = 0; h < H; ++h) {
+        D[h] = dot<FF, acc_t>(gi + h * F, out + i * HF + h * F, F), acc[h] = 0;
+        acc_t* t = T + i * 4 * H;  // the transpose pass reads these four per-target values together
+        t[h] = acc_t(a_dst[i * H + h]), t[H + h] = m[i * H + h], t[3 * H + h] = D[h];
+        t[2 * H + h] = z[i * H + h] > acc_t(0) ? acc_t(1) / z[i * H + h] : acc_t(0);
+      }
       if (!per_edge) continue;
       collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
       const int64_t n = S.edges.size();
       S.size_for(H);
-      edge_logits(P, S.edges, a_dst + i * H, a_src, a_edge, a_loop ? a_loop + i * H : nullptr, S.s.data());
+      edge_logits(P, S.edges, a_dst + i * H, a_src, H, a_edge, a_loop ? a_loop + i * H : nullptr, S.s.data());
       acc_t* w = S.w.data();
       for (int64_t e = 0; e < n; ++e)
         for (int64_t h = 0; h < H; ++h) w[e * H + h] = P.lrelu(S.s[e * H + h]) - m[i * H + h];
@@ -238,7 +250,7 @@ void backward_rows(const Params& P, const scalar_t* g, const scalar_t* out, cons
         for (int64_t h = 0; h < H; ++h) {
           const acc_t p = w[e * H + h] / z[i * H + h];
           const acc_t gx = dot<FF, acc_t>(gi + h * F, xj + h * F, F);
-          const acc_t ds = p * (P.keep<acc_t>(E.id, h) * gx - D[i * H + h]) * P.dlrelu(S.s[e * H + h]);
+          const acc_t ds = p * (P.keep<acc_t>(E.id, h) * gx - D[h]) * P.dlrelu(S.s[e * H + h]);
           acc[h] += ds;
           if (E.pos >= 0 && ge) ge[E.pos * H + h] = scalar_t(ds);
           if (E.pos < 0 && gl) gl[i * H + h] = scalar_t(ds);
@@ -252,10 +264,9 @@ void backward_rows(const Params& P, const scalar_t* g, const scalar_t* out, cons
 
 // Pass B (rows of the transpose, i.e. sources): grad_x and grad_a_src.
 template <typename scalar_t, typename index_t, int FF>
-void backward_sources(const Params& P, const scalar_t* g, const at::opmath_type<scalar_t>* m,
-                      const at::opmath_type<scalar_t>* z, const scalar_t* x, const scalar_t* a_src,
-                      const scalar_t* a_dst, const scalar_t* a_edge, const scalar_t* a_loop, const index_t* t_rowptr,
-                      const index_t* t_col, const index_t* t_pos, const at::opmath_type<scalar_t>* D, Grads G) {
+void backward_sources(const Params& P, const scalar_t* g, const scalar_t* x, const scalar_t* a_src,
+                      const scalar_t* a_edge, const scalar_t* a_loop, const index_t* t_rowptr, const index_t* t_col,
+                      const index_t* t_pos, const at::opmath_type<scalar_t>* T, Grads G) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t H = P.H, F = P.F, HF = H * F;
   auto* gx = static_cast<scalar_t*>(G.x);
@@ -269,11 +280,11 @@ void backward_sources(const Params& P, const scalar_t* g, const at::opmath_type<
       const int64_t n = S.edges.size();
       S.size_for(H);
       // a_loop's row for j's own loop is j's row (the loop's target is j)
-      edge_logits(P, S.edges, a_src + j * H, a_dst, a_edge, a_loop ? a_loop + j * H : nullptr, S.s.data());
+      edge_logits(P, S.edges, a_src + j * H, T, 4 * H, a_edge, a_loop ? a_loop + j * H : nullptr, S.s.data());
       acc_t* w = S.w.data();
       for (int64_t e = 0; e < n; ++e) {
-        const int64_t i = S.edges[e].other;
-        for (int64_t h = 0; h < H; ++h) w[e * H + h] = P.lrelu(S.s[e * H + h]) - m[i * H + h];
+        const acc_t* t = T + S.edges[e].other * 4 * H;
+        for (int64_t h = 0; h < H; ++h) w[e * H + h] = P.lrelu(S.s[e * H + h]) - t[H + h];
       }
 #pragma omp simd
       for (int64_t q = 0; q < n * H; ++q) w[q] = exp_simd(w[q]);
@@ -284,12 +295,13 @@ void backward_sources(const Params& P, const scalar_t* g, const at::opmath_type<
         const Edge& E = S.edges[e];
         if (e + kAhead < n) prefetch_row(g + S.edges[e + kAhead].other * HF, HF);
         const scalar_t* gi = g + E.other * HF;
+        const acc_t* t = T + E.other * 4 * H;
         for (int64_t h = 0; h < H; ++h) {
-          const acc_t p = w[e * H + h] / z[E.other * H + h];
+          const acc_t p = w[e * H + h] * t[2 * H + h];
           const acc_t keep = P.keep<acc_t>(E.id, h);
           if (gx) axpy<FF>(acc.data() + h * F, gi + h * F, p * keep, F);
           if (gs)
-            acc_s[h] += p * (keep * dot<FF, acc_t>(gi + h * F, xj + h * F, F) - D[E.other * H + h]) *
+            acc_s[h] += p * (keep * dot<FF, acc_t>(gi + h * F, xj + h * F, F) - t[3 * H + h]) *
                         P.dlrelu(S.s[e * H + h]);
         }
       }
@@ -366,7 +378,8 @@ std::vector<at::Tensor> gat_backward(const at::Tensor& grad_out, const at::Tenso
                                    need_edge ? at::zeros_like(*a_edge)  // skipped self loops keep 0
                                               : x.new_empty({0}),
                                    need_loop ? at::zeros_like(*a_loop) : x.new_empty({0})};
-  auto D = at::empty_like(m);  // D_i = g_i . out_i per head, in acc_t
+  // per target: a_dst, row max, 1 / row sum, D = g . out (per head, acc_t), packed for the transpose pass
+  auto T = at::empty({P.num_dst, 4 * P.H}, m.options());
   auto g = grad_out.contiguous();
   auto ptr = [](const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; };
   Grads G{ptr(grads[0]), ptr(grads[1]), ptr(grads[2]), ptr(grads[3]), ptr(grads[4])};
@@ -381,13 +394,12 @@ std::vector<at::Tensor> gat_backward(const at::Tensor& grad_out, const at::Tenso
       backward_rows<scalar_t, index_t, FF>(P, g.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), m.data_ptr<acc_t>(),
                                        z.data_ptr<acc_t>(), x.data_ptr<scalar_t>(), a_src.data_ptr<scalar_t>(),
                                        a_dst.data_ptr<scalar_t>(), ae, al, rowptr.data_ptr<index_t>(),
-                                       col.data_ptr<index_t>(), D.data_ptr<acc_t>(), G, per_edge);
+                                       col.data_ptr<index_t>(), T.data_ptr<acc_t>(), G, per_edge);
       if (G.x || G.a_src)
-        backward_sources<scalar_t, index_t, FF>(P, g.data_ptr<scalar_t>(), m.data_ptr<acc_t>(), z.data_ptr<acc_t>(),
-                                            x.data_ptr<scalar_t>(), a_src.data_ptr<scalar_t>(),
-                                            a_dst.data_ptr<scalar_t>(), ae, al, t_rowptr.data_ptr<index_t>(),
-                                            t_col.data_ptr<index_t>(), t_pos.data_ptr<index_t>(),
-                                            D.data_ptr<acc_t>(), G);
+        backward_sources<scalar_t, index_t, FF>(P, g.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                                                a_src.data_ptr<scalar_t>(), ae, al, t_rowptr.data_ptr<index_t>(),
+                                                t_col.data_ptr<index_t>(), t_pos.data_ptr<index_t>(),
+                                                T.data_ptr<acc_t>(), G);
       });
     });
   });

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ._grid import cdiv, next_power_of_2
 
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))  # a jit function may read only constexpr globals
 
 
 @triton.jit
@@ -82,7 +82,7 @@ def _edge_block(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, nbr,
     return other, v2, s, e, keep
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])  # .to() needs tensors, not constexpr 1
 def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out,
                     NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
                     HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
@@ -120,7 +120,7 @@ def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_
     tl.store(z_out + i * H + heads, z, mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, rowptr, col, D, g_dst, g_edge, g_loop,
                           NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
                           HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
@@ -168,7 +168,7 @@ def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, r
             tl.store(g_dst + i * H + heads, acc.to(g_dst.dtype.element_ty), mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_rowptr, t_col, t_pos, D, g_x, g_src,
                              NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
                              HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,

@@ -9,7 +9,7 @@ For every target row i and head h, over the row's incoming edges k (source j):
 (per-edge) dot products with the attention vectors, computed densely outside (as PyG does). The
 kernels save only the per-row max and sum of the softmax ([N_dst, H] each) and recompute every
 logit in the backward; no [E, H, F] tensor exists anywhere and no [E, H] tensor either, except
-alpha_edge's gradient when alpha_edge is given.
+for alpha_edge when given (its copy in CSR order and its gradient).
 
 Dropout is drawn inside the kernels from a counter-based hash of (seed, edge id, head) -- the
 same in C++ and Triton (csrc/dropout_hash.h, ``_keep_mask`` below): forward and backward see the

@@ -14,7 +14,13 @@ from gnnfuse.ops.attention import _keep_mask, gat_attention
 from gnnfuse.testing import TOLERANCES, random_graph
 
 N, E, H, F = 9, 40, 3, 5
-BACKENDS = ["cpu", "triton"]  # triton: the interpreter on CPU tensors (tests/conftest.py)
+BACKENDS = ["cpu", "triton"]  # triton: CUDA tensors, else the interpreter on CPU tensors (tests/conftest.py)
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def on(backend: str) -> str:
+    """The device a backend's tensors live on."""
+    return TRITON_DEVICE if backend == "triton" else "cpu"
 
 
 def graph(index_dtype=torch.int64, num_src=N, num_dst=N, num_edges=E):
@@ -33,11 +39,14 @@ def inputs(dtype=torch.float64, edge=False, loop=False, num_src=N, num_dst=N, nu
 
 
 def run(ins, ei, backend, **kw):
-    out = gat_attention(ins["x"], ins["alpha_src"], ins["alpha_dst"], ei, alpha_edge=ins["alpha_edge"],
+    """(out, gradients of the inputs), computed on the backend's device, returned on the CPU."""
+    dev = on(backend)
+    ins = {k: (v.detach().to(dev).requires_grad_() if v is not None else None) for k, v in ins.items()}
+    out = gat_attention(ins["x"], ins["alpha_src"], ins["alpha_dst"], ei.to(dev), alpha_edge=ins["alpha_edge"],
                         alpha_loop=ins["alpha_loop"], backend=backend, **kw)
     leaves = [t for t in ins.values() if t is not None]
-    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
-    return out, torch.autograd.grad((out * weight).sum(), leaves)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=dev).view_as(out)
+    return out.cpu(), [g.cpu() for g in torch.autograd.grad((out * weight).sum(), leaves)]
 
 
 def assert_matches_reference(ins, ei, backend, dtype=torch.float64, **kw):
@@ -104,8 +113,10 @@ def test_dropout_reproducible_under_manual_seed_and_backends_agree():
     outs = []
     for backend in ("cpu", "triton", "reference"):
         torch.manual_seed(7)
-        outs.append(gat_attention(ins["x"], ins["alpha_src"], ins["alpha_dst"], graph(), alpha_edge=ins["alpha_edge"],
-                                  dropout=0.5, backend=backend))
+        dev = on(backend)
+        outs.append(gat_attention(ins["x"].to(dev), ins["alpha_src"].to(dev), ins["alpha_dst"].to(dev),
+                                  graph().to(dev), alpha_edge=ins["alpha_edge"].to(dev), dropout=0.5,
+                                  backend=backend).cpu())
     torch.manual_seed(7)
     again = gat_attention(ins["x"], ins["alpha_src"], ins["alpha_dst"], graph(), alpha_edge=ins["alpha_edge"], dropout=0.5)
     assert torch.equal(outs[0], again)
@@ -204,10 +215,13 @@ def layer_run(layer, x, ei, ea=None):
 def test_gatconv_matches_pyg(name, backend):
     kw = GAT_CONFIGS[name]
     stock, ours = gat_pair(6, 4, **kw)
+    dev = on(backend)
+    stock, ours = stock.to(dev), ours.to(dev)
     ours.gnnfuse_backend = backend
-    x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
-    ea = torch.randn(E, 3, dtype=torch.float64) if "edge_dim" in kw else None
-    (out, grads), (ref, ref_grads) = layer_run(ours, x, graph(), ea), layer_run(stock, x, graph(), ea)
+    x = torch.randn(N, 6, dtype=torch.float64, device=dev, requires_grad=True)
+    ea = torch.randn(E, 3, dtype=torch.float64, device=dev) if "edge_dim" in kw else None
+    ei = graph().to(dev)
+    (out, grads), (ref, ref_grads) = layer_run(ours, x, ei, ea), layer_run(stock, x, ei, ea)
     tol = dict(atol=1e-8, rtol=1e-8)
     torch.testing.assert_close(out, ref, **tol)
     for g, r in zip(grads, ref_grads):

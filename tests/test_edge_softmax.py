@@ -20,8 +20,9 @@ def graph(index_dtype=torch.int64):
 def test_matches_pyg_softmax_with_gradients(backend, shape):
     from torch_geometric.utils import softmax
 
-    logits = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-    ei = graph()
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    logits = torch.randn(*shape, dtype=torch.float64, device=dev, requires_grad=True)
+    ei = graph().to(dev)
     out = gnnfuse.edge_softmax(logits, ei, num_nodes=N, backend=backend)
     ref = softmax(logits, ei[1], num_nodes=N)
     torch.testing.assert_close(out, ref)

@@ -15,6 +15,7 @@ A variant that fails (e.g. PyG out of memory) becomes a row with its error.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -99,7 +100,8 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds):
         except torch.OutOfMemoryError:
             row[f"{label}_peak_MB"] = "OOM"
             steps.pop(label)
-            torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # outside the except block: its traceback no longer holds the tensors
     times = bench_interleaved(steps, device, rounds=rounds, max_seconds=20.0)
     for label, t in times.items():
         row[f"{label}_ms"], row[f"{label}_min_ms"] = t["median_ms"], t["min_ms"]
@@ -146,7 +148,8 @@ def main(argv=None):
             print(rows[-1], flush=True)
     speedups = [r["speedup"] for r in rows if "speedup" in r]
     meta = dict(machine(device), benchmark="GATConv training step and forward vs sum gather-scatter",
-                geomean_speedup=round(geomean(speedups), 3))
+                geomean_speedup=round(geomean(speedups), 3),
+                load_average_1_5_15min=os.getloadavg())  # other tenants of a shared host show up here
     columns = ["graph", "nodes", "edges", "HxF", "dropout", "gnnfuse_ms", "gnnfuse_min_ms", "pyg_ms", "pyg_min_ms",
                "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "mem_ratio", "fwd_attention_ms", "fwd_sum_ms", "fwd/sum",
                "error"]

@@ -3,6 +3,8 @@
     python -m benchmarks --suite cpu|gpu|e2e|structured|planarity|all [--out DIR] [--quick] [--device cpu|cuda]
                          [extra arguments passed to the suite's script]
 
+Without arguments it prints this help: a full run takes hours. Start with --quick.
+
     python -m benchmarks --suite cpu --out benchmarks/results/cpu-2t-2026-11-21
     python -m benchmarks --suite gpu --out benchmarks/results/h100-2026-11-21
     python -m benchmarks --suite e2e --device cuda --quick --out /tmp/smoke
@@ -17,7 +19,9 @@ Suites (each is also runnable alone as ``python -m benchmarks.bench_<name>``):
   planarity   benchmarks/bench_planarity.py          planarity_nll vs the pure-torch reference
   all         cpu, e2e, structured, planarity on the chosen device (+ gpu when CUDA is available)
 
-``--out`` defaults to benchmarks/results/<device label>-<date> (e.g. cpu-2t-2026-11-21, h100-2026-11-21).
+``--out DIR`` chooses where results go. Without it they go into the source tree's record of results,
+benchmarks/results/<device label>-<date> (e.g. cpu-2t-2026-11-21, h100-2026-11-21): that is for
+maintainers recording a run (see CONTRIBUTING.md); anyone else should pass --out.
 ``--quick`` runs each suite on small inputs (a smoke test; not numbers to quote). After the suites,
 benchmarks/plots.py draws PNGs next to the JSON files.
 """
@@ -89,12 +93,16 @@ def run_suite(suite: str, argv: list[str]) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", default="all", choices=[*SUITES, "all"])
-    p.add_argument("--out", default=None, help="results directory (default benchmarks/results/<device>-<date>)")
+    p.add_argument("--suite", required=True, choices=[*SUITES, "all"])
+    p.add_argument("--out", default=None, help="results directory (default: the repository's record, "
+                                               "benchmarks/results/<device>-<date>)")
     p.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="for e2e / structured / planarity (default: cuda for --suite gpu, else cpu)")
     p.add_argument("--quick", action="store_true", help="small inputs: a smoke run, not numbers to quote")
     p.add_argument("--no-plots", action="store_true")
+    if not (sys.argv[1:] if argv is None else argv):
+        p.print_help()
+        return 0
     args, extra = p.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
 
@@ -115,6 +123,7 @@ def main(argv=None) -> int:
 
         label = device_label("cuda" if "gpu" in suites or device == "cuda" else "cpu")
         out = RESULTS_DIR / f"{label}-{dt.date.today().isoformat()}{'-quick' if args.quick else ''}"
+        print(f"results go to {out} (the repository's record; --out DIR to write elsewhere)", flush=True)
     out.mkdir(parents=True, exist_ok=True)
 
     failed = []

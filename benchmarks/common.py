@@ -1,9 +1,14 @@
-"""Timing, machine description and result files shared by every benchmark script."""
+"""Timing, machine description and result files shared by every benchmark script.
+
+Every timer reports the median and the interquartile range (``iqr_ms``: 75th minus 25th percentile
+of the samples) next to the minimum. Result files round every number to 3 significant digits.
+"""
 from __future__ import annotations
 
 import datetime as _dt
 import gc
 import json
+import math
 import os
 import platform
 import statistics
@@ -74,8 +79,7 @@ def _bench(fn, device, warmup, repeat, max_seconds, min_warmup_seconds, min_samp
         spent += ms * batch / 1e3
         if spent > max_seconds and len(samples) >= 3:
             break
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "samples": len(samples),
-            "calls_per_sample": batch}
+    return {**summarize(samples), "calls_per_sample": batch}
 
 
 def bench_interleaved(fns: dict[str, Callable[[], object]], device: torch.device | str = "cpu", *, rounds: int = 15,
@@ -102,7 +106,32 @@ def bench_interleaved(fns: dict[str, Callable[[], object]], device: torch.device
             samples[name].append((time.perf_counter() - t0) * 1e3)
         if time.perf_counter() - start > max_seconds and r >= 2:
             break
-    return {n: {"median_ms": statistics.median(v), "min_ms": min(v), "samples": len(v)} for n, v in samples.items()}
+    return {n: summarize(v) for n, v in samples.items()}
+
+
+def summarize(samples_ms: Sequence[float]) -> dict[str, float]:
+    """Median, interquartile range, min and count of timing samples (ms)."""
+    q1, _, q3 = statistics.quantiles(samples_ms, n=4) if len(samples_ms) > 1 else (samples_ms[0],) * 3
+    return {"median_ms": statistics.median(samples_ms), "iqr_ms": q3 - q1, "min_ms": min(samples_ms),
+            "samples": len(samples_ms)}
+
+
+def round_sig(value: float, digits: int = 3) -> float:
+    """``value`` rounded to ``digits`` significant digits (0, inf and nan unchanged)."""
+    if value == 0 or not math.isfinite(value):
+        return value
+    return round(value, digits - 1 - math.floor(math.log10(abs(value))))
+
+
+def _rounded(obj: object) -> object:
+    """Every float inside ``obj`` (dicts, lists) rounded to 3 significant digits."""
+    if isinstance(obj, float):
+        return round_sig(obj)
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_rounded(v) for v in obj]
+    return obj
 
 
 def cpu_model() -> str:
@@ -151,8 +180,8 @@ def device_label(device: torch.device | str = "cpu") -> str:
 
 def markdown_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) -> str:
     def fmt(v: object) -> str:
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        if isinstance(v, float):  # 3 significant digits, without an exponent below 1e6
+            return f"{v:.3g}" if not math.isfinite(v) or abs(v) < 100 or abs(v) >= 1e6 else f"{round_sig(v):.0f}"
         return "" if v is None else str(v)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -162,10 +191,11 @@ def markdown_table(rows: Sequence[dict[str, object]], columns: Sequence[str]) ->
 
 def save_results(name: str, meta: dict[str, object], rows: list[dict[str, object]], columns: Sequence[str],
                  out_dir: Path | str | None = None, notes: str = "") -> Path:
-    """Writes <out_dir>/<name>.json (raw) and <name>.md (table). Returns the .md path."""
+    """Writes <out_dir>/<name>.json (rows and metadata, numbers to 3 significant digits) and <name>.md
+    (table). Returns the .md path."""
     out = Path(out_dir) if out_dir else RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    (out / f"{name}.json").write_text(json.dumps(_rounded({"meta": meta, "rows": rows}), indent=1, default=str))
     header = f"# {name}\n\n" + "\n".join(f"- {k}: {v}" for k, v in meta.items()) + "\n\n"
     md = out / f"{name}.md"
     md.write_text(header + (notes + "\n\n" if notes else "") + markdown_table(rows, columns) + "\n")

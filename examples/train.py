@@ -19,8 +19,11 @@ When no data is reachable the script says so and trains on a synthetic graph.
 
 Planetoid features are row-normalised (PyG's ``T.NormalizeFeatures()``, as in its gcn.py).
 Reported: test accuracy at the epoch of best validation accuracy (as PyG's gcn.py) and at the last
-epoch, the mean training-epoch time (forward + loss + backward + optimizer step, first epoch excluded
-and reported apart: it sorts the graph, fills caches and may JIT-build the C++ kernels).
+epoch, the median training-epoch time and its interquartile range (forward + loss + backward + optimizer
+step, first epoch excluded and reported apart: it sorts the graph, fills caches and may build the C++
+kernels). ``--compare`` trains both backends in turns, epoch by epoch (each with its own RNG stream, so
+the runs are those of separate processes), and reports the speed-up as the median and IQR of the
+per-epoch time ratios: both sides of a pair ran under the same machine conditions.
 """
 from __future__ import annotations
 
@@ -150,15 +153,44 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def train_once(data, args, backend: str, seed: int, device: torch.device) -> dict:
-    """Trains one model from scratch; returns accuracies and epoch times."""
+class _OwnRng:
+    """A run's own torch RNG stream: runs stepped in turns (--compare) draw the same dropout masks as
+    when each runs alone."""
+
+    def __init__(self, seed: int, device: torch.device):
+        self.cuda = device.type == "cuda"
+        saved = self._get()
+        torch.manual_seed(seed)
+        self.state = self._get()
+        self._set(saved)
+
+    def _get(self):
+        return torch.get_rng_state(), (torch.cuda.get_rng_state() if self.cuda else None)
+
+    def _set(self, state):
+        torch.set_rng_state(state[0])
+        if self.cuda:
+            torch.cuda.set_rng_state(state[1])
+
+    def __enter__(self):
+        self.saved = self._get()
+        self._set(self.state)
+
+    def __exit__(self, *exc):
+        self.state = self._get()
+        self._set(self.saved)
+
+
+def training(data, args, backend: str, seed: int, device: torch.device):
+    """Trains one model from scratch, yielding after each epoch; returns accuracies and epoch times."""
     from tqdm.auto import tqdm
 
-    torch.manual_seed(seed)
+    rng = _OwnRng(seed, device)
     sparse = data.x.layout != torch.strided
     classes = int(data.y.max()) + 1
-    model = Net(layer_module(backend), args.model, data.x.shape[1], args.hidden or HIDDEN[args.model], classes,
-                dropout=args.dropout, sparse_input=sparse).to(device)
+    with rng:
+        model = Net(layer_module(backend), args.model, data.x.shape[1], args.hidden or HIDDEN[args.model], classes,
+                    dropout=args.dropout, sparse_input=sparse).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     x, edge_index, y = data.x, data.edge_index, data.y
     masks = (data.train_mask, data.val_mask, data.test_mask)
@@ -167,29 +199,61 @@ def train_once(data, args, backend: str, seed: int, device: torch.device) -> dic
     bar = tqdm(range(1, args.epochs + 1), desc=f"{backend:7s} {args.model} seed {seed}", unit="ep",
                disable=not args.progress, leave=args.seeds == 1, dynamic_ncols=True)
     for _ in bar:
-        model.train()
-        _sync(device)
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x, edge_index)[masks[0]], y[masks[0]])
-        loss.backward()
-        optimizer.step()
-        _sync(device)
-        times.append(time.perf_counter() - start)
+        with rng:
+            model.train()
+            _sync(device)
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x, edge_index)[masks[0]], y[masks[0]])
+            loss.backward()
+            optimizer.step()
+            _sync(device)
+            times.append(time.perf_counter() - start)
 
-        model.eval()
-        with torch.no_grad():
-            pred = model(x, edge_index).argmax(1)
+            model.eval()
+            with torch.no_grad():
+                pred = model(x, edge_index).argmax(1)
         train_acc, val_acc, test_acc = ((pred[m] == y[m]).float().mean().item() for m in masks)
         if val_acc > best_val:
             best_val, test_at_best = val_acc, test_acc
         bar.set_postfix(loss=f"{loss.item():.3f}", train=f"{train_acc:.3f}", val=f"{val_acc:.3f}",
                         test=f"{test_acc:.3f}")
+        yield
     bar.close()
-    steady = times[1:] or times
+    steady = [1e3 * t for t in (times[1:] or times)]
+    q1, _, q3 = statistics.quantiles(steady, n=4) if len(steady) > 1 else (steady[0],) * 3
     return dict(backend=backend, seed=seed, test_acc=test_at_best, final_test_acc=test_acc, best_val_acc=best_val,
-                final_loss=loss.item(), epoch_ms=1e3 * statistics.mean(steady),
-                epoch_median_ms=1e3 * statistics.median(steady), first_epoch_ms=1e3 * times[0])
+                final_loss=loss.item(), epoch_ms=statistics.mean(steady), epoch_median_ms=statistics.median(steady),
+                epoch_iqr_ms=q3 - q1, epoch_times_ms=steady, first_epoch_ms=1e3 * times[0])
+
+
+def in_turns(runs: list) -> list[dict]:
+    """Steps the training generators one epoch at a time, in a rotating order, so that every backend
+    sees the same machine conditions (a shared machine's speed drifts); returns their results."""
+    results: list = [None] * len(runs)
+    live, turn = list(range(len(runs))), 0
+    while live:
+        k = turn % len(live)
+        for i in live[k:] + live[:k]:
+            try:
+                next(runs[i])
+            except StopIteration as done:
+                results[i] = done.value
+                live.remove(i)
+        turn += 1
+    return results
+
+
+def train_once(data, args, backend: str, seed: int, device: torch.device) -> dict:
+    """Trains one model from scratch; returns accuracies and epoch times."""
+    return in_turns([training(data, args, backend, seed, device)])[0]
+
+
+def _iqr(values):
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q3 - q1
 
 
 def _mean_std(values):
@@ -239,30 +303,38 @@ def main(argv=None) -> dict:
 
     backends = [args.backend] + (["pyg" if args.backend == "gnnfuse" else "gnnfuse"] if args.compare else [])
     runs = {b: [] for b in backends}
-    for seed in range(args.seeds):
-        for b in backends:
-            runs[b].append(train_once(data, args, b, seed, device))
+    for seed in range(args.seeds):  # backends trained in turns, epoch by epoch (see in_turns)
+        for b, result in zip(backends, in_turns([training(data, args, b, seed, device) for b in backends])):
+            runs[b].append(result)
 
     print()
-    print(f"{'backend':8s} {'test acc (best val)':>22s} {'test acc (last)':>18s} {'epoch ms (mean)':>16s} "
+    print(f"{'backend':8s} {'test acc (best val)':>22s} {'test acc (last)':>18s} {'epoch ms (median, IQR)':>24s} "
           f"{'first epoch ms':>15s}")
     summary = {}
     for b, rs in runs.items():
         acc, acc_sd = _mean_std([100 * r["test_acc"] for r in rs])
         last, last_sd = _mean_std([100 * r["final_test_acc"] for r in rs])
         ms = statistics.mean(r["epoch_ms"] for r in rs)
+        epochs = [t for r in rs for t in r["epoch_times_ms"]]
+        median, iqr = statistics.median(epochs), _iqr(epochs)
         first = statistics.mean(r["first_epoch_ms"] for r in rs)
         summary[b] = dict(test_acc=acc, test_acc_std=acc_sd, final_test_acc=last, final_test_acc_std=last_sd,
-                          epoch_ms=ms, first_epoch_ms=first, runs=rs)
+                          epoch_ms=ms, epoch_median_ms=median, epoch_iqr_ms=iqr, first_epoch_ms=first, runs=rs)
         pm = f" ± {acc_sd:.1f}" if len(rs) > 1 else ""
         pm_last = f" ± {last_sd:.1f}" if len(rs) > 1 else ""
-        print(f"{b:8s} {f'{acc:.1f}{pm} %':>22s} {f'{last:.1f}{pm_last} %':>18s} {ms:16.2f} {first:15.1f}")
+        print(f"{b:8s} {f'{acc:.1f}{pm} %':>22s} {f'{last:.1f}{pm_last} %':>18s} {f'{median:.2f} (IQR {iqr:.2f})':>24s} "
+              f"{first:15.1f}")
     if args.seeds > 1:
         print(f"({args.seeds} seeds: mean ± sample std)")
     if args.compare:
-        speedup = summary["pyg"]["epoch_ms"] / summary["gnnfuse"]["epoch_ms"]
-        summary["speedup"] = speedup
-        print(f"speed-up of gnnfuse over stock PyG (mean training epoch): {speedup:.2f}x")
+        # epochs ran in turns, so epoch i of both backends saw the same conditions: ratios of pairs
+        ratios = [p / g for rp, rg in zip(runs["pyg"], runs["gnnfuse"])
+                  for p, g in zip(rp["epoch_times_ms"], rg["epoch_times_ms"])]
+        speedup = statistics.median(ratios)
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (speedup,) * 3
+        summary.update(speedup=speedup, speedup_q1=q1, speedup_q3=q3)
+        print(f"speed-up of gnnfuse over stock PyG (training epoch, backends in turns): median {speedup:.2f}x, "
+              f"IQR {q1:.2f}-{q3:.2f}x over {len(ratios)} epoch pairs")
     summary["dataset"] = name
     return summary
 

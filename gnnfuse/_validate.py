@@ -1,8 +1,10 @@
 """Argument checks shared by every op. They look only at shapes, dtypes and devices (never at
 index values, which would need a host sync and break torch.compile); value checks live in
-the kernels."""
+the kernels. Messages are built only when a check fails: formatting a size inside a traced
+function would specialise the compiled graph on it."""
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -10,6 +12,12 @@ import torch
 INDEX_DTYPES = (torch.int32, torch.int64)
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INT32_MAX = 2**31 - 1
+
+
+class IndexOutOfRange(IndexError, ValueError):
+    """An index (node id, edge id, atom id) outside its valid range. It is both an ``IndexError``
+    (what PyG and torch raise for a bad index) and a ``ValueError`` (what gnnfuse raises for bad
+    argument values), so either ``except`` catches it."""
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -63,6 +71,18 @@ def require_fits_index(name: str, dtype: torch.dtype, **counts: int) -> None:
 
 
 def require_node_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    """A non-negative integer: any integral type (Python int, numpy integer, a 0-dim integer tensor
+    via ``__index__``) or a SymInt under torch.compile; bool is rejected."""
+    if type(value) is int and value >= 0:  # the common case, first
+        return value
+    if isinstance(value, torch.SymInt):
+        return value  # type: ignore[return-value]
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a non-negative int; got {value!r}")
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a non-negative int; got {type(value).__name__} {value!r}") from None
+    if count < 0:
         raise ValueError(f"{name} must be a non-negative int; got {value!r}")
-    return value
+    return count

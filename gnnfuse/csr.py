@@ -4,28 +4,68 @@
 ``perm[p]`` is the original edge id of CSR position ``p``. The transpose (rows = sources),
 needed by the backward pass, is built on first use and cached on the object.
 
+Trust: a CSR built by gnnfuse (``from_edge_index``, ``transpose``, ``to``) is correct by
+construction; one built by hand (``CSR(rowptr, col, perm, num_src)``) is validated in full
+(:meth:`CSR.validate`) the first time an op uses it. Either way the op re-validates, and drops the
+cached transpose, whenever ``rowptr``/``col``/``perm`` have changed since (replaced, written in
+place, or written around the version counter where the fingerprint sees it: see
+gnnfuse._tensor_cache). A repeated call with an unchanged CSR costs one stamp comparison.
+
 Passing a raw ``edge_index`` tensor to :func:`gnnfuse.fused_gather_scatter` builds its CSR
-once and caches it keyed on that tensor object (see :func:`csr_for_edge_index`).
+once and caches it on that tensor's memory (see :func:`csr_for_edge_index`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from ._tensor_cache import cached, clear
-from ._validate import INDEX_DTYPES, INT32_MAX, require_fits_index, require_index, require_node_count, require_shape, require_tensor
-from .ops.coo_to_csr import coo_to_csr
+from . import reference
+from ._tensor_cache import PLAIN, Fingerprint, cached, clear
+from ._validate import (
+    INDEX_DTYPES,
+    INT32_MAX,
+    require_fits_index,
+    require_index,
+    require_node_count,
+    require_shape,
+    require_tensor,
+)
+from .ops.coo_to_csr import coo_to_csr, validate_csr
+
+_FIELDS = ("rowptr", "col", "perm")
 
 
-@dataclass(eq=False)
 class CSR:
-    rowptr: torch.Tensor  # [num_dst + 1]
-    col: torch.Tensor  # [E] source of each CSR position
-    perm: torch.Tensor  # [E] original edge id of each CSR position
-    num_src: int  # number of source nodes (columns)
-    _transpose: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
-    _row: torch.Tensor | None = field(default=None, repr=False)
+    """A graph in compressed sparse row form, rows = targets: ``CSR(rowptr, col, perm, num_src)``.
+
+    Build one with :meth:`from_edge_index` or :meth:`from_scipy`, or wrap index tensors you sorted
+    yourself: ``rowptr`` [num_dst + 1] (starts at 0, non-decreasing, ends at E), ``col`` [E] (the
+    source of each CSR position, in ``[0, num_src)``), ``perm`` [E] (the original edge id of each
+    CSR position, a permutation of ``[0, E)``), all of one index dtype (int32 or int64), and
+    ``num_src`` the number of source nodes. A hand-built CSR is validated the first time an op
+    uses it (and again after any change to its tensors); :meth:`validate` checks it on demand.
+    """
+
+    def __init__(self, rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int):
+        self.rowptr = rowptr
+        self.col = col
+        self.perm = perm
+        self.num_src = require_node_count("num_src", num_src)
+        self._derived: dict[str, object] = {}  # "transpose", "row": valid while _stamps matches
+        self._stamps: tuple | None = None  # (tensors, stamps) when last validated or built
+        self._trusted = False  # built by gnnfuse or validated: compiled code does not re-check it
+
+    def __repr__(self) -> str:
+        return (f"CSR(num_src={self.num_src}, num_dst={self.num_dst}, num_edges={self.num_edges}, "
+                f"index_dtype={self.index_dtype}, device={self.device})")
+
+    @classmethod
+    def _built(cls, rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int) -> CSR:
+        """A CSR that gnnfuse's own kernels produced: correct by construction, not validated."""
+        csr = cls(rowptr, col, perm, num_src)
+        csr._trusted = True
+        if not torch.compiler.is_compiling():
+            csr._stamp()
+        return csr
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -33,11 +73,12 @@ class CSR:
                         index_dtype: torch.dtype | None = None) -> CSR:
         """Sorts ``edge_index`` [2, E] (row 0 = source, row 1 = target) by target, stably.
 
-        ``num_nodes`` is an int (square graph) or ``(num_src, num_dst)``; when None it is
+        ``num_nodes`` is an integer (square graph) or ``(num_src, num_dst)``; when None it is
         ``max(edge_index) + 1`` (one host sync). ``index_dtype`` of the CSR: by default int32
         whenever nodes and edges fit (half the index memory traffic of int64, whatever
-        edge_index's dtype), else int64. A PyG ``EdgeIndex`` sorted by row or column reuses its
-        cached CSC (and dtype) instead of sorting again.
+        edge_index's dtype), else int64. Ids are range-checked before any narrowing
+        (:class:`gnnfuse.IndexOutOfRange`, quoting the id). A PyG ``EdgeIndex`` sorted by row or
+        column reuses its cached CSC (and dtype) instead of sorting again, after checking it.
         """
         check_edge_index(edge_index)
         num_src, num_dst = _sizes(edge_index, num_nodes)
@@ -48,25 +89,30 @@ class CSR:
         index_dtype = _index_dtype(index_dtype, num_src, num_dst, edge_index.shape[1])
         if type(edge_index) is not torch.Tensor:  # plain tensor: no subclass dispatch in the op
             edge_index = edge_index.as_subclass(torch.Tensor)
-        edge_index = edge_index.to(index_dtype)
-        rowptr, col, perm = coo_to_csr(edge_index[1], edge_index[0], num_dst, num_src)
-        return cls(rowptr, col, perm, num_src)
+        if edge_index.dtype == torch.int32 and index_dtype == torch.int64:
+            edge_index = edge_index.long()  # widening is safe before the check
+        rowptr, col, perm = coo_to_csr(edge_index[1], edge_index[0], num_dst, num_src, index_dtype)
+        return cls._built(rowptr, col, perm, num_src)
 
     @classmethod
     def from_scipy(cls, matrix, *, index_dtype: torch.dtype | None = None) -> CSR:
-        """From a scipy sparse matrix of shape (num_dst, num_src): A[i, j] != 0 is an edge j -> i.
+        """From a scipy sparse matrix of shape (num_dst, num_src): a stored nonzero A[i, j] is an
+        edge j -> i. Explicitly stored zeros are dropped (a zero is not an edge), on a copy.
 
-        Edge ids follow ``matrix.tocsr()``'s storage order, so its ``.data`` is the matching
-        ``edge_weight``. ``index_dtype`` as in :meth:`from_edge_index`.
+        Edge ids follow the storage order of ``matrix.tocsr()`` after that, so its ``.data`` is the
+        matching ``edge_weight``. ``index_dtype`` as in :meth:`from_edge_index`.
         """
+        if not (hasattr(matrix, "tocsr") and hasattr(matrix, "nnz")):
+            raise TypeError(f"matrix must be a scipy.sparse matrix or array; got {type(matrix).__name__}")
         m = matrix.tocsr()
+        if m is matrix:
+            m = m.copy()  # eliminate_zeros works in place: never modify the caller's matrix
+        m.eliminate_zeros()
         index_dtype = _index_dtype(index_dtype, m.shape[1], m.shape[0], m.nnz)
         rowptr = torch.from_numpy(m.indptr).to(index_dtype)
         col = torch.from_numpy(m.indices).to(index_dtype)
         perm = torch.arange(col.numel(), dtype=index_dtype)
-        csr = cls(rowptr, col, perm, int(m.shape[1]))
-        csr.validate()
-        return csr
+        return cls(rowptr, col, perm, int(m.shape[1])).validate()
 
     def to_scipy(self, edge_weight: torch.Tensor | None = None):
         """scipy.sparse.csr_matrix of shape (num_dst, num_src); ``edge_weight`` in original edge order."""
@@ -99,12 +145,7 @@ class CSR:
 
     def row(self) -> torch.Tensor:
         """Target of each CSR position (the expanded rowptr), built once."""
-        if self._row is None:
-            self._row = torch.repeat_interleave(
-                torch.arange(self.num_dst, device=self.device, dtype=self.index_dtype), self.in_degree(),
-                output_size=self.num_edges,
-            )
-        return self._row
+        return self.checked()._row()
 
     def to_edge_index(self) -> torch.Tensor:
         """[2, E] edge_index in CSR order (original order: index with ``perm``)."""
@@ -114,34 +155,117 @@ class CSR:
         moved = [t.to(*args, **kwargs) for t in (self.rowptr, self.col, self.perm)]
         if any(t.is_floating_point() for t in moved):
             raise TypeError("CSR.to: index tensors cannot be cast to a floating dtype")
-        return CSR(*moved, self.num_src)
+        if moved[1].dtype == torch.int32 and self.col.dtype == torch.int64:
+            require_fits_index("CSR.to(torch.int32)", torch.int32, edges=self.num_edges,
+                               nodes=max(self.num_src, self.num_dst))
+        self.checked()
+        return CSR._built(*moved, self.num_src)
 
     # ---- transpose ----------------------------------------------------------------------
     def transpose_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(t_rowptr [num_src + 1], t_col = targets, t_pos = CSR position), built once."""
-        if self._transpose is None:
-            self._transpose = coo_to_csr(self.col, self.row(), self.num_src, self.num_dst)
-        return self._transpose
+        return self.checked()._transpose_parts()
 
     def transpose(self) -> CSR:
         """The reversed graph as a CSR (rows = sources); its perm keeps original edge ids."""
         t_rowptr, t_col, t_pos = self.transpose_parts()
-        return CSR(t_rowptr, t_col, self.perm[t_pos.long()], self.num_dst)
+        return CSR._built(t_rowptr, t_col, self.perm[t_pos.long()], self.num_dst)
+
+    # Derived state, for callers that have just run checked(): cached while the stamps hold.
+    def _row(self) -> torch.Tensor:
+        row = self._derived.get("row")
+        if row is None:
+            row = expand_rowptr(self.rowptr, self.num_edges)
+            if self._stamps is not None or torch.compiler.is_compiling():
+                self._derived["row"] = row
+        return row  # type: ignore[return-value]
+
+    def _transpose_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        parts = self._derived.get("transpose")
+        if parts is None:
+            parts = coo_to_csr(self.col, self._row(), self.num_src, self.num_dst)
+            if self._stamps is not None or torch.compiler.is_compiling():
+                self._derived["transpose"] = parts
+        return parts  # type: ignore[return-value]
 
     # ---- checks -------------------------------------------------------------------------
+    def checked(self) -> CSR:
+        """This CSR, validated if it is new to gnnfuse or changed since it was last checked (see
+        the module docstring); a change also drops the cached transpose. Ops call this first."""
+        if torch.compiler.is_compiling():
+            if not self._trusted:  # never checked eagerly: device-side assertions in the graph
+                self._check_layout()
+                reference.assert_valid_csr(self.rowptr, self.col, self.perm, self.num_src)
+            return self
+        held = self._stamps
+        if held is not None:  # inlined stamp comparison (see _stamp): about 1 us
+            r, c, p = self.rowptr, self.col, self.perm
+            (r0, c0, p0), (rs, cs, ps) = held
+            if (r is r0 and c is c0 and p is p0 and r.data_ptr() == rs[1] and c.data_ptr() == cs[1]
+                    and p.data_ptr() == ps[1] and r._version == rs[2] and c._version == cs[2] and p._version == ps[2]
+                    and (rs[3] is None or (rs[3].read() == rs[4] and cs[3].read() == cs[4] and ps[3].read() == ps[4]))):
+                return self
+        return self.validate()
+
     def validate(self) -> CSR:
-        """Full structural check of a user-supplied CSR (host sync; not for hot paths)."""
-        for name in ("rowptr", "col", "perm"):
-            require_index(f"CSR.{name}", getattr(self, name))
-        if len({self.rowptr.dtype, self.col.dtype, self.perm.dtype}) != 1:
-            raise TypeError("CSR.rowptr, CSR.col and CSR.perm must share one index dtype")
-        require_shape("CSR.rowptr", self.rowptr, "[num_dst + 1]", self.rowptr.dim() == 1 and self.rowptr.numel() >= 1)
-        require_shape("CSR.perm", self.perm, f"[{self.num_edges}] like CSR.col", self.perm.shape == self.col.shape)
-        if int(self.rowptr[0]) != 0 or int(self.rowptr[-1]) != self.num_edges or bool((self.rowptr.diff() < 0).any()):
-            raise ValueError("CSR.rowptr must start at 0, be non-decreasing and end at len(col)")
-        if self.num_edges and (int(self.col.min()) < 0 or int(self.col.max()) >= self.num_src):
-            raise ValueError(f"CSR.col has entries outside [0, num_src={self.num_src})")
+        """Full structural check (one pass in C++ on CPU; torch ops and a host sync on CUDA):
+        rowptr starts at 0, is non-decreasing and ends at len(col); col in ``[0, num_src)``
+        (:class:`gnnfuse.IndexOutOfRange` otherwise, quoting the id); perm a permutation of
+        ``[0, E)``. Returns self, so ``CSR(...).validate()`` chains."""
+        self._check_layout()
+        self._derived.clear()
+        self._stamps = None
+        validate_csr(self.rowptr, self.col, self.perm, self.num_src)
+        self._trusted = True
+        self._stamp()
         return self
+
+    def _check_layout(self) -> None:
+        """Types, dtypes, shapes and devices of the three tensors (no values)."""
+        for name in _FIELDS:
+            t = require_tensor(f"CSR.{name}", getattr(self, name))
+            require_index(f"CSR.{name}", t)
+        rowptr, col, perm = self.rowptr, self.col, self.perm
+        if not (rowptr.dtype == col.dtype == perm.dtype):
+            raise TypeError("CSR.rowptr, CSR.col and CSR.perm must share one index dtype; got "
+                            f"{rowptr.dtype}, {col.dtype}, {perm.dtype}")
+        if not (rowptr.device == col.device == perm.device):
+            raise ValueError("CSR.rowptr, CSR.col and CSR.perm must be on one device; got "
+                             f"{rowptr.device}, {col.device}, {perm.device}")
+        if rowptr.dim() != 1 or rowptr.shape[0] < 1:
+            require_shape("CSR.rowptr", rowptr, "[num_dst + 1]", False)
+        if col.dim() != 1:
+            require_shape("CSR.col", col, "[E]", False)
+        if perm.shape != col.shape:
+            require_shape("CSR.perm", perm, f"[{col.shape[0]}] like CSR.col", False)
+        require_fits_index("CSR", col.dtype, edges=col.shape[0], nodes=max(self.num_src, rowptr.shape[0] - 1))
+
+    def _stamp(self) -> None:
+        """Records (tensor objects, their stamps) for checked(). The stamps hold the storages
+        strongly (each is (storage, data pointer, version, fingerprint reader, fingerprint)): the
+        fingerprinted memory stays readable, and while the old storage lives no other can take
+        its address, so an unchanged data pointer of the same tensor object means the same storage."""
+        tensors = (self.rowptr, self.col, self.perm)
+        if any(type(t) not in PLAIN or t.is_inference() for t in tensors):
+            self._stamps = None  # no version counter or own storage: re-validated on every use, nothing kept
+            return
+        stamps = []
+        for t in tensors:
+            reader = Fingerprint(t) if t.is_cpu else None
+            stamps.append((t.untyped_storage(), t.data_ptr(), t._version, reader, reader and reader.read()))
+        self._stamps = (tensors, tuple(stamps))
+
+
+def expand_rowptr(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
+    """The row of each CSR position: [0, 0, 1, 3, ...] from rowptr [0, 2, 3, 3, 4, ...]."""
+    num_rows = rowptr.shape[0] - 1
+    return torch.repeat_interleave(torch.arange(num_rows, device=rowptr.device, dtype=rowptr.dtype),
+                                   rowptr[1:] - rowptr[:-1], output_size=num_edges)
+
+
+def transpose_parts_of(rowptr: torch.Tensor, col: torch.Tensor, num_src: int):
+    """The transpose of a CSR given by its parts (for the op's own backward, which has no CSR)."""
+    return coo_to_csr(col, expand_rowptr(rowptr, col.shape[0]), num_src, rowptr.shape[0] - 1)
 
 
 def check_edge_index(edge_index: object) -> torch.Tensor:
@@ -190,17 +314,19 @@ def _from_pyg_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -
     colptr, row = colptr.as_subclass(torch.Tensor), row.as_subclass(torch.Tensor)
     if perm is None:
         perm = torch.arange(row.numel(), device=row.device, dtype=row.dtype)
-    return CSR(colptr.to(row.dtype), row, perm.as_subclass(torch.Tensor).to(row.dtype), num_src)
+    # the EdgeIndex's data is not validated by PyG unless asked: check it like a hand-built CSR
+    return CSR(colptr.to(row.dtype), row, perm.as_subclass(torch.Tensor).to(row.dtype), num_src).checked()
 
 
-# ---- CSRs built from raw edge_index tensors, cached on the tensor object ------------------------
-# (see gnnfuse._tensor_cache): the same `data.edge_index` object sorts once, while a copy (e.g.
+# ---- CSRs built from raw edge_index tensors, cached on the tensor's memory ------------------------
+# (see gnnfuse._tensor_cache): the same unchanged `data.edge_index` sorts once, while a copy (e.g.
 # `edge_index.to(device)` each step) sorts again: build a CSR yourself for those.
 def csr_for_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -> CSR:
     if torch.compiler.is_compiling():  # the cache is Python state; inside a graph just build it
         return CSR.from_edge_index(edge_index, (num_src, num_dst))
-    return cached("csr", (edge_index,), (num_src, num_dst),
-                  lambda: CSR.from_edge_index(edge_index, (num_src, num_dst)))
+    # a PyG EdgeIndex wraps its data (no storage of its own): key the cache on that data
+    source = edge_index if type(edge_index) is torch.Tensor else getattr(edge_index, "as_tensor", lambda: edge_index)()
+    return cached("csr", (source,), (num_src, num_dst), lambda: CSR.from_edge_index(edge_index, (num_src, num_dst)))
 
 
 def clear_cache() -> None:

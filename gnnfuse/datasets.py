@@ -1,8 +1,26 @@
 """Offline loaders for the real graphs used by the examples, benchmarks and tests.
 
-Data is never shipped with gnnfuse. It is looked up in ``$GNNFUSE_DATA``, else in
-``../shared/data`` next to the source checkout; loaders return None when it is absent so
-callers can fall back (with a message) to a synthetic graph.
+Data is never shipped with gnnfuse and never downloaded by it. Each dataset is looked up, in order:
+
+1. ``root=`` when given (only there), else
+2. ``$GNNFUSE_DATA``,
+3. the user data cache, ``$XDG_CACHE_HOME/gnnfuse/data`` or ``~/.cache/gnnfuse/data``,
+4. ``../shared/data`` next to a source checkout (the development tree's data folder).
+
+Each of these folders holds ``planetoid/<Name>/raw/ind.<name>.*`` (Cora, CiteSeer, PubMed, as PyG's
+``Planetoid`` reads them) and ``musae-facebook/facebook_{edges.csv,features.json,target.csv}``.
+Planetoid graphs are read by PyG's own ``Planetoid`` class. PyG's ``FacebookPagePage`` reads a
+preprocessed ``facebook.npz`` that the MUSAE release does not contain, so the MUSAE files are read
+here directly (with the real sparse features and a seeded stratified split).
+``load(name)`` raises ``DatasetNotFoundError`` saying exactly what to download and where to put it;
+the older ``load_*`` functions return None instead, so callers can fall back to a synthetic graph.
+
+Example::
+
+    from gnnfuse import datasets
+    from torch_geometric.transforms import NormalizeFeatures
+
+    data = datasets.load("Cora", transform=NormalizeFeatures())   # a PyG Data with the public split
 """
 from __future__ import annotations
 
@@ -10,68 +28,135 @@ import os
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
+PLANETOID = ("Cora", "CiteSeer", "PubMed")
+FACEBOOK_FILES = ("facebook_edges.csv", "facebook_features.json", "facebook_target.csv")
 
-def data_root() -> Path | None:
-    """Directory holding planetoid/ and musae-facebook/: $GNNFUSE_DATA, else ../shared/data."""
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset is in none of the searched folders; the message says what to download and where."""
+
+
+def user_data_dir() -> Path:
+    """The user data cache: ``$XDG_CACHE_HOME/gnnfuse/data``, else ``~/.cache/gnnfuse/data``."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "gnnfuse" / "data"
+
+
+def _cache_dir() -> Path:  # the name older callers use
+    return user_data_dir()
+
+
+def search_path(root: Path | str | None = None) -> list[Path]:
+    """The folders searched for data, in order (see the module docstring)."""
+    if root:
+        return [Path(root)]
     env = os.environ.get("GNNFUSE_DATA")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parents[2] / "shared" / "data")
-    for path in candidates:
-        if path.is_dir():
-            return path
+    dev = Path(__file__).resolve().parents[2] / "shared" / "data"
+    return ([Path(env)] if env else []) + [user_data_dir(), dev]
+
+
+def _planetoid_raw(name: str, base: Path) -> Path | None:
+    for raw in (base / "planetoid" / name / "raw", base / name / "raw"):  # or base is the planetoid folder
+        if (raw / f"ind.{name.lower()}.graph").is_file():
+            return raw
     return None
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gnnfuse" / "data"
-
-
-def load_planetoid(name: str, root: Path | str | None = None):
-    """Cora / CiteSeer / PubMed as a PyG ``Data`` (public split), or None without data.
-
-    The raw files are read from ``<root>/planetoid/<name>/raw``; PyG writes its processed
-    copy, so they are copied once into a writable cache first.
-    """
-    from torch_geometric.datasets import Planetoid
-
-    root = Path(root) if root else data_root()
-    if root is None:
-        return None
-    raw = root / "planetoid" / name / "raw"
-    if not raw.is_dir():
-        raw = root / name / "raw"  # a root that is the planetoid folder itself
-        if not raw.is_dir():
-            return None
-    cache = _cache_dir() / "planetoid"
-    if not (cache / name / "raw").is_dir():
-        shutil.copytree(raw, cache / name / "raw", dirs_exist_ok=True)
-    return Planetoid(str(cache), name)[0]
-
-
-def _facebook_folder(root: Path | str | None) -> Path | None:
-    """The MUSAE Facebook folder under ``root`` (or ``root`` itself, if it is that folder)."""
-    root = Path(root) if root else data_root()
-    if root is None:
-        return None
-    for folder in (root / "musae-facebook", root):
-        if (folder / "facebook_edges.csv").is_file() and (folder / "facebook_features.json").is_file():
+def _facebook_in(base: Path) -> Path | None:
+    for folder in (base / "musae-facebook", base):
+        if all((folder / f).is_file() for f in FACEBOOK_FILES):
             return folder
     return None
 
 
+def find(name: str, root: Path | str | None = None) -> Path | None:
+    """The folder holding dataset ``name`` (Planetoid's raw folder, or the MUSAE Facebook folder), or None."""
+    for base in search_path(root):
+        found = _facebook_in(base) if name == "Facebook" else _planetoid_raw(name, base)
+        if found is not None:
+            return found
+    return None
+
+
+def data_root() -> Path | None:
+    """The first searched folder that holds any known dataset (prefer ``find(name)`` for one dataset)."""
+    for base in search_path():
+        if _facebook_in(base) or any(_planetoid_raw(name, base) for name in PLANETOID):
+            return base
+    return None
+
+
+def missing_message(name: str, root: Path | str | None = None) -> str:
+    """What to download, and where to put it, for dataset ``name``."""
+    searched = ", ".join(str(p) for p in search_path(root))
+    target = Path(root) if root else user_data_dir()
+    if name == "Facebook":
+        return (f"Facebook Page-Page not found (searched {searched}). Download {', '.join(FACEBOOK_FILES)} "
+                "from the MUSAE repository (github.com/benedekrozemberczki/MUSAE, input/edges/facebook_edges.csv, "
+                "input/features/facebook.json renamed facebook_features.json, input/target/facebook_target.csv) "
+                f"into {target / 'musae-facebook'}, or set GNNFUSE_DATA to a folder holding musae-facebook/.")
+    lower = name.lower()
+    return (f"{name} not found (searched {searched}). Download ind.{lower}.{{x,y,tx,ty,allx,ally,graph,test.index}} "
+            "(the Planetoid split; github.com/kimiyoung/planetoid, data/) into "
+            f"{target / 'planetoid' / name / 'raw'}, or set GNNFUSE_DATA to a folder holding planetoid/{name}/raw. "
+            f"With network access, torch_geometric.datasets.Planetoid('{target / 'planetoid'}', '{name}') "
+            "downloads them there.")
+
+
+def load(name: str, root: Path | str | None = None, **kwargs: Any):
+    """Dataset ``name`` (Cora, CiteSeer, PubMed or Facebook) as a PyG ``Data``; ``kwargs`` go to
+    ``load_planetoid`` / ``load_facebook``. Raises ``DatasetNotFoundError`` with what to download."""
+    if name == "Facebook":
+        data = load_facebook(root, **kwargs)
+    elif name in PLANETOID:
+        data = load_planetoid(name, root, **kwargs)
+    else:
+        raise ValueError(f"name must be one of {', '.join(PLANETOID)}, Facebook; got {name!r}")
+    if data is None:
+        raise DatasetNotFoundError(missing_message(name, root))
+    return data
+
+
+def load_planetoid(name: str, root: Path | str | None = None, transform=None):
+    """Cora / CiteSeer / PubMed as a PyG ``Data`` (public split) through PyG's own ``Planetoid``, or
+    None without data. ``transform`` (e.g. ``torch_geometric.transforms.NormalizeFeatures()``) is
+    applied as PyG applies it. PyG writes a processed copy next to the raw files, so raw files in a
+    read-only folder are copied once into the user data cache first."""
+    from torch_geometric.datasets import Planetoid
+
+    raw = find(name, root)
+    if raw is None:
+        return None
+    home = user_data_dir() / "planetoid"
+    if raw != home / name / "raw":
+        shutil.copytree(raw, home / name / "raw", dirs_exist_ok=True)
+    return Planetoid(str(home), name, transform=transform)[0]
+
+
+def _facebook_folder(root: Path | str | None) -> Path | None:
+    """The MUSAE Facebook folder: ``root`` or a ``musae-facebook`` folder in it, else the search path."""
+    return find("Facebook", root)
+
+
 def load_facebook_edge_index(root: Path | str | None = None) -> tuple[torch.Tensor, int] | None:
     """Facebook Page-Page (MUSAE): undirected edge_index [2, 341,825] and 22,470 nodes, or None."""
-    import numpy as np
+    import csv
+
     from torch_geometric.utils import to_undirected
 
     folder = _facebook_folder(root)
     if folder is None:
         return None
-    edges = np.loadtxt(folder / "facebook_edges.csv", delimiter=",", skiprows=1, dtype=np.int64)
-    edge_index = to_undirected(torch.from_numpy(edges).t())
+    with open(folder / "facebook_edges.csv", newline="", encoding="utf-8") as f:
+        rows = csv.reader(f)
+        next(rows)  # header: id_1,id_2
+        edges = torch.tensor([[int(a), int(b)] for a, b in rows], dtype=torch.long)
+    edge_index = to_undirected(edges.t())
     return edge_index, int(edge_index.max()) + 1
 
 
@@ -107,12 +192,13 @@ def load_facebook(root: Path | str | None = None, seed: int = 0, *, train: float
 
     from torch_geometric.data import Data
 
-    folder = _facebook_folder(root)
-    if folder is None:
-        return None
     import csv
 
-    edge_index, _ = load_facebook_edge_index(folder)
+    folder = _facebook_folder(root)
+    loaded = load_facebook_edge_index(folder) if folder is not None else None
+    if folder is None or loaded is None:
+        return None
+    edge_index, _ = loaded
 
     names: dict[str, int] = {}
     ids, labels = [], []

@@ -9,10 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _build
-from .csr import CSR, check_edge_index
-from .ops._library import resolve_backend
-from .ops.gather_scatter import REDUCTIONS
-from ._validate import require_choice, require_tensor
+from .ops.gather_scatter import check_call
 
 
 @dataclass(frozen=True)
@@ -42,13 +39,12 @@ _KERNELS = {
 }
 
 
-def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, backend: str = "auto") -> KernelPlan:
-    """Says which kernel ``fused_gather_scatter(x, edge_index_or_csr, reduce, backend=...)``
-    would run, without running it."""
-    x = require_tensor("x", x)
-    require_choice("reduce", reduce, REDUCTIONS)
-    index = edge_index_or_csr.col if isinstance(edge_index_or_csr, CSR) else check_edge_index(edge_index_or_csr)
-    chosen = resolve_backend(backend, x.device)
+def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, edge_weight: torch.Tensor | None = None,
+            num_nodes: int | None = None, backend: str = "auto") -> KernelPlan:
+    """Says which kernel ``fused_gather_scatter(x, edge_index_or_csr, reduce, ...)`` would run,
+    without running it. It makes the op's own checks (so it rejects what the op rejects) and, for a
+    raw edge_index, builds and caches its CSR as the op would: ``index_dtype`` is the one that runs."""
+    csr, chosen = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     half = x.dtype in (torch.float16, torch.bfloat16)
     notes = []
     if reduce in ("max", "min"):
@@ -61,10 +57,7 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, backend:
     if chosen == "triton":
         from .triton.gather_scatter_dispatch import choose
 
-        if isinstance(edge_index_or_csr, CSR):
-            num_dst, num_edges = edge_index_or_csr.num_dst, edge_index_or_csr.num_edges
-        else:
-            num_dst, num_edges = x.shape[0], index.shape[1]
+        num_dst, num_edges = csr.num_dst, csr.num_edges
         feat = 1
         for d in x.shape[1:]:
             feat *= d
@@ -83,7 +76,7 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, backend:
         reduce=reduce,
         value_dtype=x.dtype,
         accumulate_dtype=torch.float32 if half else x.dtype,
-        index_dtype=index.dtype,
+        index_dtype=csr.index_dtype,
         deterministic=deterministic,
         threads=torch.get_num_threads() if x.device.type == "cpu" else 0,
         notes="; ".join(notes),

@@ -7,20 +7,71 @@ from __future__ import annotations
 
 import torch
 
+from ._validate import IndexOutOfRange
+
 _SCATTER_REDUCE = {"sum": "sum", "mean": "mean", "max": "amax", "min": "amin", "mul": "prod"}
 
 
-def coo_to_csr(key: torch.Tensor, other: torch.Tensor, num_rows: int, num_other: int):
-    """Stable sort of edges by ``key``: (rowptr, col, perm) in the dtype of ``key``."""
+def coo_to_csr(key: torch.Tensor, other: torch.Tensor, num_rows: int, num_other: int,
+               out_dtype: torch.dtype | None = None):
+    """Stable sort of edges by ``key``: (rowptr, col, perm) in ``out_dtype`` (default: key's dtype).
+    Ids are range-checked before they are converted (one host sync on CUDA)."""
     for name, values, limit in (("edge_index[1] (targets)", key, num_rows), ("edge_index[0] (sources)", other, num_other)):
-        if values.numel() and (int(values.min()) < 0 or int(values.max()) >= limit):
-            bad = values[(values < 0) | (values >= limit)][0]
-            raise ValueError(f"{name} contains node id {int(bad)}, outside [0, {limit})")
+        if values.numel():
+            low, high = torch.aminmax(values)
+            if int(low) < 0 or int(high) >= limit:
+                position = int(torch.nonzero((values < 0) | (values >= limit))[0, 0])
+                raise IndexOutOfRange(f"{name} contains node id {int(values[position])} at edge {position}, "
+                                      f"outside [0, {limit})")
+    dtype = out_dtype or key.dtype
     perm = torch.sort(key, stable=True).indices
     counts = torch.bincount(key.long(), minlength=num_rows)
     rowptr = torch.zeros(num_rows + 1, dtype=torch.long, device=key.device)
     torch.cumsum(counts, 0, out=rowptr[1:])
-    return rowptr.to(key.dtype), other[perm].to(key.dtype), perm.to(key.dtype)
+    return rowptr.to(dtype), other[perm].to(dtype), perm.to(dtype)
+
+
+def validate_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int) -> None:
+    """The structural check of a CSR (see gnnfuse.ops.coo_to_csr.validate_csr) with torch ops."""
+    E = col.numel()
+    if int(rowptr[0]) != 0:
+        raise ValueError(f"CSR.rowptr[0] is {int(rowptr[0])}; it must be 0")
+    if int(rowptr[-1]) != E:
+        raise ValueError(f"CSR.rowptr[-1] is {int(rowptr[-1])} but CSR.col has {E} entries; "
+                         "rowptr must end at the number of edges")
+    drops = torch.nonzero(rowptr.diff() < 0)
+    if drops.numel():
+        r = int(drops[0, 0])
+        raise ValueError(f"CSR.rowptr must be non-decreasing; rowptr[{r}] = {int(rowptr[r])} > "
+                         f"rowptr[{r + 1}] = {int(rowptr[r + 1])}")
+    for name, values, limit, what in (("CSR.col", col, num_src, "node id"), ("CSR.perm", perm, E, "edge id")):
+        bad = torch.nonzero((values < 0) | (values >= limit))
+        if bad.numel():
+            e = int(bad[0, 0])
+            bound = f"num_src={limit}" if name == "CSR.col" else str(limit)
+            raise IndexOutOfRange(f"{name} contains {what} {int(values[e])} at CSR position {e}, "
+                                  f"outside [0, {bound})")
+    if E and int(torch.bincount(perm.long(), minlength=E).max()) > 1:
+        seen = torch.zeros(E, dtype=torch.bool, device=perm.device)
+        for e, v in enumerate(perm.tolist()):  # only on failure: find the first repeat for the message
+            if seen[v]:
+                raise ValueError(f"CSR.perm is not a permutation: edge id {v} appears more than once "
+                                 f"(again at CSR position {e})")
+            seen[v] = True
+
+
+def assert_valid_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src) -> None:
+    """The same check as device-side assertions (no host sync; traceable by torch.compile). The
+    messages cannot quote values: they would need the sync this avoids."""
+    E = col.shape[0]
+    torch._assert_async(rowptr[0] == 0, "CSR.rowptr[0] must be 0")
+    torch._assert_async(rowptr[-1] == E, "CSR.rowptr must end at len(CSR.col)")
+    torch._assert_async((rowptr.diff() >= 0).all(), "CSR.rowptr must be non-decreasing")
+    torch._assert_async(((col >= 0) & (col < num_src)).all(), "CSR.col has a node id outside [0, num_src)")
+    torch._assert_async(((perm >= 0) & (perm < E)).all(), "CSR.perm has an edge id outside [0, len(col))")
+    hits = torch.zeros(E, dtype=torch.int32, device=perm.device).index_add(
+        0, perm.long().clamp(0, E - 1), torch.ones_like(perm, dtype=torch.int32))
+    torch._assert_async((hits == 1).all(), "CSR.perm is not a permutation of [0, len(col))")
 
 
 def gather_scatter(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_dst: int, reduce: str = "sum",
@@ -72,7 +123,7 @@ def structured_scatter_add(density_cube: torch.Tensor, wa: torch.Tensor, wbwc: t
     bad = (flat < 0) | (flat >= map_size)
     if flat.numel() and bool(bad.any()):
         if check_bounds:
-            raise ValueError(f"structured_scatter_add: flat index {int(flat[bad][0])} (wa + wbwc) is outside "
+            raise IndexOutOfRange(f"structured_scatter_add: flat index {int(flat[bad][0])} (wa + wbwc) is outside "
                              f"[0, map_size={map_size})")
         flat, values = flat[~bad], values[~bad]
     work_dtype = torch.float32 if density_cube.dtype in (torch.float16, torch.bfloat16) else density_cube.dtype
@@ -103,7 +154,13 @@ def planarity_nll(xyz: torch.Tensor, plane_groups) -> torch.Tensor:
     """
     x = xyz.to(torch.float64)
     centred = []
-    for indices, _ in plane_groups:
+    for b, (indices, _) in enumerate(plane_groups):
+        if indices.numel() and not torch.compiler.is_compiling():
+            low, high = torch.aminmax(indices)
+            if int(low) < 0 or int(high) >= x.shape[0]:
+                bad = int(indices.reshape(-1)[((indices < 0) | (indices >= x.shape[0])).reshape(-1)][0])
+                raise IndexOutOfRange(f"planarity_nll: plane_groups[{b}] indices contain atom id {bad}, "
+                                      f"outside [0, {x.shape[0]})")
         pts = x[indices.long()]  # [P, n, 3]
         centred.append(pts - pts.mean(dim=1, keepdim=True))
     normals = planarity_normals(centred).to(x.device)

@@ -26,17 +26,15 @@ def train():
 
 
 def _has_cora():
-    from gnnfuse.datasets import data_root
+    from gnnfuse.datasets import find
 
-    root = data_root()
-    return root is not None and (root / "planetoid" / "Cora" / "raw").is_dir()
+    return find("Cora") is not None
 
 
 def _has_facebook():
-    from gnnfuse.datasets import data_root
+    from gnnfuse.datasets import find
 
-    root = data_root()
-    return root is not None and (root / "musae-facebook" / "facebook_features.json").is_file()
+    return find("Facebook") is not None
 
 
 # ---- examples/train.py ---------------------------------------------------------------------------------

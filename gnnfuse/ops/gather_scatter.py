@@ -19,13 +19,12 @@ from .._build import load_extension
 from .._validate import (
     require_choice,
     require_floating,
-    require_index,
     require_node_count,
     require_same_device,
     require_shape,
     require_tensor,
 )
-from ..csr import CSR, check_edge_index, csr_for_edge_index
+from ..csr import CSR, check_edge_index, csr_for_edge_index, transpose_parts_of
 from ._library import define, eager_shortcut_ok, forbid_double_backward, resolve_backend
 
 REDUCTIONS = ("sum", "mean", "max", "min", "mul")
@@ -126,7 +125,7 @@ def _backward(ctx, grad_out, _grad_arg):
     x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg = ctx.saved_tensors
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
     if t_rowptr is None:  # op called directly without the transpose: build it (and max/min winners) now
-        t_rowptr, t_col, t_pos = CSR(rowptr, col, col, x.shape[0]).transpose_parts()
+        t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
         if ctx.reduce in ARG_REDUCTIONS:
             _, arg = torch.ops.gnnfuse.gather_scatter(x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.reduce)
     grad_x, grad_w = torch.ops.gnnfuse.gather_scatter_backward(
@@ -193,46 +192,62 @@ def fused_gather_scatter(
         x: [N_src, *feat] node features (float16, bfloat16, float32, float64).
         edge_index_or_csr: PyG ``edge_index`` [2, E] (row 0 source, row 1 target; int32 or
             int64), a PyG ``EdgeIndex``, or a :class:`gnnfuse.CSR`. A raw tensor is sorted
-            once and cached on that tensor object.
+            once and cached on its memory (see gnnfuse._tensor_cache); a hand-built CSR is
+            validated on first use. Out-of-range ids raise :class:`gnnfuse.IndexOutOfRange`.
         reduce: "sum" | "mean" | "max" | "min" | "mul". Empty target rows give 0.
         edge_weight: optional [E] weights in edge_index order, cast to x's dtype; differentiable.
-        num_nodes: number of target nodes (default: ``x.size(0)``, or the CSR's row count).
+        num_nodes: number of target nodes, any integer type (default: ``x.size(0)``, or the CSR's
+            row count).
         backend: "auto" | "cpu" | "triton" | "reference" (env ``GNNFUSE_BACKEND`` replaces "auto").
 
     Returns:
         [N_dst, *feat]. Half types accumulate in float32. max/min send each (row, feature)'s
         gradient to one winning edge: the lowest CSR position (= first in edge order) among ties.
     """
+    csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
+    weight = None if edge_weight is None else edge_weight.to(x.dtype).index_select(0, csr.perm)
+    flat = x.dim() == 2  # the common case skips two reshapes (a few us a call on small graphs)
+    x2 = x.contiguous() if flat else x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
+    if backend == "reference":
+        out = reference.gather_scatter(x2, csr.col, csr._row(), csr.num_dst, reduce, weight)
+    else:
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+        transpose = csr._transpose_parts() if wants_grad else (None, None, None)
+        out = _run(x2, weight, csr.rowptr, csr.col, transpose, reduce, backend)
+    return out if flat else out.reshape(csr.num_dst, *x.shape[1:])
+
+
+def check_call(x: torch.Tensor, graph: torch.Tensor | CSR, reduce: str, edge_weight: torch.Tensor | None,
+               num_nodes: int | None, backend: str) -> tuple[CSR, str]:
+    """Every check of a :func:`fused_gather_scatter` call (shared with :func:`gnnfuse.explain`):
+    returns the call's validated CSR (a raw edge_index sorted, or taken from the cache) and the
+    backend that runs. Messages are formatted only on failure (see gnnfuse._validate)."""
     x = require_tensor("x", x)
     require_floating("x", x)
-    require_shape("x", x, "[N, *feat]", x.dim() >= 1)
+    if x.dim() < 1:
+        require_shape("x", x, "[N, *feat]", False)
     require_choice("reduce", reduce, REDUCTIONS)
-    csr = _as_csr(edge_index_or_csr, x, num_nodes)
+    if edge_weight is not None:
+        require_tensor("edge_weight", edge_weight)
+        require_floating("edge_weight", edge_weight)
+    csr = _as_csr(graph, x, num_nodes)
     device = x.device
     if csr.col.device != device or (edge_weight is not None and edge_weight.device != device):
         require_same_device(x=x, edge_index=csr.col, edge_weight=edge_weight)  # raises, naming them
     backend = resolve_backend(backend, device)
     if x.shape[0] < csr.num_src:
         raise ValueError(f"x has {x.shape[0]} rows but the graph has {csr.num_src} source nodes")
-    weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
-
-    flat = x.dim() == 2  # the common case skips two reshapes (a few us a call on small graphs)
-    x2 = x.contiguous() if flat else x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
-    if backend == "reference":
-        out = reference.gather_scatter(x2, csr.col, csr.row(), csr.num_dst, reduce, weight)
-    else:
-        wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
-        transpose = csr.transpose_parts() if wants_grad else (None, None, None)
-        out = _run(x2, weight, csr.rowptr, csr.col, transpose, reduce, backend)
-    return out if flat else out.reshape(csr.num_dst, *x.shape[1:])
+    if edge_weight is not None and edge_weight.shape != (csr.num_edges,):
+        require_shape("edge_weight", edge_weight, f"[E] = [{csr.num_edges}]", False)
+    return csr, backend
 
 
 def _as_csr(graph: torch.Tensor | CSR, x: torch.Tensor, num_nodes: int | None) -> CSR:
     if isinstance(graph, CSR):
-        require_index("edge_index_or_csr (CSR.col)", graph.col)
-        if num_nodes is not None and num_nodes != graph.num_dst:
-            raise ValueError(f"num_nodes={num_nodes} disagrees with the CSR's {graph.num_dst} target rows")
-        return graph
+        csr = graph.checked()  # validated once per object and again after a change to its tensors
+        if num_nodes is not None and require_node_count("num_nodes", num_nodes) != csr.num_dst:
+            raise ValueError(f"num_nodes={num_nodes} disagrees with the CSR's {csr.num_dst} target rows")
+        return csr
     if not isinstance(graph, torch.Tensor):
         raise TypeError(f"edge_index_or_csr must be an edge_index tensor or a gnnfuse.CSR; got {type(graph).__name__}")
     check_edge_index(graph)
@@ -240,12 +255,3 @@ def _as_csr(graph: torch.Tensor | CSR, x: torch.Tensor, num_nodes: int | None) -
         require_same_device(x=x, edge_index=graph)  # raises, naming them
     num_dst = x.shape[0] if num_nodes is None else require_node_count("num_nodes", num_nodes)
     return csr_for_edge_index(graph, x.shape[0], num_dst)
-
-
-def _weight_in_csr_order(edge_weight: torch.Tensor | None, csr: CSR, dtype: torch.dtype) -> torch.Tensor | None:
-    if edge_weight is None:
-        return None
-    edge_weight = require_tensor("edge_weight", edge_weight)
-    require_floating("edge_weight", edge_weight)
-    require_shape("edge_weight", edge_weight, f"[E] = [{csr.num_edges}]", edge_weight.shape == (csr.num_edges,))
-    return edge_weight.to(dtype).index_select(0, csr.perm)

@@ -20,8 +20,10 @@ import torch
 
 from .. import reference
 from .._build import load_extension
+from .._tensor_cache import cached
 from .._validate import (
     INDEX_DTYPES,
+    IndexOutOfRange,
     VALUE_DTYPES,
     require_floating,
     require_index,
@@ -55,7 +57,10 @@ def _triton():
 
 # ---- kernels --------------------------------------------------------------------------------
 def _forward_cpp(xyz, indices, sigmas):
-    return tuple(load_extension("planarity").planarity_forward(xyz, indices, sigmas))
+    try:
+        return tuple(load_extension("planarity").planarity_forward(xyz, indices, sigmas))
+    except IndexError as exc:  # the kernel's atom id range check
+        raise IndexOutOfRange(str(exc)) from None
 
 
 def _backward_cpp(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad):
@@ -180,6 +185,7 @@ def planarity_nll(xyz: torch.Tensor, plane_groups, *, backend: str = "auto") -> 
     or overflowing positions) gets a zero normal: no error, no host sync. Gradients are analytic;
     on CPU they are deterministic (no atomics). Atom ids are range-checked on CPU (IndexError);
     on CUDA an out-of-range id reads as a zero position (no check, which would need a sync).
+    A sigma <= 0 raises ValueError on CPU (a device-side assertion on CUDA).
     """
     xyz = require_tensor("xyz", xyz)
     require_floating("xyz", xyz, POSITION_DTYPES)
@@ -190,6 +196,7 @@ def planarity_nll(xyz: torch.Tensor, plane_groups, *, backend: str = "auto") -> 
         require_same_device(xyz=xyz, **{f"plane_groups[{b}]": i for b, i in enumerate(indices)},
                             **{f"plane_groups[{b}] sigmas": s for b, s in enumerate(sigmas)})  # raises
     backend = resolve_backend(backend, device)
+    _check_sigmas_positive(sigmas)
     if backend == "reference":
         return reference.planarity_nll(xyz, list(zip(indices, sigmas)))
     # (attribute checks first: most calls need no conversion, and each no-op .to()/.contiguous() costs)
@@ -215,6 +222,32 @@ def _check_groups(xyz: torch.Tensor, plane_groups) -> tuple[list[torch.Tensor], 
         indices.append(group[0])
         sigmas.append(group[1])
     return indices, sigmas
+
+
+def _check_sigmas_positive(sigmas: list[torch.Tensor]) -> None:
+    """A sigma <= 0 (or NaN) would give a NaN or infinite loss silently. On CPU: ValueError naming
+    the bucket and plane. On CUDA and while tracing: a device-side assertion (no host sync). A
+    pass is remembered on the unchanged sigma tensors (gnnfuse._tensor_cache): constant sigmas,
+    the usual case, are checked once, not on every refinement step."""
+    compiling = torch.compiler.is_compiling()
+    for b, s in enumerate(sigmas):
+        if s.numel() == 0:
+            continue
+        if compiling:
+            torch._assert_async((s > 0).all(), "planarity_nll: every sigma must be positive")
+        else:
+            cached("sigmas_positive", (s,), (b,), lambda b=b, s=s: _require_positive(b, s))
+
+
+def _require_positive(b: int, s: torch.Tensor) -> bool:
+    if not s.is_cpu:
+        torch._assert_async((s > 0).all(), "planarity_nll: every sigma must be positive")
+        return True
+    positive = s.detach() > 0
+    if not bool(positive.all()):
+        p = int(torch.nonzero(~positive)[0, 0])
+        raise ValueError(f"plane_groups[{b}] sigmas must be positive; sigma[{p}] = {float(s[p])}")
+    return True
 
 
 def _group_ok(group) -> bool:

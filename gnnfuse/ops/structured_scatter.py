@@ -24,6 +24,7 @@ from .. import reference
 from .._build import load_extension
 from .._validate import (
     INT32_MAX,
+    IndexOutOfRange,
     require_floating,
     require_index,
     require_same_device,
@@ -51,12 +52,23 @@ def _triton():
 
 # ---- kernels --------------------------------------------------------------------------------
 def _scatter_cpp(density_cube, wa, wbwc, map_size, check_bounds):
-    return load_extension("density").structured_scatter_forward(density_cube, wa, wbwc, map_size, check_bounds)
+    try:
+        return load_extension("density").structured_scatter_forward(density_cube, wa, wbwc, map_size, check_bounds)
+    except ValueError as exc:
+        raise _as_out_of_range(exc) from None
 
 
 def _gather_cpp(grad_out, wa, wbwc, check_bounds):
     ny, nz = wbwc.shape[1], wbwc.shape[2]
-    return load_extension("density").structured_gather_forward(grad_out, wa, wbwc, ny, nz, check_bounds)
+    try:
+        return load_extension("density").structured_gather_forward(grad_out, wa, wbwc, ny, nz, check_bounds)
+    except ValueError as exc:
+        raise _as_out_of_range(exc) from None
+
+
+def _as_out_of_range(exc: ValueError) -> ValueError:
+    """The kernels' bounds error as gnnfuse.IndexOutOfRange (also a ValueError); others unchanged."""
+    return IndexOutOfRange(str(exc)) if "index out of range" in str(exc) else exc
 
 
 def _scatter_triton(density_cube, wa, wbwc, map_size, check_bounds):
@@ -162,8 +174,8 @@ def structured_scatter_add(
         check_bounds: every flat index must lie in [0, map_size). True (default) checks it and
             raises ValueError naming the first bad atom: on CPU from the per-atom min/max of wa
             and wbwc rows (free), on GPU inside the scatter kernel (one host sync after it; a
-            pass is remembered on the wa/wbwc tensor objects while their in-place version
-            counters are unchanged, so a loop over the same index tensors syncs once).
+            pass is remembered on the wa/wbwc tensors while they are unchanged, as
+            gnnfuse._tensor_cache defines it, so a loop over the same index tensors syncs once).
             False skips the check on the caller's guarantee; out-of-range elements are then
             dropped (never written out of bounds).
         backend: "auto" | "cpu" | "triton" | "reference" (env ``GNNFUSE_BACKEND`` replaces "auto").

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from .._tensor_cache import cached
+from .._validate import IndexOutOfRange
 from ._grid import cdiv, next_power_of_2
 from ._launch import fast_kernel
 
@@ -116,7 +117,7 @@ def _raise_if_flagged(op: str, flag: torch.Tensor, wa: torch.Tensor, wbwc: torch
     bc = wbwc[c].reshape(-1)
     lo = int(wa[c].amin()) + int(bc.amin())
     hi = int(wa[c].amax()) + int(bc.amax())
-    raise ValueError(
+    raise IndexOutOfRange(
         f"{op}: index out of range: atom {c} has flat indices wa[{c}, :] + wbwc[{c}, :, :] spanning "
         f"[{lo}, {hi}], outside [0, map_size={map_size}). Fix wa/wbwc (or map_size); "
         "check_bounds=False drops such elements instead of raising."
@@ -191,6 +192,6 @@ def _launch(kernel, op: str, src: torch.Tensor, dst: torch.Tensor, wa: torch.Ten
 
 
 def _bounds_checked(wa: torch.Tensor, wbwc: torch.Tensor, map_size: int) -> list[bool]:
-    """[True] once these wa/wbwc objects passed the bounds check against map_size, unchanged since
-    (their in-place version counters): a loop over the same index tensors syncs for the check once."""
+    """[True] once these wa/wbwc passed the bounds check against map_size, unchanged since (as
+    gnnfuse._tensor_cache defines it): a loop over the same index tensors syncs for the check once."""
     return cached("bounds_checked", (wa, wbwc), (map_size,), lambda: [False])

@@ -29,7 +29,7 @@ import torch
 
 from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
-from ..csr import CSR
+from ..csr import CSR, transpose_parts_of
 from ._library import define, forbid_double_backward, resolve_backend
 from .gather_scatter import _as_csr
 
@@ -101,7 +101,7 @@ def _backward_fake(grad_out, out, row_max, row_sum, x, a_src, a_dst, a_edge, a_l
 def _backward_args(saved, scalars, grad_out, needs):
     out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos = saved
     if t_rowptr is None:  # op called directly without the transpose: build it now
-        t_rowptr, t_col, t_pos = CSR(rowptr, col, col, x.shape[0]).transpose_parts()
+        t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
     return (grad_out.contiguous(), out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos,
             *scalars, needs)
 

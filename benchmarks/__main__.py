@@ -15,6 +15,7 @@ Suites (each is also runnable alone as ``python -m benchmarks.bench_<name>``):
                                                      torch.compile, torch_scatter (CPU)
   gpu         benchmarks/bench_gpu.py                Triton kernels vs cuSPARSE, index_add_, torch.compile
   e2e         benchmarks/bench_e2e.py                training epoch of GCN/SAGE, gnnfuse.nn vs stock PyG
+  reorder     benchmarks/bench_reorder.py            gnnfuse.reorder: cost, saving per forward / epoch, break-even
   structured  benchmarks/bench_structured_scatter.py structured_scatter_add vs index_add_
   planarity   benchmarks/bench_planarity.py          planarity_nll vs the pure-torch reference
   all         cpu, e2e, structured, planarity on the chosen device (+ gpu when CUDA is available)
@@ -41,6 +42,7 @@ SUITES = {
     "cpu": "benchmarks.bench_cpu",
     "gpu": "benchmarks.bench_gpu",
     "e2e": "benchmarks.bench_e2e",
+    "reorder": "benchmarks.bench_reorder",
     "structured": "benchmarks.bench_structured_scatter",
     "planarity": "benchmarks.bench_planarity",
 }
@@ -50,6 +52,7 @@ QUICK_ARGS = {
     "cpu": [("--quick", None), ("--max-seconds", "0.5")],
     "gpu": [("--graphs", "rfc-uniform,arxiv-like"), ("--widths", "32,128"), ("--budget-s", "60")],
     "e2e": [("--quick", None), ("--max-seconds", "0.3")],
+    "reorder": [("--quick", None)],
     "structured": [("--configs", "2000x8x128"), ("--threads", "1"), ("--repeat", "3"), ("--max-seconds", "0.3")],
     "planarity": [("--sizes", "5000"), ("--dtypes", "float32"), ("--no-compile", None)],
 }
@@ -65,7 +68,7 @@ def _accepts(module, flag: str) -> bool:
 
 def suite_argv(suite: str, out: Path, device: str, quick: bool, extra: list[str], module) -> list[str]:
     argv = ["--out", str(out)]
-    if suite in ("e2e", "structured", "planarity"):
+    if suite in ("e2e", "reorder", "structured", "planarity"):
         argv += ["--device", device]
     if quick:
         pairs = [("--quick", None)] if suite == "gpu" and _accepts(module, "--quick") else QUICK_ARGS[suite]

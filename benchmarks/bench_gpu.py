@@ -3,8 +3,7 @@ and torch.compile, all timed in the same process (DESIGN.md's GPU suite).
 
     PYTHONPATH=. python benchmarks/bench_gpu.py [--out DIR] [--graphs products-like,...] [--widths 32,64]
 
-Graphs are generated on the GPU (seeded): power-law (Zipf, P(rank r) ~ 1/r, as
-gnnfuse.testing.random_graph) targets, uniform sources. Writes gpu_<device>_<date>.{json,md,png}.
+Graphs are generated on the GPU (seeded) by gnnfuse.graphs.suite_graph. Writes gpu_<device>_<date>.{json,md,png}.
 """
 from __future__ import annotations
 
@@ -23,37 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gnnfuse  # noqa: E402
 from benchmarks.common import bench, device_label, geomean, machine, save_results  # noqa: E402
 from gnnfuse.csr import CSR  # noqa: E402
+from gnnfuse.graphs import STRESS, suite_graph  # noqa: E402
 from gnnfuse.triton import gather_scatter as tgs  # noqa: E402
 from gnnfuse.triton.gather_scatter_dispatch import csr_configs  # noqa: E402
 
-GRAPHS = {  # name: (nodes, edges, targets)
-    "rfc-uniform": (10_000, 200_000, "uniform"),
-    "arxiv-like": (169_343, 1_166_243, "power"),
-    "products-like": (2_449_029, 61_859_140, "power"),
-    "reddit-like": (232_965, 114_615_892, "power"),
-    "hub-stress": (1_000_000, 2_000_000, "hub"),
-}
+GRAPHS = STRESS  # the default --graphs; any gnnfuse.graphs.SUITE name is accepted
 MATERIALISE_LIMIT = 33e9  # bytes of the E x F tensor the index_add_ anchor may build
 
 
 def make_graph(name: str, seed: int = 0) -> CSR:
-    n, e, kind = GRAPHS[name]
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    src = torch.randint(0, n, (e,), device="cuda", generator=g)
-    if kind == "uniform":
-        dst = torch.randint(0, n, (e,), device="cuda", generator=g)
-    elif kind == "power":
-        cdf = torch.cumsum(1.0 / torch.arange(1, n + 1, device="cuda", dtype=torch.float64), 0)
-        u = torch.rand(e, device="cuda", generator=g, dtype=torch.float64) * cdf[-1]
-        rank = torch.searchsorted(cdf, u).clamp_(max=n - 1)
-        dst = torch.randperm(n, device="cuda", generator=g)[rank]
-        del cdf, u, rank
-    else:  # hub-stress: 4 rows of 2e5 edges, the rest spread thinly, most rows empty
-        hubs = torch.randperm(n, device="cuda", generator=g)[:4]
-        dst = torch.randint(0, n // 10, (e,), device="cuda", generator=g) * 10
-        dst[: 800_000] = hubs.repeat_interleave(200_000)
-    ei = torch.stack([src, dst])
-    del src, dst
+    ei, n = suite_graph(name, seed=seed, device="cuda")
     csr = CSR.from_edge_index(ei, n)
     del ei
     csr.transpose_parts()

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "reducer.h"
+#include "row_tiles.h"
 
 namespace gnnfuse {
 namespace {
@@ -31,6 +32,26 @@ inline void prefetch_row(const scalar_t* p, int64_t n) {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 1);
 }
 
+// Forward of one dtype whose accumulator is itself (float, double), without winner tracking:
+// each row's features in register tiles, source rows prefetched across row boundaries.
+template <typename T, typename index_t, typename Red, bool kScaled, typename ScaleFn>
+void forward_rows_vectorised(const T* x, const index_t* rowptr, const index_t* col, const ScaleFn& scale, T* out,
+                             int64_t num_rows, int64_t F) {
+  const int64_t ahead = prefetch_ahead(F * static_cast<int64_t>(sizeof(T)));
+  parallel_over_rows(rowptr, num_rows, F, [&](int64_t row_begin, int64_t row_end) {
+    const int64_t prefetch_end = rowptr[row_end];
+    for (int64_t row = row_begin; row < row_end; ++row) {
+      const int64_t e0 = rowptr[row], e1 = rowptr[row + 1];
+      T* out_row = out + row * F;
+      if (e0 == e1) {
+        std::fill(out_row, out_row + F, T(0));
+      } else {
+        reduce_row<T, index_t, Red, kScaled>(x, F, col, e0, e1, scale, out_row, ahead, prefetch_end);
+      }
+    }
+  });
+}
+
 // TrackArg: max/min record the winning CSR position per (row, feature) for the backward;
 // inference skips it and keeps the inner loop a plain vectorised max/min.
 template <typename scalar_t, typename index_t, Reduce R, bool TrackArg>
@@ -40,6 +61,15 @@ void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col
   using acc_t = at::opmath_type<scalar_t>;
   using Red = Reducer<R>;
   static_assert(!TrackArg || Red::kTracksArg, "only max/min have a winner to track");
+  if constexpr (!TrackArg && std::is_same_v<scalar_t, acc_t>) {  // float/double: register tiles
+    if (weight) {
+      forward_rows_vectorised<scalar_t, index_t, Red, true>(x, rowptr, col, [weight](int64_t e) { return weight[e]; },
+                                                            out, num_rows, F);
+    } else {
+      forward_rows_vectorised<scalar_t, index_t, Red, false>(x, rowptr, col, Unscaled{}, out, num_rows, F);
+    }
+    return;
+  }
   parallel_over_rows(rowptr, num_rows, F, [&](int64_t row_begin, int64_t row_end) {
     acc_t acc[kTile];
     index_t win[kTile];
@@ -122,6 +152,24 @@ void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t*
                      const at::opmath_type<scalar_t>* prod_nonzero, const int32_t* zero_count,
                      scalar_t* grad_x, scalar_t* grad_w, int64_t num_src, int64_t F) {
   using acc_t = at::opmath_type<scalar_t>;
+  if constexpr ((R == Reduce::Sum || R == Reduce::Mean) && !NeedW && std::is_same_v<scalar_t, acc_t>) {
+    // grad_x[j] = sum over the transpose row j of grad_out[i] * w[e] (/ deg(i) for mean): the
+    // forward's register-tiled row reduction over the transpose, with that per-edge scale.
+    if (grad_x == nullptr) return;
+    auto scale = [&](int64_t q) {
+      const int64_t i = t_col[q];
+      const acc_t w = weight ? acc_t(weight[t_pos[q]]) : acc_t(1);
+      return (R == Reduce::Mean) ? w * (acc_t(1) / acc_t(rowptr[i + 1] - rowptr[i])) : w;
+    };
+    if (weight || R == Reduce::Mean) {
+      forward_rows_vectorised<scalar_t, index_t, Reducer<Reduce::Sum>, true>(grad_out, t_rowptr, t_col, scale,
+                                                                             grad_x, num_src, F);
+    } else {
+      forward_rows_vectorised<scalar_t, index_t, Reducer<Reduce::Sum>, false>(grad_out, t_rowptr, t_col, Unscaled{},
+                                                                              grad_x, num_src, F);
+    }
+    return;
+  }
   // grad_w needs the whole row's dot product, so with NeedW the features are not tiled.
   const int64_t tile = NeedW ? F : std::min(kTile, F);
   parallel_over_rows(t_rowptr, num_src, F, [&](int64_t src_begin, int64_t src_end) {

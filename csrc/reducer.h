@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -76,23 +77,28 @@ void dispatch_reduce(Reduce r, Fn&& fn) {
   }
 }
 
-// Runs fn(row_begin, row_end) over [0, num_rows) in parallel. Rows are split so that each
-// part holds about the same number of edges + rows (power-law graphs stay balanced), and a
-// row is never split, so every row is reduced by one thread in CSR order: results are
-// bitwise identical for any thread count. `row_width` (features per row) sizes the work.
+// Runs fn(row_begin, row_end) over [0, num_rows) in parallel. Rows are cut into contiguous
+// parts in id order (so a thread's rows keep the locality of the numbering) that each hold about
+// the same number of edges + rows (power-law graphs stay balanced). A row is never split, so
+// every row is reduced by one thread in CSR order: results are bitwise identical for any thread
+// count. There are a few parts per thread, taken in order from a shared counter: on a machine
+// shared with other work, a thread that was descheduled does not leave the others waiting on
+// its fixed half. `row_width` (features per row) sizes the work.
 template <typename index_t, typename Fn>
 void parallel_over_rows(const index_t* rowptr, int64_t num_rows, int64_t row_width, Fn&& fn) {
   if (num_rows <= 0) return;
   const int64_t total = static_cast<int64_t>(rowptr[num_rows]) + num_rows;
   // Below ~64K element updates per part (a few microseconds), waking threads costs more than it saves.
   constexpr int64_t kMinWorkPerPart = 1 << 16;
+  constexpr int64_t kPartsPerThread = 4;
   const int64_t work = total * std::max<int64_t>(row_width, 1);
-  int64_t parts = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, work / kMinWorkPerPart));
-  parts = std::min(parts, num_rows);
-  if (parts <= 1) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(1, work / kMinWorkPerPart));
+  if (threads <= 1 || num_rows == 1) {
     fn(int64_t{0}, num_rows);
     return;
   }
+  const int64_t parts = std::min<int64_t>(
+      num_rows, std::min(threads * kPartsPerThread, std::max<int64_t>(threads, work / kMinWorkPerPart)));
   std::vector<int64_t> split(parts + 1);
   split[0] = 0;
   split[parts] = num_rows;
@@ -105,8 +111,9 @@ void parallel_over_rows(const index_t* rowptr, int64_t num_rows, int64_t row_wid
     }
     split[p] = lo;
   }
-  at::parallel_for(0, parts, 1, [&](int64_t pb, int64_t pe) {
-    for (int64_t p = pb; p < pe; ++p) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t p = next.fetch_add(1); p < parts; p = next.fetch_add(1)) {
       if (split[p] < split[p + 1]) fn(split[p], split[p + 1]);
     }
   });

@@ -86,3 +86,20 @@ def require_node_count(name: str, value: object) -> int:
     if count < 0:
         raise ValueError(f"{name} must be a non-negative int; got {value!r}")
     return count
+
+
+# torch._assert_async checks a tensor condition on the device, without a host sync, and torch.compile
+# traces it. It is private, so it is used only on the torch versions it is known to work on here
+# (2.6 up to the 2.x line); elsewhere the check syncs and raises a ValueError (same condition, same
+# message), which also works under torch.compile, with a graph break instead of fullgraph.
+_TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+_ASSERT_ASYNC = getattr(torch, "_assert_async", None) if (2, 6) <= _TORCH_VERSION < (3, 0) else None
+
+
+def device_assert(condition: torch.Tensor, message: str) -> None:
+    """Raises (on the device when it can, so without a host sync) unless ``condition`` (a one-element
+    bool tensor) is true."""
+    if _ASSERT_ASYNC is not None:
+        _ASSERT_ASYNC(condition, message)
+    elif not bool(condition):
+        raise ValueError(message)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -62,6 +62,12 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, edge_wei
         for d in x.shape[1:]:
             feat *= d
         plan = choose(reduce, num_dst, num_edges, feat, x.dtype)
+        if plan.kernel == "hybrid":  # its row order follows the graph's measured id locality
+            from .triton.schedule import choose_window
+
+            csr = edge_index_or_csr if isinstance(edge_index_or_csr, CSR) else CSR.from_edge_index(index, x.shape[0])
+            window, why = choose_window(csr.rowptr, csr.col, x.shape[0], feat, x.element_size(), x.device)
+            plan = replace(plan, window=window, reason=f"{plan.reason}; {why}")
         kernel, deterministic = plan.describe(), plan.deterministic
         if reduce in ("max", "min") and not torch.are_deterministic_algorithms_enabled():
             deterministic = deterministic and not x.requires_grad
@@ -70,6 +76,7 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, edge_wei
                          "instead) + per-edge dot for edge_weight")
         else:
             notes.append("backward: atomic-free, over the cached transpose + per-edge dot for edge_weight")
+    notes.append(f"locality: {_locality(x, edge_index_or_csr)}")
     return KernelPlan(
         backend=chosen,
         kernel=kernel,
@@ -81,6 +88,18 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, edge_wei
         threads=torch.get_num_threads() if x.device.type == "cpu" else 0,
         notes="; ".join(notes),
     )
+
+
+def _locality(x: torch.Tensor, graph) -> str:
+    """The graph's locality statistic (a raw edge_index is sorted into the CSR the op would cache)."""
+    from .csr import csr_for_edge_index
+    from .locality import locality_stats
+
+    try:
+        csr = graph if isinstance(graph, CSR) else csr_for_edge_index(graph, x.shape[0], x.shape[0])
+    except (ValueError, RuntimeError) as e:
+        return f"not measured ({type(e).__name__})"
+    return str(locality_stats(csr))
 
 
 def _first_line(cmd: list[str]) -> str:

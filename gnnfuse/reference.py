@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import IndexOutOfRange
+from ._validate import IndexOutOfRange, device_assert
 
 _SCATTER_REDUCE = {"sum": "sum", "mean": "mean", "max": "amax", "min": "amin", "mul": "prod"}
 
@@ -64,14 +64,14 @@ def assert_valid_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor
     """The same check as device-side assertions (no host sync; traceable by torch.compile). The
     messages cannot quote values: they would need the sync this avoids."""
     E = col.shape[0]
-    torch._assert_async(rowptr[0] == 0, "CSR.rowptr[0] must be 0")
-    torch._assert_async(rowptr[-1] == E, "CSR.rowptr must end at len(CSR.col)")
-    torch._assert_async((rowptr.diff() >= 0).all(), "CSR.rowptr must be non-decreasing")
-    torch._assert_async(((col >= 0) & (col < num_src)).all(), "CSR.col has a node id outside [0, num_src)")
-    torch._assert_async(((perm >= 0) & (perm < E)).all(), "CSR.perm has an edge id outside [0, len(col))")
+    device_assert(rowptr[0] == 0, "CSR.rowptr[0] must be 0")
+    device_assert(rowptr[-1] == E, "CSR.rowptr must end at len(CSR.col)")
+    device_assert((rowptr.diff() >= 0).all(), "CSR.rowptr must be non-decreasing")
+    device_assert(((col >= 0) & (col < num_src)).all(), "CSR.col has a node id outside [0, num_src)")
+    device_assert(((perm >= 0) & (perm < E)).all(), "CSR.perm has an edge id outside [0, len(col))")
     hits = torch.zeros(E, dtype=torch.int32, device=perm.device).index_add(
         0, perm.long().clamp(0, E - 1), torch.ones_like(perm, dtype=torch.int32))
-    torch._assert_async((hits == 1).all(), "CSR.perm is not a permutation of [0, len(col))")
+    device_assert((hits == 1).all(), "CSR.perm is not a permutation of [0, len(col))")
 
 
 def gather_scatter(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_dst: int, reduce: str = "sum",

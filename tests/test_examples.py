@@ -65,6 +65,19 @@ def test_train_learns_synthetic(train):
     assert summary["gnnfuse"]["test_acc"] > 100 / 7  # better than chance
 
 
+@pytest.mark.parametrize("method", ["rcm", "community"])
+def test_train_reorder_gives_the_same_training(train, capsys, method):
+    """Renumbering the nodes changes no result: the same loss and accuracies (dropout off: its masks
+    would follow the new node order)."""
+    argv = ["--dataset", "synthetic", "--epochs", "4", "--dropout", "0", "--no-progress"]
+    plain = train.main(argv)["gnnfuse"]["runs"][0]
+    reordered = train.main(argv + ["--reorder", method])["gnnfuse"]["runs"][0]
+    assert "reordered the nodes" in capsys.readouterr().out
+    assert reordered["final_loss"] == pytest.approx(plain["final_loss"], rel=1e-5)
+    for key in ("test_acc", "final_test_acc", "best_val_acc"):
+        assert reordered[key] == pytest.approx(plain[key], abs=1e-6), key
+
+
 @pytest.mark.skipif(not _has_cora(), reason="Cora raw files not found (../shared/data or $GNNFUSE_DATA)")
 def test_train_cora_few_epochs(train):
     summary = train.main(["--dataset", "Cora", "--epochs", "15", "--no-progress"])

@@ -64,6 +64,33 @@ def test_matches_reference(reduce, dtype, index_dtype, feat):
         assert_close(out, expected(x, edge_index, reduce, w), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("reduce", REDUCTIONS)
+def test_register_tile_widths(reduce, dtype):
+    """Float/double rows are reduced in register tiles of 8, 4, 2 and 1 vectors plus a scalar
+    tail: widths that exercise each combination, forward (with and without weights, with and
+    without max/min winners) and the gradients of x and the weights."""
+    edge_index, n = special_graph()
+    weight = 0.5 + torch.rand(edge_index.shape[1], generator=torch.Generator().manual_seed(2), dtype=dtype)
+    for F in (7, 16, 40, 100, 264):
+        x = features(n, (F,), dtype, reduce)
+        for w in (None, weight):
+            with torch.no_grad():  # inference: the register-tiled path also for max/min
+                assert_close(gnnfuse.fused_gather_scatter(x, edge_index, reduce, edge_weight=w),
+                             expected(x, edge_index, reduce, w), dtype)
+        xg, wg = x.clone().requires_grad_(), weight.clone().requires_grad_()
+        for w in (None, wg):
+            out = gnnfuse.fused_gather_scatter(xg, edge_index, reduce, edge_weight=w)
+            g = torch.randn(out.shape, generator=torch.Generator().manual_seed(F), dtype=dtype)
+            got = torch.autograd.grad(out, [xg] + ([w] if w is not None else []), g)
+            xr = x.double().requires_grad_()
+            wr = None if w is None else weight.double().requires_grad_()
+            want = torch.autograd.grad(expected(xr, edge_index, reduce, wr), [xr] + ([wr] if wr is not None else []),
+                                       g.double())
+            for a, b in zip(got, want):
+                assert_close(a, b, dtype)
+
+
 @pytest.mark.parametrize("reduce", REDUCTIONS)
 def test_table_of_known_values(reduce):
     # targets: 0 <- {1, 2}, 1 <- {}, 2 <- {0, 0, 2}

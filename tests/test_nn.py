@@ -462,6 +462,40 @@ def test_cached_gcn_is_reset_and_honours_stock_cache():
     assert out.shape == expected.shape
 
 
+def test_cached_gcn_norm_is_put_in_csr_order_once(monkeypatch):
+    """The cached normalisation is gathered into CSR order on the first call only; outputs and
+    gradients equal the uncached layer's."""
+    from gnnfuse.ops import gather_scatter as gs
+
+    ei, x = random_graph(N, N, E, seed=16), torch.randn(N, F_IN)
+    gathers = []
+    real = torch.Tensor.index_select
+    monkeypatch.setattr(torch.Tensor, "index_select",
+                        lambda t, dim, idx: gathers.append(t.shape) or real(t, dim, idx))
+    cached, plain = Net(G.GCNConv, F_IN, 16, 4, cached=True), Net(G.GCNConv, F_IN, 16, 4)
+    plain.load_state_dict(cached.state_dict())
+    for epoch in range(3):
+        gathers.clear()
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        outs = [m(xi, ei) for m, xi in zip((cached, plain), xs)]
+        grads = [torch.autograd.grad(o.pow(2).sum(), [xi, *m.parameters()]) for o, xi, m in zip(outs, xs,
+                                                                                                (cached, plain))]
+        torch.testing.assert_close(outs[0], outs[1])
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b)
+        if epoch:  # the cached layers gather nothing of size E; the uncached ones once per layer
+            assert sum(1 for shape in gathers if shape == (E,)) == 2
+    # the cache follows the weight tensor: an in-place change or a weight that wants grad is gathered anew
+    csr, w = gnnfuse.CSR.from_edge_index(ei, N), torch.rand(E)
+    first = gs._weight_in_csr_order(w, csr, torch.float32)
+    assert gs._weight_in_csr_order(w, csr, torch.float32) is first
+    w.mul_(2)
+    again = gs._weight_in_csr_order(w, csr, torch.float32)
+    assert again is not first and torch.equal(again, 2 * first)
+    wg = w.clone().requires_grad_()
+    assert gs._weight_in_csr_order(wg, csr, torch.float32) is not gs._weight_in_csr_order(wg, csr, torch.float32)
+
+
 # ---- torch.compile ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("conv,kw", [("GCNConv", {}), ("SAGEConv", {}), ("SAGEConv", {"aggr": "max"})])
 @pytest.mark.parametrize("graph_kind", ["csr", "edge_index"])

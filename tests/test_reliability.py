@@ -521,3 +521,20 @@ def test_hand_built_csr_is_checked_inside_a_compiled_graph():
     bad = CSR(good.rowptr.clone(), torch.tensor([0, 1, 99, 2, 3]), good.perm.clone(), 4)
     with pytest.raises(RuntimeError, match="CSR.col has a node id outside"):  # a device-side assertion
         compiled(x, bad)
+
+
+# ---- device-side assertions: torch's private async assert inside its version fence, a plain check outside
+@pytest.mark.parametrize("fenced_out", [False, True])
+def test_device_assert_both_paths(monkeypatch, fenced_out):
+    from gnnfuse import _validate
+
+    if fenced_out:
+        monkeypatch.setattr(_validate, "_ASSERT_ASYNC", None)
+    _validate.device_assert(torch.tensor(True), "fine")
+    with pytest.raises((RuntimeError, ValueError), match="must be positive"):
+        _validate.device_assert(torch.tensor(False), "sigma must be positive")
+    # the hand-built CSR check that compiled graphs use goes through it too
+    from gnnfuse import reference
+
+    with pytest.raises((RuntimeError, ValueError), match="rowptr"):
+        reference.assert_valid_csr(torch.tensor([0, 2, 1]), torch.tensor([0, 1]), torch.tensor([0, 1]), 2)

@@ -2,12 +2,13 @@
 # One GPU session in one call: build, the whole test suite on CUDA, then the GPU benchmarks.
 # From the repo root on a CUDA machine:
 #   PYTHONPATH=. OUT=/some/dir bash benchmarks/gpu/validate.sh [STEP ...]
-# STEPs (default: tests planarity structured): tests | planarity | structured | gather | e2e.
-# GATHER_ARGS (e.g. "--graphs rfc-uniform,arxiv-like") goes to benchmarks.bench_gpu.
+# STEPs (default: tests planarity structured): tests | planarity | structured | gather | locality | e2e | reorder.
+# GATHER_ARGS (e.g. "--graphs rfc-uniform,arxiv-like") goes to benchmarks.bench_gpu, E2E_ARGS (e.g.
+# "--scale 0.5 --graphs community-products") to bench_e2e, REORDER_ARGS to bench_reorder.
 # Each step has its own timeout and writes its results and log (<step>.log) into a work folder; a
 # step that fails or times out does not stop the next one. At the end everything is packed into
 # $OUT/results.tgz (the device tool brings back only a few files), next to $OUT/summary.txt. Budgets on an H100 host: build ~1 min,
-# tests <= 4 min, planarity ~1 min, structured ~4 min (torch.compile anchors), gather <= 5.5 min, e2e ~2.5 min.
+# tests <= 4 min, planarity ~1 min, structured ~4 min (torch.compile anchors), gather <= 5.5 min, locality ~3 min, e2e and reorder up to 9 min each.
 set -uo pipefail
 : "${OUT:?set OUT to the output directory}"
 export PYTHONPATH="${PYTHONPATH:-.}"
@@ -41,7 +42,10 @@ for step in "${steps[@]}"; do
     structured) run structured 330 "$PY" -m benchmarks.bench_structured_scatter --device cuda --out "$OUT" ;;
     gather) run gather "${GATHER_TIMEOUT_S:-340}" "$PY" -m benchmarks.bench_gpu --out "$OUT" \
               --budget-s "${GATHER_BUDGET_S:-280}" ${GATHER_ARGS:-} ;;
-    e2e) run e2e 170 "$PY" -m benchmarks.bench_e2e --device cuda --out "$OUT" --max-seconds 2 ;;
+    locality) run locality 400 "$PY" -m benchmarks.bench_gpu_locality --out "$OUT" ;;
+    e2e) run e2e "${E2E_TIMEOUT_S:-540}" "$PY" -m benchmarks.bench_e2e --device cuda --out "$OUT" ${E2E_ARGS:-} ;;
+    reorder) run reorder "${REORDER_TIMEOUT_S:-540}" "$PY" -m benchmarks.bench_reorder --device cuda --out "$OUT" \
+               ${REORDER_ARGS:-} ;;
     *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
   esac
 done

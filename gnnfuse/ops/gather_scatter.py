@@ -16,6 +16,7 @@ import torch
 
 from .. import reference
 from .._build import load_extension
+from .._tensor_cache import cached
 from .._validate import (
     require_choice,
     require_floating,
@@ -205,7 +206,7 @@ def fused_gather_scatter(
         gradient to one winning edge: the lowest CSR position (= first in edge order) among ties.
     """
     csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
-    weight = None if edge_weight is None else edge_weight.to(x.dtype).index_select(0, csr.perm)
+    weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
     flat = x.dim() == 2  # the common case skips two reshapes (a few us a call on small graphs)
     x2 = x.contiguous() if flat else x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
     if backend == "reference":
@@ -255,3 +256,15 @@ def _as_csr(graph: torch.Tensor | CSR, x: torch.Tensor, num_nodes: int | None) -
         require_same_device(x=x, edge_index=graph)  # raises, naming them
     num_dst = x.shape[0] if num_nodes is None else require_node_count("num_nodes", num_nodes)
     return csr_for_edge_index(graph, x.shape[0], num_dst)
+
+
+def _weight_in_csr_order(edge_weight: torch.Tensor | None, csr: CSR, dtype: torch.dtype) -> torch.Tensor | None:
+    """The (validated) edge weights in CSR order, cast to x's dtype."""
+    if edge_weight is None:
+        return None
+    if edge_weight.requires_grad or torch.compiler.is_compiling():
+        return edge_weight.to(dtype).index_select(0, csr.perm)
+    # a constant weight passed again (GCNConv's cached normalisation, a fixed edge_weight) is put in
+    # CSR order once per (weight, graph) and reused, not gathered on every call
+    return cached("csr_order_weight", (edge_weight, csr.perm), (dtype,),
+                  lambda: edge_weight.to(dtype).index_select(0, csr.perm))

@@ -25,6 +25,7 @@ from .._validate import (
     INDEX_DTYPES,
     IndexOutOfRange,
     VALUE_DTYPES,
+    device_assert,
     require_floating,
     require_index,
     require_same_device,
@@ -234,14 +235,14 @@ def _check_sigmas_positive(sigmas: list[torch.Tensor]) -> None:
         if s.numel() == 0:
             continue
         if compiling:
-            torch._assert_async((s > 0).all(), "planarity_nll: every sigma must be positive")
+            device_assert((s > 0).all(), "planarity_nll: every sigma must be positive")
         else:
             cached("sigmas_positive", (s,), (b,), lambda b=b, s=s: _require_positive(b, s))
 
 
 def _require_positive(b: int, s: torch.Tensor) -> bool:
     if not s.is_cpu:
-        torch._assert_async((s > 0).all(), "planarity_nll: every sigma must be positive")
+        device_assert((s > 0).all(), "planarity_nll: every sigma must be positive")
         return True
     positive = s.detach() > 0
     if not bool(positive.all()):

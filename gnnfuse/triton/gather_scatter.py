@@ -37,6 +37,7 @@ from .._tensor_cache import cached
 from ._grid import cdiv, next_power_of_2
 from ._launch import BoundLaunches, fast_kernel
 from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs, hybrid_configs
+from .schedule import choose_window, short_rows
 
 _CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "mul": 4}
 SUM, MEAN, MAX, MIN, MUL = 0, 1, 2, 3, 4
@@ -531,15 +532,6 @@ def work_list(rowptr: torch.Tensor, seg: int, short_max: int = -1) -> _WorkList:
     return cached("work", (rowptr,), (seg, short_max), lambda: _WorkList(rowptr, seg, short_max))
 
 
-def short_rows(rowptr: torch.Tensor, short_max: int) -> torch.Tensor:
-    """Rows with at most ``short_max`` edges, by decreasing degree (stable), cached on rowptr."""
-    def build():
-        deg = rowptr[1:] - rowptr[:-1]
-        order = torch.sort(deg, descending=True, stable=True).indices
-        return order[deg[order] <= short_max].contiguous()
-    return cached("short", (rowptr,), (short_max,), build)
-
-
 def expanded_rows(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
     """Target of each CSR position (what CSR.row() holds), cached on rowptr."""
     def build():
@@ -576,6 +568,9 @@ def _check(x, rowptr, col, weight):
 def plan_for(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, reduce: str,
              kernel: str | None = None, **overrides) -> Plan:
     plan = choose(reduce, rowptr.numel() - 1, col.numel(), x.shape[1], x.dtype, kernel=kernel)
+    if plan.kernel == "hybrid" and "window" not in overrides:  # the graph's locality picks the row order
+        window, why = choose_window(rowptr, col, x.shape[0], x.shape[1], x.element_size(), x.device)
+        plan = Plan(**{**plan.__dict__, "window": window, "reason": f"{plan.reason}; {why}"})
     if overrides:
         plan = Plan(**{**plan.__dict__, **overrides})
     return plan
@@ -635,7 +630,7 @@ class _ForwardSetup:
             return
         hybrid = plan.kernel == "hybrid"
         self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
-        self.short = short_rows(rowptr, plan.short_max) if hybrid else None
+        self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
         if self.short is not None and self.short.numel():
             group_block_f = plan.group_block_f or plan.block_f
             self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))

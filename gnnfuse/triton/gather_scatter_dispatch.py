@@ -40,14 +40,17 @@ class Plan:
     short_max: int = 0  # hybrid: rows with at most this many edges take the row-group kernel
     group_warps: int = 4  # hybrid: warps of the row-group kernel (num_warps is the CSR part's)
     group_block_f: int = 0  # hybrid: features per row-group tile (0: block_f)
+    window: int = 0  # hybrid: short rows degree-sorted within windows of this many ids (0: globally)
 
     def describe(self) -> str:
         name = {
             "coo": "sorted-COO segmented (edge blocks, segmented scan, relaxed atomics at block-edge runs)",
             "csr": "CSR row-parallel, hub rows split into pieces + ordered second pass (atomic-free)",
             "hybrid": f"row groups for rows of <= {self.short_max} edges ({self.group_rows} rows x "
-                      f"{self.group_block_f or self.block_f} features per program, {self.group_warps} warps) "
-                      "+ CSR row-parallel for longer rows (atomic-free)",
+                      f"{self.group_block_f or self.block_f} features per program, {self.group_warps} warps, "
+                      + (f"degree-sorted within windows of {self.window} consecutive ids" if self.window
+                         else "in global degree order")
+                      + ") + CSR row-parallel for longer rows (atomic-free)",
             "atomic": "fully-atomic COO baseline (one atomic per edge and feature)",
         }[self.kernel]
         return (f"gnnfuse/triton/gather_scatter.py: {name}; BLOCK_E={self.block_e} BLOCK_F={self.block_f} "

@@ -1,0 +1,169 @@
+"""Cost accounting of node reordering: what ``gnnfuse.reorder`` costs and what it saves, per graph and method.
+
+    python -m benchmarks.bench_reorder --device cpu --out benchmarks/results            # community-1m
+    python -m benchmarks.bench_reorder --device cuda --graphs community-products --width 128
+    python -m benchmarks --suite reorder --quick
+
+Each realistic graph is taken in three orders: as generated (its ids carry the planted locality:
+the best case), scrambled (random ids), and the scrambled graph reordered by each method. Per order:
+the locality statistic (gnnfuse.locality_stats), the reorder time (reorder() + relabelling the edges
++ permuting the features), the CSR rebuild of the relabelled graph, the sum forward of our kernel and
+of torch.sparse.mm at F = --width, and one training epoch of a 2-layer GCN (gnnfuse.nn, hidden
+--hidden, cached normalisation, Adam step). Forwards and epochs of all orders are timed in turns
+(benchmarks.common.bench_interleaved). ``break_even_epochs`` = (reorder + CSR rebuild) / (scrambled
+epoch - reordered epoch): the epochs after which reordering has paid for itself (counting the rebuild
+as extra, which is conservative: the scrambled graph needed its own CSR too). ``recovered`` = the
+share of the true order's speed-up (scrambled / generated) that the reorder recovers.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.common import bench_interleaved, device_label, machine, save_results, synchronize
+from gnnfuse import CSR, fused_gather_scatter, locality_stats
+from gnnfuse.graphs import suite_graph
+from gnnfuse.ordering import relabel, reorder
+
+DEFAULT_METHODS = "auto,community,rcm,degree,metis"
+
+
+def _timed(fn, device):
+    synchronize(device)
+    t0 = time.perf_counter()
+    value = fn()
+    synchronize(device)
+    return value, time.perf_counter() - t0
+
+
+def gcn_epoch(x, edge_index, y, hidden, device):
+    """One full-batch epoch (forward, loss, backward, Adam step) of a 2-layer gnnfuse GCN."""
+    import torch.nn.functional as F
+
+    import gnnfuse.nn as G
+    from gnnfuse.testing import TwoLayerNet
+
+    torch.manual_seed(0)
+    model = TwoLayerNet(G.GCNConv, x.shape[1], hidden, int(y.max()) + 1, cached=True).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def epoch():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x, edge_index), y).backward()
+        opt.step()
+
+    return epoch
+
+
+def run_graph(name, args, device, rows):
+    methods = [m for m in args.methods.split(",") if m]
+    generated, n = suite_graph(name, scale=args.scale, device=device)
+    scrambled, _ = suite_graph(name, scale=args.scale, order="scrambled", device=device)
+    print(f"{name}: {n} nodes, {scrambled.shape[1]} edges", flush=True)
+    warm = CSR.from_edge_index(scrambled[:, :1000], n)  # load the extension / compile kernels outside the timings
+    fused_gather_scatter(torch.ones(n, 1, device=device), warm, "sum")
+    g = torch.Generator(device=device).manual_seed(0)
+    x0 = torch.randn(n, args.width, generator=g, device=device)
+    y0 = torch.randint(0, args.classes, (n,), generator=g, device=device)
+    variants = {"generated": dict(edge_index=generated, x=x0, y=y0),
+                "scrambled": dict(edge_index=scrambled, x=x0, y=y0)}
+    for method in methods:
+        try:
+            perm, t_reorder = _timed(lambda: reorder(scrambled, n, method), device)
+            (ei, x, y), t_apply = _timed(lambda: (relabel(scrambled, perm), x0[perm], y0[perm]), device)
+        except ImportError as e:
+            print(f"  {method}: skipped ({e})", flush=True)
+            continue
+        variants[f"scrambled+{method}"] = dict(edge_index=ei, x=x, y=y, reorder_s=t_reorder + t_apply)
+        print(f"  {method}: reorder {t_reorder:.2f} s + relabel/permute {t_apply:.2f} s", flush=True)
+    forwards, epochs = {}, {}
+    for label, v in variants.items():
+        csr, t_csr = _timed(lambda: CSR.from_edge_index(v["edge_index"], n), device)
+        v["csr_s"], v["stats"] = t_csr, locality_stats(csr)
+        a = torch.sparse_csr_tensor(csr.rowptr, csr.col, torch.ones(csr.num_edges, device=device), (n, n))
+        forwards[f"{label}|ours"] = lambda x=v["x"], csr=csr: fused_gather_scatter(x, csr, "sum")
+        forwards[f"{label}|sparse.mm"] = lambda x=v["x"], a=a: torch.sparse.mm(a, x)
+        if not args.no_epochs:
+            epochs[label] = gcn_epoch(v["x"], v["edge_index"], v["y"], args.hidden, device)
+        print(f"  {label}: CSR {t_csr:.2f} s, {v['stats']}", flush=True)
+    fwd = bench_interleaved(forwards, device, rounds=args.rounds, max_seconds=args.max_seconds * len(forwards))
+    ep = bench_interleaved(epochs, device, rounds=args.epoch_rounds, max_seconds=args.max_seconds * 3 * len(epochs)) \
+        if epochs else {}
+    base = {k: fwd[f"scrambled|{k}"]["median_ms"] for k in ("ours", "sparse.mm")}
+    best = {k: fwd[f"generated|{k}"]["median_ms"] for k in ("ours", "sparse.mm")}
+    for label, v in variants.items():
+        s = v["stats"]
+        r = dict(graph=name, nodes=n, edges=scrambled.shape[1], F=args.width, order=label,
+                 distinct_per_edge=round(s.distinct_fraction, 3),
+                 log_gap=None if s.log_gap is None else round(s.log_gap, 3),
+                 reorder_s=v.get("reorder_s"), csr_build_s=v["csr_s"],
+                 ours_ms=fwd[f"{label}|ours"]["median_ms"], sparse_mm_ms=fwd[f"{label}|sparse.mm"]["median_ms"])
+        for k, key in (("ours", "ours_ms"), ("sparse.mm", "sparse_mm_ms")):
+            r[f"x_{k}_vs_scrambled"] = base[k] / r[key]
+            gain, best_gain = base[k] - r[key], base[k] - best[k]
+            r[f"recovered_{k}"] = gain / best_gain if best_gain > 0 and label.startswith("scrambled+") else None
+        r["ours_vs_sparse_mm"] = r["sparse_mm_ms"] / r["ours_ms"]
+        if label in ep:
+            r["epoch_ms"] = ep[label]["median_ms"]
+            saving = ep["scrambled"]["median_ms"] - r["epoch_ms"]
+            r["epoch_saving_ms"] = saving
+            if v.get("reorder_s") is not None:
+                cost_ms = 1e3 * (v["reorder_s"] + v["csr_s"])
+                r["break_even_epochs"] = cost_ms / saving if saving > 0 else None
+        rows.append(r)
+        print("  " + ", ".join(f"{k}={round(val, 3) if isinstance(val, float) else val}" for k, val in r.items()
+                               if k not in ("graph", "nodes", "edges", "F")), flush=True)
+
+
+COLUMNS = ["graph", "nodes", "edges", "F", "order", "distinct_per_edge", "log_gap", "reorder_s", "csr_build_s",
+           "ours_ms",
+           "sparse_mm_ms", "ours_vs_sparse_mm", "x_ours_vs_scrambled", "x_sparse.mm_vs_scrambled", "recovered_ours",
+           "recovered_sparse.mm", "epoch_ms", "epoch_saving_ms", "break_even_epochs"]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--graphs", default=None, help="gnnfuse.graphs.SUITE names (default: community-1m on CPU, "
+                    "community-products on CUDA)")
+    ap.add_argument("--scale", type=float, default=1.0, help="graph-scale factor (nodes and edges)")
+    ap.add_argument("--methods", default=DEFAULT_METHODS)
+    ap.add_argument("--width", type=int, default=128, help="feature width of the forwards and the GCN's input")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--classes", type=int, default=47)
+    ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the forwards")
+    ap.add_argument("--epoch-rounds", type=int, default=5, help="interleaved rounds of the epochs")
+    ap.add_argument("--no-epochs", action="store_true", help="forwards only")
+    ap.add_argument("--max-seconds", type=float, default=3.0)
+    ap.add_argument("--quick", action="store_true", help="a 2%% scale smoke run")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device")
+    if args.quick:
+        args.scale, args.rounds, args.epoch_rounds, args.max_seconds = min(args.scale, 0.02), 3, 3, 0.3
+        args.methods = "auto,community,rcm,degree"
+    graphs = args.graphs or ("community-products" if device.type == "cuda" else "community-1m")
+    rows: list[dict] = []
+    meta = dict(machine(device), benchmark="bench_reorder", device=device_label(device), scale=args.scale,
+                width=args.width, hidden=args.hidden)
+    try:
+        meta["load_average_1min"] = round(__import__("os").getloadavg()[0], 2)
+    except OSError:
+        pass
+    name = f"reorder_{device_label(device)}{args.tag}"
+    for gname in graphs.split(","):
+        run_graph(gname, args, device, rows)
+        save_results(name, meta, rows, COLUMNS, args.out, notes=__doc__.split("\n\n", 2)[2])
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    md = save_results(name, meta, rows, COLUMNS, args.out, notes=__doc__.split("\n\n", 2)[2])
+    print(md.read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+// Register-resident row reductions for the CPU gather-scatter kernels.
+//
+// A CSR row's reduction out[row, :] = REDUCE_e m(e) * x[col[e], :] is computed in feature tiles
+// of NV vectors of 64 bytes (one AVX-512 register each; the compiler splits them on narrower
+// ISAs). The tile's accumulators are vector values, so they stay in registers over the row's
+// edges instead of making a load-add-store round trip through memory per edge. Every output
+// element is still folded in CSR order, one edge after another: the result is the same for any
+// thread count and from run to run.
+//
+// Rows are random reads into x. While walking its edges a thread prefetches the source row
+// `ahead` edges further on in its own edge range, across row boundaries: most rows of a sparse
+// graph are shorter than any useful prefetch distance, so a look-ahead within the row would find
+// nothing to fetch.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "reducer.h"
+
+namespace gnnfuse {
+
+// (Spelled per type: GCC drops vector_size on a dependent alias template.)
+template <typename T>
+struct Vec64Of;
+template <>
+struct Vec64Of<float> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct Vec64Of<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+template <typename T>
+using Vec64 = typename Vec64Of<T>::type;
+static_assert(sizeof(Vec64<float>) == 64 && sizeof(Vec64<double>) == 64, "vector_size ignored");
+
+template <typename T>
+constexpr int64_t kLanes = 64 / static_cast<int64_t>(sizeof(T));
+
+template <typename T>
+inline Vec64<T> load_vec(const T* p) {
+  Vec64<T> v;
+  std::memcpy(&v, p, sizeof v);  // an unaligned vector load
+  return v;
+}
+
+template <typename T>
+inline void store_vec(T* p, const Vec64<T>& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// Prefetches `bytes` starting at p into the cache hierarchy.
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+}
+
+// How many edges ahead to prefetch: enough bytes in flight to hide a DRAM miss (~4 KiB per
+// thread), at least 4 rows. Measured on planted-community graphs, 2 threads (bench_cpu.py).
+inline int64_t prefetch_ahead(int64_t row_bytes) {
+  constexpr int64_t kBytesInFlight = 4096;
+  const int64_t ahead = kBytesInFlight / std::max<int64_t>(row_bytes, 64);
+  return std::max<int64_t>(4, std::min<int64_t>(ahead, 64));
+}
+
+// The message scale m(e) is a functor `T scale(int64_t e)`: weight[e] in the forward with edge
+// weights, or the backward's per-edge factor. kScaled=false (no weights) skips the multiply.
+struct Unscaled {
+  template <typename I>
+  float operator()(I) const { return 1.0f; }
+};
+
+template <bool kScaled, typename T, typename ScaleFn>
+inline Vec64<T> scaled(const Vec64<T>& v, const ScaleFn& scale, int64_t e) {
+  if constexpr (kScaled) return v * static_cast<T>(scale(e)); else return v;
+}
+
+template <typename Red, typename T>
+inline Vec64<T> fold_vec(Vec64<T> acc, Vec64<T> v) {
+  if constexpr (std::is_same_v<Red, Reducer<Reduce::Sum>> || std::is_same_v<Red, Reducer<Reduce::Mean>>) {
+    return acc + v;
+  } else if constexpr (std::is_same_v<Red, Reducer<Reduce::Mul>>) {
+    return acc * v;
+  } else {  // max/min, NaN-propagating exactly as Reducer::wins
+    constexpr bool is_max = std::is_same_v<Red, Reducer<Reduce::Max>>;
+    const auto take = (is_max ? (v > acc) : (v < acc)) | (v != v);
+    return take ? v : acc;
+  }
+}
+
+// Reduces features [f0, f0 + NV * lanes) of one row with edges [e0, e1) (e1 > e0) into out_row.
+// `scale(e)` is the message scale; kScaled=false skips the multiply. Prefetching (when
+// prefetch_end > 0) covers whole source rows `ahead` edges further on, up to prefetch_end.
+template <int NV, typename T, typename index_t, typename Red, bool kScaled, typename ScaleFn>
+inline void reduce_row_tile(const T* x, int64_t F, const index_t* col, int64_t e0, int64_t e1, int64_t f0,
+                            const ScaleFn& scale, T* out_row, int64_t ahead, int64_t prefetch_end) {
+  constexpr int64_t L = kLanes<T>;
+  const int64_t row_bytes = F * static_cast<int64_t>(sizeof(T));
+  Vec64<T> acc[NV];
+  {
+    const T* xr = x + static_cast<int64_t>(col[e0]) * F + f0;
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; ++k) acc[k] = scaled<kScaled, T>(load_vec(xr + k * L), scale, e0);
+  }
+  for (int64_t e = e0 + 1; e < e1; ++e) {
+    if (e + ahead < prefetch_end) prefetch_bytes(x + static_cast<int64_t>(col[e + ahead]) * F, row_bytes);
+    const T* xr = x + static_cast<int64_t>(col[e]) * F + f0;
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; ++k) acc[k] = fold_vec<Red, T>(acc[k], scaled<kScaled, T>(load_vec(xr + k * L), scale, e));
+  }
+  if constexpr (std::is_same_v<Red, Reducer<Reduce::Mean>>) {
+    const T count = static_cast<T>(e1 - e0);
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; ++k) acc[k] = acc[k] / count;
+  }
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; ++k) store_vec(out_row + f0 + k * L, acc[k]);
+}
+
+// Same reduction for a feature tail narrower than one vector, one scalar at a time.
+template <typename T, typename index_t, typename Red, bool kScaled, typename ScaleFn>
+inline void reduce_row_scalar(const T* x, int64_t F, const index_t* col, int64_t e0, int64_t e1, int64_t f0,
+                              int64_t nf, const ScaleFn& scale, T* out_row) {
+  for (int64_t f = f0; f < f0 + nf; ++f) {
+    T acc = 0;
+    for (int64_t e = e0; e < e1; ++e) {
+      T v = x[static_cast<int64_t>(col[e]) * F + f];
+      if constexpr (kScaled) v *= static_cast<T>(scale(e));
+      if (e == e0) acc = v; else Red::update(acc, v);
+    }
+    out_row[f] = Red::finish(acc, e1 - e0);
+  }
+}
+
+// One row, all F features: tiles of 8, 4, 2, 1 vectors, then a scalar tail. Only the first
+// tile prefetches (later tiles re-read the row's sources while they are in L1/L2).
+template <typename T, typename index_t, typename Red, bool kScaled, typename ScaleFn>
+inline void reduce_row(const T* x, int64_t F, const index_t* col, int64_t e0, int64_t e1, const ScaleFn& scale,
+                       T* out_row, int64_t ahead, int64_t prefetch_end) {
+  constexpr int64_t L = kLanes<T>;
+  int64_t f0 = 0;
+  for (; f0 + 8 * L <= F; f0 += 8 * L) {
+    reduce_row_tile<8, T, index_t, Red, kScaled>(x, F, col, e0, e1, f0, scale, out_row, ahead, prefetch_end);
+    prefetch_end = 0;
+  }
+  if (f0 + 4 * L <= F) {
+    reduce_row_tile<4, T, index_t, Red, kScaled>(x, F, col, e0, e1, f0, scale, out_row, ahead, prefetch_end);
+    f0 += 4 * L;
+    prefetch_end = 0;
+  }
+  if (f0 + 2 * L <= F) {
+    reduce_row_tile<2, T, index_t, Red, kScaled>(x, F, col, e0, e1, f0, scale, out_row, ahead, prefetch_end);
+    f0 += 2 * L;
+    prefetch_end = 0;
+  }
+  if (f0 + L <= F) {
+    reduce_row_tile<1, T, index_t, Red, kScaled>(x, F, col, e0, e1, f0, scale, out_row, ahead, prefetch_end);
+    f0 += L;
+  }
+  if (f0 < F) reduce_row_scalar<T, index_t, Red, kScaled>(x, F, col, e0, e1, f0, F - f0, scale, out_row);
+}
+
+}  // namespace gnnfuse

@@ -1,0 +1,209 @@
+"""Node reordering for locality: ``gnnfuse.reorder`` and the helpers that apply and undo it.
+
+Convention (everything here follows it): ``perm = reorder(edge_index, ...)`` is a permutation of
+``range(num_nodes)`` (int64, on edge_index's device) with ``perm[new_id] = old_id``. So
+
+- node features move with ``x_new = x[perm]`` (any node-level tensor: ``y[perm]``, ``mask[perm]``),
+- the graph with ``edge_index_new = relabel(edge_index, perm)`` (edge order and edge attributes
+  unchanged: edge ``k`` is the same edge before and after),
+- a model's node-level output maps back with ``out = unpermute(out_new, perm)`` (= ``out_new[inverse(perm)]``).
+
+Methods (``method=``):
+
+- ``"degree"``: nodes by total degree, highest first (hot rows together; cheap, no community recovery).
+- ``"rcm"``: reverse Cuthill-McKee on the symmetrised graph (scipy; bandwidth-minimising, best for
+  meshes and other low-degree graphs with large diameter).
+- ``"metis"``: METIS partitions of ~``PART_NODES`` nodes, nodes ordered by part (pymetis, the optional
+  extra ``gnnfuse[reorder]``).
+- ``"community"``: a cluster order in torch ops (CPU and GPU): a few propagation steps of random vectors
+  (:func:`cluster_embedding`, one ``fused_gather_scatter`` each) contract every community to a point,
+  and a Z-order curve through those points (:func:`zorder`) puts each community's nodes in one id
+  range. Linear in the edges, one sort of the nodes: it scales to products-sized graphs.
+- ``"identity"``: ``arange(num_nodes)``.
+- ``"auto"``: see :func:`choose_method`.
+
+A reorder relabels one node set, so it needs a square graph: for a bipartite ``num_nodes=(num_src,
+num_dst)`` with different sizes it raises ``ValueError`` (the sources and the targets are different
+nodes; reorder each side's own graph, or the graph before it was split).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._validate import require_choice
+from .csr import CSR, check_edge_index
+from .locality import locality_stats
+
+METHODS = ("auto", "identity", "degree", "rcm", "metis", "community")
+PART_NODES = 1024  # METIS part size: a part's rows of F = 128 fp32 features (512 KB) stay in L2
+EMBED_DIM, EMBED_STEPS, ZORDER_BITS = 8, 8, 7  # "community": 8 coordinates, 8 steps, 7 levels (56-bit keys)
+AUTO_MIN_NODES = 65_536  # "auto": below this the whole feature matrix stays in cache, reordering gains nothing
+AUTO_LOCAL_ENOUGH = 0.5  # "auto": keep the order when windows already read < this share of the random case's rows
+
+
+def reorder(edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = None, method: str = "auto", *,
+            seed: int = 0) -> torch.Tensor:
+    """A permutation ``perm`` (``perm[new_id] = old_id``, see the module docstring) that puts nodes
+    whose edges connect them next to each other. ``num_nodes`` defaults to ``max(edge_index) + 1``;
+    ``seed`` fixes the community method's random choices. The input is not modified."""
+    check_edge_index(edge_index)
+    require_choice("method", method, METHODS)
+    n = _square_size(edge_index, num_nodes)
+    device = edge_index.device
+    if n == 0 or method == "identity":
+        return torch.arange(n, device=device)
+    if method == "auto":
+        if n < AUTO_MIN_NODES:  # choose_method's first rule, before paying for a CSR
+            return torch.arange(n, device=device)
+        csr = CSR.from_edge_index(edge_index, n)
+        method = choose_method(csr)
+        if method == "identity":
+            return torch.arange(n, device=device)
+        if method == "community":
+            return _community(csr, seed)
+    if method == "degree":
+        deg = torch.bincount(edge_index[0].long(), minlength=n) + torch.bincount(edge_index[1].long(), minlength=n)
+        return torch.sort(deg, descending=True, stable=True).indices
+    if method == "rcm":
+        from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+        perm = reverse_cuthill_mckee(_symmetric_scipy(edge_index, n), symmetric_mode=True)
+        return torch.from_numpy(perm.astype("int64")).to(device)
+    if method == "metis":
+        return _metis(edge_index, n).to(device)
+    return _community(CSR.from_edge_index(edge_index, n), seed)
+
+
+def choose_method(csr: CSR) -> str:
+    """What ``method="auto"`` runs, from the graph's size and its current locality:
+
+    - ``"identity"`` when the graph is small (fewer than ``AUTO_MIN_NODES`` nodes: its features stay in
+      cache whatever the order) or its order is already local (a window of consecutive targets reads
+      fewer than ``AUTO_LOCAL_ENOUGH`` times the distinct rows random ids would:
+      :func:`gnnfuse.locality.locality_stats`);
+    - ``"community"`` otherwise: the only method here that recovers community structure at a cost of
+      a few CSR builds (the measured costs and savings are in benchmarks/results/reorder_*.md).
+    """
+    if csr.num_dst < AUTO_MIN_NODES:
+        return "identity"
+    stats = locality_stats(csr)
+    if stats.distinct_fraction < AUTO_LOCAL_ENOUGH * stats.random_fraction:
+        return "identity"
+    return "community"
+
+
+# ---- applying and undoing a permutation ------------------------------------------------------------
+def inverse(perm: torch.Tensor) -> torch.Tensor:
+    """``inv`` with ``inv[old_id] = new_id``."""
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device, dtype=perm.dtype)
+    return inv
+
+
+def relabel(edge_index: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """edge_index in the new ids (same dtype and edge order): ``inverse(perm)[edge_index]``."""
+    check_edge_index(edge_index)
+    return inverse(perm).to(edge_index.dtype)[edge_index.long()]
+
+
+def unpermute(out: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """Node-level rows computed on the reordered graph, back in the original ids."""
+    return out[inverse(perm)]
+
+
+# ---- methods -------------------------------------------------------------------------------------------
+def _square_size(edge_index: torch.Tensor, num_nodes) -> int:
+    if isinstance(num_nodes, tuple):
+        if len(num_nodes) != 2 or num_nodes[0] != num_nodes[1]:
+            raise ValueError(
+                f"reorder relabels one node set; num_nodes={num_nodes!r} describes a bipartite graph whose "
+                "sources and targets are different nodes. Reorder each node set's own graph instead.")
+        num_nodes = num_nodes[0]
+    if num_nodes is None:
+        return int(edge_index.max()) + 1 if edge_index.numel() else 0
+    if num_nodes < 0:
+        raise ValueError(f"num_nodes must be >= 0; got {num_nodes}")
+    if edge_index.numel() and int(edge_index.max()) >= num_nodes:
+        raise ValueError(f"edge_index has node ids >= num_nodes={num_nodes}")
+    return int(num_nodes)
+
+
+def _symmetric_scipy(edge_index: torch.Tensor, n: int):
+    """A + A^T without self loops or duplicates, as scipy CSR (what RCM and METIS take)."""
+    import numpy as np
+    import scipy.sparse
+
+    ei = edge_index.long().cpu().numpy()
+    keep = ei[0] != ei[1]
+    rows, cols = np.concatenate([ei[0][keep], ei[1][keep]]), np.concatenate([ei[1][keep], ei[0][keep]])
+    a = scipy.sparse.csr_matrix((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(n, n))
+    a.sum_duplicates()
+    return a
+
+
+def _metis(edge_index: torch.Tensor, n: int) -> torch.Tensor:
+    try:
+        import pymetis
+    except ImportError as e:
+        raise ImportError('reorder(method="metis") needs pymetis: pip install "gnnfuse[reorder]" '
+                          '(or pip install pymetis)') from e
+    parts = max(1, -(-n // PART_NODES))
+    if parts == 1:
+        return torch.arange(n)
+    a = _symmetric_scipy(edge_index, n)
+    _, membership = pymetis.part_graph(parts, xadj=a.indptr, adjncy=a.indices)
+    return torch.sort(torch.as_tensor(membership, dtype=torch.int64), stable=True).indices
+
+
+def _community(csr: CSR, seed: int) -> torch.Tensor:
+    """Nodes ordered along a Z-order curve through their :func:`cluster_embedding`."""
+    return zorder(cluster_embedding(csr, seed=seed))
+
+
+def cluster_embedding(csr: CSR, *, dim: int = EMBED_DIM, steps: int = EMBED_STEPS, seed: int = 0) -> torch.Tensor:
+    """[num_nodes, dim] float32 coordinates in which nodes of one community lie close together.
+
+    Random vectors averaged ``steps`` times over each node and its in-neighbours (the power iteration
+    of spectral clustering): inside a community the average mixes within a few steps, across
+    communities only through the few edges between them, so each community contracts to its own
+    point. Each step is one ``fused_gather_scatter`` (linear in the edges, on CPU or GPU). The
+    average keeps constants and shrinks nothing else to zero in a few steps, so the coordinates are
+    centred and scaled once, at the end (that commutes with the steps). Nodes without in-edges take
+    the coordinates of one node they point to.
+    """
+    from .ops.gather_scatter import fused_gather_scatter
+
+    n, device = csr.num_dst, csr.device
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(n, dim, generator=g, device=device)
+    if csr.num_edges == 0:
+        return x
+    scale = 1.0 / (csr.in_degree().float() + 1.0)[:, None]
+    for _ in range(steps):
+        x = fused_gather_scatter(x, csr, "sum").add_(x).mul_(scale)
+    x -= x.mean(0)
+    x /= x.std(0).clamp_(min=1e-30)
+    orphans = (csr.in_degree() == 0)[csr.col.long()]  # edges out of nodes without in-edges
+    if bool(orphans.any()):
+        x[csr.col.long()[orphans]] = x[csr.row().long()[orphans]]
+    return x
+
+
+def zorder(x: torch.Tensor, bits: int = ZORDER_BITS) -> torch.Tensor:
+    """Indices sorting the rows of ``x`` [n, d] (standardised coordinates) along a Z-order
+    (Morton) curve: ``bits`` levels per dimension (``bits * d <= 63``), so points close in every
+    coordinate get close ranks and a tight cluster a contiguous range."""
+    n, dim = x.shape
+    if bits * dim > 63:
+        raise ValueError(f"zorder: bits * dim must be <= 63; got {bits} * {dim}")
+    # [dim, n] cells: every step below runs on contiguous rows
+    q = ((x.t().clamp(-3.0, 3.0) + 3.0) * ((1 << bits) / 6.0)).long().clamp_(max=(1 << bits) - 1).contiguous()
+    # spread[v]: v's bits moved to every dim-th position (bit b -> b * dim): a 2**bits-entry table
+    levels = torch.arange(1 << bits, device=x.device)
+    spread = torch.zeros_like(levels)
+    for b in range(bits):
+        spread |= ((levels >> b) & 1) << (b * dim)
+    key = torch.zeros(n, dtype=torch.int64, device=x.device)
+    for j in range(dim):  # level-major interleave, dimension 0 most significant within a level
+        key |= spread[q[j]] << (dim - 1 - j)
+    return torch.sort(key, stable=True).indices

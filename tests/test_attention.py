@@ -118,7 +118,8 @@ def test_dropout_reproducible_under_manual_seed_and_backends_agree():
                                   graph().to(dev), alpha_edge=ins["alpha_edge"].to(dev), dropout=0.5,
                                   backend=backend).cpu())
     torch.manual_seed(7)
-    again = gat_attention(ins["x"], ins["alpha_src"], ins["alpha_dst"], graph(), alpha_edge=ins["alpha_edge"], dropout=0.5)
+    again = gat_attention(ins["x"], ins["alpha_src"], ins["alpha_dst"], graph(), alpha_edge=ins["alpha_edge"],
+                          dropout=0.5)
     assert torch.equal(outs[0], again)
     torch.testing.assert_close(outs[0], outs[1])  # same mask on both kernels (values differ by rounding only)
     torch.testing.assert_close(outs[0], outs[2])
@@ -206,7 +207,8 @@ def gat_pair(in_channels, out_channels, dtype=torch.float64, **kw):
 
 def layer_run(layer, x, ei, ea=None):
     out = layer(x, ei, ea)
-    leaves = [t for t in ([x] if isinstance(x, torch.Tensor) else list(x)) if t.requires_grad] + list(layer.parameters())
+    inputs = [x] if isinstance(x, torch.Tensor) else list(x)
+    leaves = [t for t in inputs if t.requires_grad] + list(layer.parameters())
     return out, torch.autograd.grad((out * out.detach().cos()).sum(), leaves)
 
 

@@ -60,7 +60,8 @@ def fuse(model: torch.nn.Module, *, generic: bool = True, warn: bool = True) -> 
     fused_names: list[str] = []
     unsupported: list[str] = []
     for name, module in model.named_modules():
-        if not isinstance(module, MessagePassing) or isinstance(module, FusedMessagePassing) or _checks_per_call(type(module)):
+        if (not isinstance(module, MessagePassing) or isinstance(module, FusedMessagePassing)
+                or _checks_per_call(type(module))):
             continue
         label = name or "<model>"
         known = FUSED_CLASSES.get(type(module))
@@ -74,7 +75,7 @@ def fuse(model: torch.nn.Module, *, generic: bool = True, warn: bool = True) -> 
         module.__class__ = known or _generic_class(type(module))
         # explain / decomposed_layers setters may have bound PyG's propagate on the instance
         module.__dict__.pop("propagate", None)
-        if message_form(type(module)) is None and not _checks_per_call(known):  # pragma: no cover - why_not_fused checked it
+        if message_form(type(module)) is None and not _checks_per_call(known):  # pragma: no cover (checked above)
             raise AssertionError(type(module))
         fused_names.append(label)
     model.gnnfuse_fused = fused_names

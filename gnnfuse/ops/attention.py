@@ -235,7 +235,8 @@ def gat_attention(
     require_floating("x", x)
     require_shape("x", x, "[N_src, H, F]", x.dim() == 3)
     n_src, heads, _ = x.shape
-    alpha_src = _alpha("alpha_src", alpha_src, f"[N_src, H] = [{n_src}, {heads}]", x, lambda t: t.shape == (n_src, heads))
+    alpha_src = _alpha("alpha_src", alpha_src, f"[N_src, H] = [{n_src}, {heads}]", x,
+                       lambda t: t.shape == (n_src, heads))
     alpha_dst = _alpha("alpha_dst", alpha_dst, f"[N_dst, {heads}]", x, lambda t: t.dim() == 2 and t.shape[1] == heads)
     num_dst = alpha_dst.shape[0]
     csr = _as_csr(edge_index_or_csr, x, num_dst)

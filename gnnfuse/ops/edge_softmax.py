@@ -26,7 +26,8 @@ def _triton():
     return attention
 
 
-torch.library.impl(OP, "cpu")(lambda logits, rowptr, perm: load_extension("attention").edge_softmax(logits, rowptr, perm))
+torch.library.impl(OP, "cpu")(
+    lambda logits, rowptr, perm: load_extension("attention").edge_softmax(logits, rowptr, perm))
 torch.library.impl(BACKWARD_OP, "cpu")(
     lambda grad, out, rowptr, perm: load_extension("attention").edge_softmax_backward(grad, out, rowptr, perm))
 torch.library.impl(OP, "cuda")(lambda logits, rowptr, perm: _triton().edge_softmax(logits, rowptr, perm))

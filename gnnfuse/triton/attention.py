@@ -148,8 +148,8 @@ def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, r
         acc = tl.zeros((HB,), ACC)
         for k0 in range(start, stop, BE):
             ks = k0 + tl.arange(0, BE)
-            j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, col, col, ad, N_EDGES,
-                                            H, slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM,
+            j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, col, col, ad,
+                                            N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM,
                                             SELF_LOOPS, DROPOUT, ACC)
             p = tl.exp(e - mi[None, :]) / zi[None, :]
             xv = tl.load(x + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
@@ -191,9 +191,9 @@ def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_r
     acc_s = tl.zeros((HB,), ACC)
     for q0 in range(start, stop, BE):
         qs = q0 + tl.arange(0, BE)
-        i, v2, s, e, keep = _edge_block(qs, end, stop, j, heads, hmask, a_dst, a_edge, a_loop, t_col, t_pos, asrc, N_EDGES,
-                                        H, slope, seed, threshold, scale, True, HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS,
-                                        DROPOUT, ACC)
+        i, v2, s, e, keep = _edge_block(qs, end, stop, j, heads, hmask, a_dst, a_edge, a_loop, t_col, t_pos, asrc,
+                                        N_EDGES, H, slope, seed, threshold, scale, True, HAS_EDGE, HAS_LOOP_TERM,
+                                        SELF_LOOPS, DROPOUT, ACC)
         ih = i[:, None] * H + heads[None, :]
         mi = tl.load(m_in + ih, mask=v2, other=0)
         zi = tl.load(z_in + ih, mask=v2, other=1)

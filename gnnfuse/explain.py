@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import _build
+from .csr import CSR
 from .ops.gather_scatter import check_call
 
 
@@ -92,7 +93,7 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, edge_wei
 
 def _locality(x: torch.Tensor, graph) -> str:
     """The graph's locality statistic (a raw edge_index is sorted into the CSR the op would cache)."""
-    from .csr import CSR, csr_for_edge_index
+    from .csr import csr_for_edge_index
     from .locality import locality_stats
 
     try:

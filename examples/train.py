@@ -8,7 +8,8 @@
 
 Models (2 layers, the hyper-parameters of PyG's examples: lr 0.01, weight decay 5e-4, dropout 0.5,
 200 epochs): gcn (hidden 16, cached normalisation), sage (mean aggregation, hidden 64), gin (2-layer
-MLPs, hidden 64). ``--backend gnnfuse`` builds them from ``gnnfuse.nn``, ``--backend pyg`` from
+MLPs, hidden 64), gat (PyG's standard GAT: 8 heads x 8 hidden, ELU, dropout 0.6 on features and
+attention coefficients, lr 0.005). ``--backend gnnfuse`` builds them from ``gnnfuse.nn``, ``--backend pyg`` from
 ``torch_geometric.nn``: the same classes, signatures and parameters, only the message passing differs.
 
 Data (never shipped with gnnfuse): Planetoid raw files under ``--root``, else ``$GNNFUSE_DATA``, else
@@ -42,7 +43,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-HIDDEN = {"gcn": 16, "sage": 64, "gin": 64}
+HIDDEN = {"gcn": 16, "sage": 64, "gin": 64, "gat": 8}
+# PyG's gat.py: 8 heads of 8, ELU, dropout 0.6 (features and attention), lr 0.005
+MODEL_DEFAULTS = {"gat": dict(lr=0.005, dropout=0.6)}
 
 
 # ---- data --------------------------------------------------------------------------------------------
@@ -121,14 +124,18 @@ class Net(torch.nn.Module):
 
             self.conv1 = layers.GINConv(mlp(f_in, hidden, hidden))
             self.conv2 = layers.GINConv(mlp(hidden, hidden, classes))
+        elif model == "gat":
+            self.conv1 = layers.GATConv(f_in, hidden, heads=8, dropout=dropout)
+            self.conv2 = layers.GATConv(hidden * 8, classes, heads=1, concat=False, dropout=dropout)
         else:
             raise ValueError(f"unknown model {model!r}")
+        self.act = F.elu if model == "gat" else F.relu
 
     def forward(self, x, edge_index):
         if self.encoder is not None:
             x = F.relu(self.encoder(x))
         x = F.dropout(x, p=self.dropout, training=self.training)
-        x = F.relu(self.conv1(x, edge_index))
+        x = self.act(self.conv1(x, edge_index))
         x = F.dropout(x, p=self.dropout, training=self.training)
         return self.conv2(x, edge_index)
 
@@ -258,7 +265,7 @@ def _mean_std(values):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="gcn", choices=["gcn", "sage", "gin"])
+    p.add_argument("--model", default="gcn", choices=["gcn", "sage", "gin", "gat"])
     p.add_argument("--dataset", default="Cora", choices=["Cora", "CiteSeer", "Facebook", "synthetic"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--backend", default="gnnfuse", choices=["gnnfuse", "pyg"])
@@ -267,16 +274,20 @@ def parse_args(argv=None):
     p.add_argument("--compare", action="store_true", help="also train the same model in stock PyG; print the speed-up")
     p.add_argument("--root", default=None, help="data root (planetoid/<Name>/raw, musae-facebook/)")
     p.add_argument("--hidden", type=int, default=None, help="hidden width (default: gcn 16, sage 64, gin 64)")
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--lr", type=float, default=None, help="default 0.01 (gat: 0.005)")
     p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--dropout", type=float, default=0.5)
+    p.add_argument("--dropout", type=float, default=None, help="default 0.5 (gat: 0.6)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the Facebook / synthetic random split")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--reorder", default="none",
                    choices=["none", "auto", "identity", "degree", "rcm", "metis", "community"],
                    help="renumber the nodes with gnnfuse.transforms.Reorder(METHOD) before training")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bars")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for key, value in dict(dict(lr=0.01, dropout=0.5), **MODEL_DEFAULTS.get(args.model, {})).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
 
 def main(argv=None) -> dict:

@@ -38,7 +38,7 @@ def _has_facebook():
 
 
 # ---- examples/train.py ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("model", ["gcn", "sage", "gin"])
+@pytest.mark.parametrize("model", ["gcn", "sage", "gin", "gat"])
 def test_train_synthetic_compare(train, model):
     summary = train.main(["--model", model, "--dataset", "synthetic", "--epochs", "4", "--compare", "--no-progress"])
     assert summary["dataset"] == "synthetic"

@@ -30,6 +30,7 @@ _EXPORTS = {
     "GINConv": "._layers",
     "GraphConv": "._layers",
     "gcn_norm_weights": "._layers",
+    "GATConv": "._attention",
     "fuse": "._fuse",
     "fusable": "._fuse",
 }

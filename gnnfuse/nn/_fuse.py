@@ -8,6 +8,7 @@ import warnings
 import torch
 from torch_geometric.nn.conv import MessagePassing
 
+from . import _attention  # noqa: F401  (adds the attention layers to FUSED_CLASSES)
 from ._layers import FUSED_CLASSES
 from ._mixin import FusedMessagePassing, message_form, why_not_fused
 
@@ -25,16 +26,21 @@ def _generic_class(cls: type) -> type:
     return fused
 
 
+def _checks_per_call(cls: type | None) -> bool:
+    """Fused layers that check per call (attention layers) instead of through their message form."""
+    return getattr(cls, "gnnfuse_checks_per_call", False)
+
+
 def fusable(module: torch.nn.Module) -> tuple[bool, str]:
     """(can :func:`fuse` convert it, why / what it becomes)."""
     if not isinstance(module, MessagePassing):
         return False, "not a MessagePassing layer"
-    if isinstance(module, FusedMessagePassing):
+    if isinstance(module, FusedMessagePassing) or _checks_per_call(type(module)):
         return False, "already fused"
-    reason = why_not_fused(module)
+    known = FUSED_CLASSES.get(type(module))
+    reason = None if _checks_per_call(known) else why_not_fused(module)
     if reason is not None:
         return False, reason
-    known = FUSED_CLASSES.get(type(module))
     return True, f"gnnfuse.nn.{known.__name__}" if known else "generic mixin"
 
 
@@ -54,21 +60,22 @@ def fuse(model: torch.nn.Module, *, generic: bool = True, warn: bool = True) -> 
     fused_names: list[str] = []
     unsupported: list[str] = []
     for name, module in model.named_modules():
-        if not isinstance(module, MessagePassing) or isinstance(module, FusedMessagePassing):
+        if (not isinstance(module, MessagePassing) or isinstance(module, FusedMessagePassing)
+                or _checks_per_call(type(module))):
             continue
         label = name or "<model>"
         known = FUSED_CLASSES.get(type(module))
         if known is None and not generic:
             unsupported.append(f"{label}: {type(module).__name__} (not a built-in fused layer; generic=False)")
             continue
-        reason = why_not_fused(module)
+        reason = None if _checks_per_call(known) else why_not_fused(module)
         if reason is not None:
             unsupported.append(f"{label}: {type(module).__name__} ({reason})")
             continue
         module.__class__ = known or _generic_class(type(module))
         # explain / decomposed_layers setters may have bound PyG's propagate on the instance
         module.__dict__.pop("propagate", None)
-        if message_form(type(module)) is None:  # pragma: no cover - why_not_fused checked it
+        if message_form(type(module)) is None and not _checks_per_call(known):  # pragma: no cover (checked above)
             raise AssertionError(type(module))
         fused_names.append(label)
     model.gnnfuse_fused = fused_names

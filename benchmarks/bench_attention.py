@@ -1,0 +1,161 @@
+"""Fused attention: a GATConv training step (forward + backward) and its peak memory, gnnfuse.nn vs
+stock torch-geometric, plus the fused forward against our sum gather-scatter at the same width.
+
+    python -m benchmarks.bench_attention --device cpu  --out benchmarks/results   # Cora, Facebook, products-down
+    python -m benchmarks.bench_attention --device cuda --out "$OUT"               # synthetic, generated on the device
+
+One GATConv(64 -> F, heads=H) layer in training mode (dropout on the coefficients, self loops, as
+PyG's defaults), loss = mean of squares, gradients of every parameter; both layers hold the same
+weights and are timed in the same process, interleaved (benchmarks.common.bench_interleaved):
+median and min over rounds. Peak memory (CUDA only: torch.cuda.max_memory_allocated) is that of
+one step above what was allocated before it. ``fwd/sum`` is our fused attention forward over our
+sum gather-scatter of the same [N, H*F] features on the same graph (no gradients): the goal is <= 2.
+A variant that fails (e.g. PyG out of memory) becomes a row with its error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from benchmarks.common import bench_interleaved, device_label, geomean, machine, save_results
+from gnnfuse.testing import random_graph
+
+IN_CHANNELS = 64
+CPU_CONFIGS = [(8, 8, 0.6)]  # (heads, F, dropout): the standard GAT layer
+CUDA_CONFIGS = [(8, 8, 0.6), (4, 64, 0.1)]
+
+
+def cpu_graphs():
+    from gnnfuse.datasets import load_facebook_edge_index, load_planetoid
+
+    graphs = {}
+    cora = load_planetoid("Cora")
+    if cora is not None:
+        graphs["Cora"] = (cora.edge_index, cora.num_nodes)
+    fb = load_facebook_edge_index()
+    if fb is not None:
+        graphs["Facebook"] = fb
+    graphs["products-down (synthetic, power-law)"] = (random_graph(60_000, 60_000, 1_200_000, seed=0, power_law=True),
+                                                      60_000)
+    return graphs
+
+
+def cuda_graphs(device):
+    def power_law(nodes, edges, seed):
+        g = torch.Generator(device=device).manual_seed(seed)
+        src = torch.randint(0, nodes, (edges,), generator=g, device=device)
+        ranks = torch.arange(1, nodes + 1, dtype=torch.float32, device=device)
+        dst = torch.multinomial(1.0 / ranks, edges, replacement=True, generator=g)
+        dst = torch.randperm(nodes, generator=g, device=device)[dst]
+        return torch.stack([src, dst])
+
+    def uniform(nodes, edges, seed):
+        g = torch.Generator(device=device).manual_seed(seed)
+        return torch.randint(0, nodes, (2, edges), generator=g, device=device)
+
+    return {"arxiv-like (power-law)": (power_law(170_000, 1_170_000, 0), 170_000),
+            "products-like (power-law)": (power_law(1_000_000, 25_000_000, 1), 1_000_000),
+            "products-like (uniform)": (uniform(1_000_000, 25_000_000, 2), 1_000_000)}
+
+
+def make_step(layer, x, edge_index):
+    params = list(layer.parameters())
+
+    def step():
+        out = layer(x, edge_index)
+        torch.autograd.grad(out.square().mean(), params)
+
+    return step
+
+
+def peak_mb(fn, device) -> float | str:
+    if device.type != "cuda":
+        return "n/a"
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds):
+    import torch_geometric.nn as pyg_nn
+
+    import gnnfuse
+    import gnnfuse.nn as G
+
+    row = {"graph": name, "nodes": nodes, "edges": edge_index.shape[1], "HxF": f"{heads}x{width}", "dropout": dropout}
+    torch.manual_seed(0)
+    x = torch.randn(nodes, IN_CHANNELS, device=device)
+    stock = pyg_nn.GATConv(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
+    ours = G.GATConv(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
+    ours.load_state_dict(stock.state_dict())
+    steps = {"gnnfuse": make_step(ours, x, edge_index), "pyg": make_step(stock, x, edge_index)}
+    for label, fn in list(steps.items()):
+        try:
+            row[f"{label}_peak_MB"] = peak_mb(fn, device)
+        except torch.OutOfMemoryError:
+            row[f"{label}_peak_MB"] = "OOM"
+            steps.pop(label)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # outside the except block: its traceback no longer holds the tensors
+    times = bench_interleaved(steps, device, rounds=rounds, max_seconds=20.0)
+    for label, t in times.items():
+        row[f"{label}_ms"], row[f"{label}_min_ms"] = t["median_ms"], t["min_ms"]
+    if "pyg" in times:
+        row["speedup"] = times["pyg"]["median_ms"] / times["gnnfuse"]["median_ms"]
+    if isinstance(row.get("pyg_peak_MB"), float):
+        row["mem_ratio"] = row["pyg_peak_MB"] / max(row["gnnfuse_peak_MB"], 1e-9)
+    # forward alone vs our sum gather-scatter at the same total width
+    h = torch.randn(nodes, heads, width, device=device)
+    a_src, a_dst = torch.randn(nodes, heads, device=device), torch.randn(nodes, heads, device=device)
+    flat = h.view(nodes, heads * width)
+    with torch.no_grad():
+        fwd = bench_interleaved({
+            "attention": lambda: gnnfuse.gat_attention(h, a_src, a_dst, edge_index, add_self_loops=True),
+            "sum": lambda: gnnfuse.fused_gather_scatter(flat, edge_index, "sum"),
+        }, device, rounds=rounds, max_seconds=10.0)
+    row["fwd_attention_ms"], row["fwd_sum_ms"] = fwd["attention"]["median_ms"], fwd["sum"]["median_ms"]
+    row["fwd/sum"] = row["fwd_attention_ms"] / row["fwd_sum_ms"]
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU runs)")
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    graphs = cpu_graphs() if device.type == "cpu" else cuda_graphs(device)
+    configs = CPU_CONFIGS if device.type == "cpu" else CUDA_CONFIGS
+    rows = []
+    for name, (edge_index, nodes) in graphs.items():
+        edge_index = edge_index.to(device)
+        for heads, width, dropout in configs:
+            try:
+                rows.append(run_row(name, edge_index, nodes, heads, width, dropout, device, args.rounds))
+            except Exception as exc:  # a row, not a crash
+                rows.append({"graph": name, "HxF": f"{heads}x{width}", "error": f"{type(exc).__name__}: {exc}"[:200]})
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            print(rows[-1], flush=True)
+    speedups = [r["speedup"] for r in rows if "speedup" in r]
+    meta = dict(machine(device), benchmark="GATConv training step and forward vs sum gather-scatter",
+                geomean_speedup=round(geomean(speedups), 3),
+                load_average_1_5_15min=os.getloadavg())  # other tenants of a shared host show up here
+    columns = ["graph", "nodes", "edges", "HxF", "dropout", "gnnfuse_ms", "gnnfuse_min_ms", "pyg_ms", "pyg_min_ms",
+               "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "mem_ratio", "fwd_attention_ms", "fwd_sum_ms", "fwd/sum",
+               "error"]
+    md = save_results(f"attention_{device_label(device)}", meta, rows, columns, args.out)
+    print(md.read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+// Fused graph attention (GAT) on CPU: gnnfuse.gat_attention.
+//
+// Per target row i and head h, over the row's incoming edges k (source j = col[k]):
+//   s_k = a_src[j,h] + a_dst[i,h] (+ a_edge[k,h]),  e_k = leaky_relu(s_k),
+//   p_k = exp(e_k - m_i) / z_i  (softmax over the row),  c_k = p_k * keep_k / (1 - dropout),
+//   out[i,h,:] = sum_k c_k x[j,h,:].
+// Only m [N_dst, H] and z [N_dst, H] are saved; the backward recomputes every logit. With
+// self_loops, existing edges j == i are skipped and each row i < min(N_src, N_dst) gets one
+// virtual edge j = i whose edge term is a_loop[i,h] (PyG's remove + add self loops, no graph copy).
+//
+// Backward, with g = grad_out and D_i = g_i . out_i (per head):
+//   ds_k = p_k (keep_k/(1-dropout) g_i . x_j - D_i) * leaky_relu'(s_k)
+//   grad_a_dst[i] = sum_k ds_k, grad_a_edge[k] = ds_k       (pass A: rows of the graph)
+//   grad_x[j] = sum_k c_k g_i, grad_a_src[j] = sum_k ds_k    (pass B: rows of the transpose)
+// Every output row is written by one thread (no atomics): bitwise identical for any thread count.
+// Dropout keeps an edge when hash(seed, edge id, head) clears a threshold (csrc/dropout_hash.h),
+// so the mask is never stored and matches the Triton kernels bit for bit.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "dropout_hash.h"
+#include "reducer.h"
+
+namespace gnnfuse {
+namespace {
+
+constexpr int64_t kMaxHeads = 64;  // per-row head state lives on the stack
+
+struct Params {
+  int64_t num_src, num_dst, num_edges, H, F, num_loops;  // num_loops: rows with a virtual self loop
+  bool self_loops;
+  double slope;
+  uint32_t seed, threshold;  // threshold == 0: no dropout
+  double scale;              // 1 / (1 - dropout)
+  template <typename T>
+  inline T keep(int64_t edge, int64_t h) const {
+    return threshold == 0 ? T(scale) : (dropout_keep(seed, edge, H, h, threshold) ? T(scale) : T(0));
+  }
+  template <typename T>
+  inline T lrelu(T s) const { return s > T(0) ? s : s * T(slope); }
+  template <typename T>
+  inline T dlrelu(T s) const { return s > T(0) ? T(1) : T(slope); }
+};
+// Logits, softmax statistics and accumulators use acc_t: float for float/half types, double for double.
+
+// exp for the softmax weights, written so that `omp simd` loops vectorise it (std::exp, std::floor
+// and std::fmax are library calls that keep GCC from vectorising): Cephes' expf (round-to-nearest
+// range reduction by ln 2 with the 1.5 * 2^23 trick, degree-6 polynomial; relative error < 1e-7 on
+// [-87, 0]); x < -87 gives 0 (exp(-inf) = 0), NaN stays NaN. Arguments are logit - row max <= 0.
+inline float exp_simd(float x0) {
+  const float x = x0 > -87.0f ? (x0 < 88.0f ? x0 : 88.0f) : -87.0f;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float two_n = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+  const float y = x0 >= -87.0f ? p * two_n : 0.0f;
+  return x0 != x0 ? x0 : y;
+}
+inline double exp_simd(double x) { return std::exp(x); }
+
+// One edge of a row as the kernels walk it: the other endpoint, the CSR position (-1 for the
+// virtual self loop) and the dropout id (the CSR position, E + node for the loop).
+struct Edge {
+  int64_t other, pos, id;
+};
+
+// Feature rows of other endpoints are random reads: the first kAhead are prefetched while the
+// row's edges are collected, later ones kAhead edges before use (as the gather-scatter kernel does).
+constexpr int64_t kAhead = 8;
+
+template <typename scalar_t>
+inline void prefetch_row(const scalar_t* row, int64_t elems) {
+  const char* c = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < elems * int64_t(sizeof(scalar_t)); b += 64) __builtin_prefetch(c + b, 0, 1);
+}
+
+// The edges of `node`'s row in (ptr, nbr[, pos]): the graph (targets) or its transpose (sources).
+// With self loops, edges to the node itself are skipped and the virtual loop comes last.
+// `rows` (row width `width`) is the feature matrix the caller will read at the other endpoints.
+template <typename index_t, typename scalar_t>
+void collect_edges(const Params& P, const index_t* ptr, const index_t* nbr, const index_t* pos, int64_t node,
+                   std::vector<Edge>& edges, const scalar_t* rows, int64_t width) {
+  edges.clear();
+  for (int64_t q = ptr[node]; q < ptr[node + 1]; ++q) {
+    const int64_t other = nbr[q], k = pos ? int64_t(pos[q]) : q;
+    if (P.self_loops && other == node) continue;
+    if (int64_t(edges.size()) < kAhead) prefetch_row(rows + other * width, width);
+    edges.push_back({other, k, k});
+  }
+  if (node < P.num_loops) edges.push_back({node, -1, P.num_edges + node});
+}
+
+// s[n*H + h] = a_node[h] + a_other[other_n, h] (+ the edge term): the logits before leaky_relu.
+// a_other's rows are `stride` apart (the transpose pass reads a_dst from a packed per-target row).
+template <typename scalar_t, typename other_t, typename acc_t>
+void edge_logits(const Params& P, const std::vector<Edge>& edges, const scalar_t* a_node, const other_t* a_other,
+                 int64_t stride, const scalar_t* a_edge, const scalar_t* a_loop_row, acc_t* s) {
+  const int64_t H = P.H, n_edges = edges.size();
+  for (int64_t n = 0; n < std::min(kAhead, n_edges); ++n) prefetch_row(a_other + edges[n].other * stride, stride);
+  for (int64_t n = 0; n < n_edges; ++n) {
+    const Edge& e = edges[n];
+    if (n + kAhead < n_edges) prefetch_row(a_other + edges[n + kAhead].other * stride, stride);
+    const other_t* ao = a_other + e.other * stride;
+    const scalar_t* et = e.pos >= 0 ? (a_edge ? a_edge + e.pos * H : nullptr) : a_loop_row;
+    acc_t* sn = s + n * H;
+    for (int64_t h = 0; h < H; ++h) sn[h] = acc_t(a_node[h]) + acc_t(ao[h]);
+    if (et)
+      for (int64_t h = 0; h < H; ++h) sn[h] += acc_t(et[h]);
+  }
+}
+
+// Feature loops with the head width F as a compile-time constant where it is common (8, 16), so
+// each head's update is a few full vector instructions; FF = 0 is the runtime-width fallback.
+template <int FF, typename acc_t, typename scalar_t>
+inline void axpy(acc_t* __restrict a, const scalar_t* __restrict x, acc_t c, int64_t F) {
+  const int64_t n = FF ? FF : F;
+#pragma omp simd
+  for (int64_t f = 0; f < n; ++f) a[f] += c * acc_t(x[f]);
+}
+
+template <int FF, typename acc_t, typename scalar_t>
+inline acc_t dot(const scalar_t* __restrict a, const scalar_t* __restrict b, int64_t F) {
+  const int64_t n = FF ? FF : F;
+  acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t f = 0; f < n; ++f) s += acc_t(a[f]) * acc_t(b[f]);
+  return s;
+}
+
+template <typename Fn>
+void dispatch_width(int64_t F, Fn&& fn) {
+  if (F == 8) fn(std::integral_constant<int, 8>{});
+  else if (F == 16) fn(std::integral_constant<int, 16>{});
+  else fn(std::integral_constant<int, 0>{});
+}
+
+template <typename acc_t>
+struct Scratch {
+  std::vector<Edge> edges;
+  std::vector<acc_t> s, w;  // per (edge, head): pre-activation logit; softmax weight
+  void size_for(int64_t H) {
+    s.resize(edges.size() * H);
+    w.resize(edges.size() * H);
+  }
+};
+
+template <typename scalar_t, typename index_t, int FF>
+void forward_kernel(const Params& P, const scalar_t* x, const scalar_t* a_src, const scalar_t* a_dst,
+                    const scalar_t* a_edge, const scalar_t* a_loop, const index_t* rowptr, const index_t* col,
+                    scalar_t* out, at::opmath_type<scalar_t>* m_out, at::opmath_type<scalar_t>* z_out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t H = P.H, F = P.F, HF = H * F;
+  parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
+    std::vector<acc_t> acc(HF);
+    Scratch<acc_t> S;
+    acc_t m[kMaxHeads], z[kMaxHeads];
+    for (int64_t i = r0; i < r1; ++i) {
+      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
+      const int64_t n = S.edges.size();
+      S.size_for(H);
+      edge_logits(P, S.edges, a_dst + i * H, a_src, H, a_edge, a_loop ? a_loop + i * H : nullptr, S.s.data());
+      for (int64_t h = 0; h < H; ++h) m[h] = -std::numeric_limits<acc_t>::infinity(), z[h] = acc_t(0);
+      acc_t* w = S.w.data();
+      const acc_t slope = acc_t(P.slope);
+#pragma omp simd
+      for (int64_t q = 0; q < n * H; ++q) w[q] = S.s[q] > acc_t(0) ? S.s[q] : S.s[q] * slope;
+      for (int64_t e = 0; e < n; ++e)
+        for (int64_t h = 0; h < H; ++h) m[h] = w[e * H + h] > m[h] ? w[e * H + h] : m[h];
+      for (int64_t e = 0; e < n; ++e)
+        for (int64_t h = 0; h < H; ++h) w[e * H + h] -= m[h];
+#pragma omp simd
+      for (int64_t q = 0; q < n * H; ++q) w[q] = exp_simd(w[q]);
+      for (int64_t e = 0; e < n; ++e)
+        for (int64_t h = 0; h < H; ++h) z[h] += w[e * H + h];
+      if (P.threshold)
+        for (int64_t e = 0; e < n; ++e) {
+          const int64_t id = S.edges[e].id;
+#pragma omp simd
+          for (int64_t h = 0; h < H; ++h) w[e * H + h] *= P.keep<acc_t>(id, h);
+        }
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t e = 0; e < n; ++e) {
+        if (e + kAhead < n) prefetch_row(x + S.edges[e + kAhead].other * HF, HF);
+        const scalar_t* xr = x + S.edges[e].other * HF;
+        for (int64_t h = 0; h < H; ++h) axpy<FF>(acc.data() + h * F, xr + h * F, w[e * H + h], F);
+      }
+      scalar_t* o = out + i * HF;
+      for (int64_t h = 0; h < H; ++h) {
+        const acc_t inv = z[h] > acc_t(0) ? acc_t(1) / z[h] : acc_t(0);
+        for (int64_t f = 0; f < F; ++f) o[h * F + f] = scalar_t(acc[h * F + f] * inv);
+        m_out[i * H + h] = z[h] > acc_t(0) ? m[h] : acc_t(0);
+        z_out[i * H + h] = z[h];
+      }
+    }
+  });
+}
+
+struct Grads {
+  void *x, *a_src, *a_dst, *a_edge, *a_loop;
+};
+
+// Pass A (rows of the graph): D_i = g_i . out_i, and with per_edge grad_a_dst, grad_a_edge, grad_a_loop.
+template <typename scalar_t, typename index_t, int FF>
+void backward_rows(const Params& P, const scalar_t* g, const scalar_t* out, const at::opmath_type<scalar_t>* m,
+                   const at::opmath_type<scalar_t>* z, const scalar_t* x, const scalar_t* a_src, const scalar_t* a_dst,
+                   const scalar_t* a_edge, const scalar_t* a_loop, const index_t* rowptr, const index_t* col,
+                   at::opmath_type<scalar_t>* T, Grads G, bool per_edge) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t H = P.H, F = P.F, HF = H * F;
+  auto* gd = static_cast<scalar_t*>(G.a_dst);
+  auto* ge = static_cast<scalar_t*>(G.a_edge);
+  auto* gl = static_cast<scalar_t*>(G.a_loop);
+  parallel_over_rows(rowptr, P.num_dst, per_edge ? HF : 1, [&](int64_t r0, int64_t r1) {
+    Scratch<acc_t> S;
+    acc_t acc[kMaxHeads];
+    for (int64_t i = r0; i < r1; ++i) {
+      const scalar_t* gi = g + i * HF;
+      acc_t D[kMaxHeads];
+      for (int64_t h = 0; h < H; ++h) {
+        D[h] = dot<FF, acc_t>(gi + h * F, out + i * HF + h * F, F), acc[h] = 0;
+        acc_t* t = T + i * 4 * H;  // the transpose pass reads these four per-target values together
+        t[h] = acc_t(a_dst[i * H + h]), t[H + h] = m[i * H + h], t[3 * H + h] = D[h];
+        t[2 * H + h] = z[i * H + h] > acc_t(0) ? acc_t(1) / z[i * H + h] : acc_t(0);
+      }
+      if (!per_edge) continue;
+      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
+      const int64_t n = S.edges.size();
+      S.size_for(H);
+      edge_logits(P, S.edges, a_dst + i * H, a_src, H, a_edge, a_loop ? a_loop + i * H : nullptr, S.s.data());
+      acc_t* w = S.w.data();
+      for (int64_t e = 0; e < n; ++e)
+        for (int64_t h = 0; h < H; ++h) w[e * H + h] = P.lrelu(S.s[e * H + h]) - m[i * H + h];
+#pragma omp simd
+      for (int64_t q = 0; q < n * H; ++q) w[q] = exp_simd(w[q]);
+      for (int64_t e = 0; e < n; ++e) {
+        const Edge& E = S.edges[e];
+        if (e + kAhead < n) prefetch_row(x + S.edges[e + kAhead].other * HF, HF);
+        const scalar_t* xj = x + E.other * HF;
+        for (int64_t h = 0; h < H; ++h) {
+          const acc_t p = w[e * H + h] / z[i * H + h];
+          const acc_t gx = dot<FF, acc_t>(gi + h * F, xj + h * F, F);
+          const acc_t ds = p * (P.keep<acc_t>(E.id, h) * gx - D[h]) * P.dlrelu(S.s[e * H + h]);
+          acc[h] += ds;
+          if (E.pos >= 0 && ge) ge[E.pos * H + h] = scalar_t(ds);
+          if (E.pos < 0 && gl) gl[i * H + h] = scalar_t(ds);
+        }
+      }
+      if (gd)
+        for (int64_t h = 0; h < H; ++h) gd[i * H + h] = scalar_t(acc[h]);
+    }
+  });
+}
+
+// Pass B (rows of the transpose, i.e. sources): grad_x and grad_a_src.
+template <typename scalar_t, typename index_t, int FF>
+void backward_sources(const Params& P, const scalar_t* g, const scalar_t* x, const scalar_t* a_src,
+                      const scalar_t* a_edge, const scalar_t* a_loop, const index_t* t_rowptr, const index_t* t_col,
+                      const index_t* t_pos, const at::opmath_type<scalar_t>* T, Grads G) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t H = P.H, F = P.F, HF = H * F;
+  auto* gx = static_cast<scalar_t*>(G.x);
+  auto* gs = static_cast<scalar_t*>(G.a_src);
+  parallel_over_rows(t_rowptr, P.num_src, HF, [&](int64_t r0, int64_t r1) {
+    std::vector<acc_t> acc(HF);
+    Scratch<acc_t> S;
+    acc_t acc_s[kMaxHeads];
+    for (int64_t j = r0; j < r1; ++j) {
+      collect_edges(P, t_rowptr, t_col, t_pos, j, S.edges, g, HF);
+      const int64_t n = S.edges.size();
+      S.size_for(H);
+      // a_loop's row for j's own loop is j's row (the loop's target is j)
+      edge_logits(P, S.edges, a_src + j * H, T, 4 * H, a_edge, a_loop ? a_loop + j * H : nullptr, S.s.data());
+      acc_t* w = S.w.data();
+      for (int64_t e = 0; e < n; ++e) {
+        const acc_t* t = T + S.edges[e].other * 4 * H;
+        for (int64_t h = 0; h < H; ++h) w[e * H + h] = P.lrelu(S.s[e * H + h]) - t[H + h];
+      }
+#pragma omp simd
+      for (int64_t q = 0; q < n * H; ++q) w[q] = exp_simd(w[q]);
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t h = 0; h < H; ++h) acc_s[h] = 0;
+      const scalar_t* xj = x + j * HF;
+      for (int64_t e = 0; e < n; ++e) {
+        const Edge& E = S.edges[e];
+        if (e + kAhead < n) prefetch_row(g + S.edges[e + kAhead].other * HF, HF);
+        const scalar_t* gi = g + E.other * HF;
+        const acc_t* t = T + E.other * 4 * H;
+        for (int64_t h = 0; h < H; ++h) {
+          const acc_t p = w[e * H + h] * t[2 * H + h];
+          const acc_t keep = P.keep<acc_t>(E.id, h);
+          if (gx) axpy<FF>(acc.data() + h * F, gi + h * F, p * keep, F);
+          if (gs)
+            acc_s[h] += p * (keep * dot<FF, acc_t>(gi + h * F, xj + h * F, F) - t[3 * H + h]) *
+                        P.dlrelu(S.s[e * H + h]);
+        }
+      }
+      if (gx)
+        for (int64_t f = 0; f < HF; ++f) gx[j * HF + f] = scalar_t(acc[f]);
+      if (gs)
+        for (int64_t h = 0; h < H; ++h) gs[j * H + h] = scalar_t(acc_s[h]);
+    }
+  });
+}
+
+Params make_params(const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col, bool self_loops,
+                   double slope, double dropout, int64_t seed) {
+  TORCH_CHECK(x.dim() == 3 && x.is_contiguous(), "gat_attention: x must be a contiguous [N_src, H, F] tensor");
+  TORCH_CHECK(x.size(1) <= kMaxHeads, "gat_attention: at most 64 heads on CPU");
+  TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, "gat_attention: dropout must be in [0, 1)");
+  Params P;
+  P.num_src = x.size(0);
+  P.num_dst = rowptr.numel() - 1;
+  P.num_edges = col.numel();
+  P.H = x.size(1);
+  P.F = x.size(2);
+  P.self_loops = self_loops;
+  P.num_loops = self_loops ? std::min(P.num_src, P.num_dst) : 0;
+  P.slope = slope;
+  P.seed = uint32_t(seed);
+  P.threshold = dropout_threshold(dropout);
+  P.scale = 1.0 / (1.0 - dropout);
+  return P;
+}
+
+template <typename T>
+const T* ptr_or_null(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? t->data_ptr<T>() : nullptr;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward(
+    const at::Tensor& x, const at::Tensor& a_src, const at::Tensor& a_dst, const c10::optional<at::Tensor>& a_edge,
+    const c10::optional<at::Tensor>& a_loop, const at::Tensor& rowptr, const at::Tensor& col, bool self_loops,
+    double slope, double dropout, int64_t seed) {
+  const Params P = make_params(x, rowptr, col, self_loops, slope, dropout, seed);
+  auto out = at::empty({P.num_dst, P.H, P.F}, x.options());
+  const auto stat = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // acc_t
+  auto m = at::empty({P.num_dst, P.H}, x.options().dtype(stat));
+  auto z = at::empty({P.num_dst, P.H}, x.options().dtype(stat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gat_forward", [&] {
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gat_forward_index", [&] {
+      dispatch_width(P.F, [&](auto ff) {
+      forward_kernel<scalar_t, index_t, decltype(ff)::value>(P, x.data_ptr<scalar_t>(), a_src.data_ptr<scalar_t>(),
+                                        a_dst.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(a_edge),
+                                        ptr_or_null<scalar_t>(a_loop), rowptr.data_ptr<index_t>(),
+                                        col.data_ptr<index_t>(), out.data_ptr<scalar_t>(),
+                                        m.data_ptr<at::opmath_type<scalar_t>>(), z.data_ptr<at::opmath_type<scalar_t>>());
+      });
+    });
+  });
+  return {out, m, z};
+}
+
+// needs: (x, a_src, a_dst, a_edge, a_loop); a gradient not needed comes back as an empty tensor.
+std::vector<at::Tensor> gat_backward(const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& m,
+                                     const at::Tensor& z, const at::Tensor& x, const at::Tensor& a_src,
+                                     const at::Tensor& a_dst, const c10::optional<at::Tensor>& a_edge,
+                                     const c10::optional<at::Tensor>& a_loop, const at::Tensor& rowptr,
+                                     const at::Tensor& col, const at::Tensor& t_rowptr, const at::Tensor& t_col,
+                                     const at::Tensor& t_pos, bool self_loops, double slope, double dropout,
+                                     int64_t seed, std::vector<bool> needs) {
+  const Params P = make_params(x, rowptr, col, self_loops, slope, dropout, seed);
+  TORCH_CHECK(needs.size() == 5, "gat_attention_backward: needs must have 5 entries");
+  TORCH_CHECK(t_rowptr.numel() - 1 == P.num_src, "gat_attention_backward: the transpose must have N_src rows");
+  auto maybe = [&](bool need, const at::Tensor& like) { return need ? at::empty_like(like) : x.new_empty({0}); };
+  const bool need_edge = needs[3] && a_edge.has_value(), need_loop = needs[4] && a_loop.has_value();
+  std::vector<at::Tensor> grads = {maybe(needs[0], x), maybe(needs[1], a_src), maybe(needs[2], a_dst),
+                                   need_edge ? at::zeros_like(*a_edge)  // skipped self loops keep 0
+                                              : x.new_empty({0}),
+                                   need_loop ? at::zeros_like(*a_loop) : x.new_empty({0})};
+  // per target: a_dst, row max, 1 / row sum, D = g . out (per head, acc_t), packed for the transpose pass
+  auto T = at::empty({P.num_dst, 4 * P.H}, m.options());
+  auto g = grad_out.contiguous();
+  auto ptr = [](const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; };
+  Grads G{ptr(grads[0]), ptr(grads[1]), ptr(grads[2]), ptr(grads[3]), ptr(grads[4])};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gat_backward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gat_backward_index", [&] {
+      const scalar_t* ae = ptr_or_null<scalar_t>(a_edge);
+      const scalar_t* al = ptr_or_null<scalar_t>(a_loop);
+      const bool per_edge = G.a_dst || G.a_edge || G.a_loop;
+      dispatch_width(P.F, [&](auto ff) {
+      constexpr int FF = decltype(ff)::value;
+      backward_rows<scalar_t, index_t, FF>(P, g.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), m.data_ptr<acc_t>(),
+                                       z.data_ptr<acc_t>(), x.data_ptr<scalar_t>(), a_src.data_ptr<scalar_t>(),
+                                       a_dst.data_ptr<scalar_t>(), ae, al, rowptr.data_ptr<index_t>(),
+                                       col.data_ptr<index_t>(), T.data_ptr<acc_t>(), G, per_edge);
+      if (G.x || G.a_src)
+        backward_sources<scalar_t, index_t, FF>(P, g.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                                                a_src.data_ptr<scalar_t>(), ae, al, t_rowptr.data_ptr<index_t>(),
+                                                t_col.data_ptr<index_t>(), t_pos.data_ptr<index_t>(),
+                                                T.data_ptr<acc_t>(), G);
+      });
+    });
+  });
+  return grads;
+}
+
+}  // namespace
+}  // namespace gnnfuse
+
+namespace gnnfuse {
+void register_edge_softmax(pybind11::module& m);
+}  // namespace gnnfuse
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gat_forward", &gnnfuse::gat_forward);
+  m.def("gat_backward", &gnnfuse::gat_backward);
+  gnnfuse::register_edge_softmax(m);
+  m.def("dropout_keep", [](int64_t seed, int64_t edge, int64_t H, int64_t h, double p) {
+    return gnnfuse::dropout_keep(uint32_t(seed), edge, H, h, gnnfuse::dropout_threshold(p));
+  });
+}

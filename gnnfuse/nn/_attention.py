@@ -1,0 +1,130 @@
+"""PyG's GATConv with fused attention (:func:`gnnfuse.gat_attention`).
+
+Same constructor, parameters, state_dict and forward signature as
+:class:`torch_geometric.nn.GATConv`; the attention coefficients are never materialised: no
+[E, H] logits, no [E, H, C] messages, forward or backward. What differs from PyG's code path:
+
+* self loops (``add_self_loops=True``) are not appended to a copy of the graph: the kernel skips
+  the graph's own loops and adds one virtual loop per node (PyG's remove + add semantics, same
+  numbers), so the graph's CSR is sorted once and shared by every layer and epoch;
+* the edge term ``att_edge . lin_edge(edge_attr)`` is computed as ``edge_attr @ w_eff.T`` with
+  ``w_eff [H, edge_dim]`` folded from lin_edge and att_edge (no [E, H * C] tensor); the self
+  loops' edge features follow ``fill_value`` exactly as PyG's ``add_self_loops``;
+* attention dropout is drawn inside the kernel (counter-based, seeded from torch's generator, so
+  ``torch.manual_seed`` reproduces it), not by ``F.dropout``: same distribution, another mask.
+
+Falls back to PyG's own forward, with a one-time warning naming the reason, for
+``return_attention_weights``, sparse adjacency tensors, an explicit ``size``, ``x_dst=None``,
+explain mode, propagate hooks and ``flow="target_to_source"``.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch_geometric.nn as pyg_nn
+from torch import Tensor
+from torch_geometric.utils import scatter
+
+from ..csr import CSR
+from ..ops.attention import gat_attention
+from ._layers import FUSED_CLASSES
+from ._mixin import _HOOK_DICTS, csr_to_edge_index, edge_endpoints
+
+__all__ = ["GATConv"]
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(layer: str, reason: str) -> None:
+    if (layer, reason) not in _warned:
+        _warned.add((layer, reason))
+        warnings.warn(f"gnnfuse.nn.{layer}: {reason}; running PyG's own forward", stacklevel=3)
+
+
+class GATConv(pyg_nn.GATConv):
+    """:class:`torch_geometric.nn.GATConv` with fused attention (see the module doc)."""
+
+    gnnfuse_backend: str = "auto"
+    gnnfuse_checks_per_call = True  # fuse(): this class decides per call whether the fused path applies
+    # PyG builds the fallback's propagate/edge_updater templates from these comments in the class source:
+    # propagate_type: (x: OptPairTensor, alpha: Tensor)
+    # edge_updater_type: (alpha: OptPairTensor, edge_attr: OptTensor)
+
+    def forward(self, x, edge_index, edge_attr=None, size=None, return_attention_weights=None):
+        reason = self._why_not_fused(x, edge_index, size, return_attention_weights)
+        if reason is not None:
+            _warn_once(type(self).__name__, reason)
+            if isinstance(edge_index, CSR):
+                edge_index = csr_to_edge_index(edge_index)
+            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
+        H, C = self.heads, self.out_channels
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        res = self.res(x_dst) if self.res is not None else None
+        if self.lin is not None:
+            h_src = self.lin(x_src).view(-1, H, C)
+            h_dst = h_src if x_dst is x_src else self.lin(x_dst).view(-1, H, C)
+        else:
+            h_src = self.lin_src(x_src).view(-1, H, C)
+            h_dst = self.lin_dst(x_dst).view(-1, H, C)
+        alpha_src = (h_src * self.att_src).sum(-1)
+        alpha_dst = (h_dst * self.att_dst).sum(-1)
+        alpha_edge = alpha_loop = None
+        if edge_attr is not None and self.lin_edge is not None:
+            alpha_edge, alpha_loop = self._edge_terms(edge_attr, edge_index, h_dst.shape[0])
+        out = gat_attention(
+            h_src, alpha_src, alpha_dst, edge_index, alpha_edge=alpha_edge, alpha_loop=alpha_loop,
+            negative_slope=self.negative_slope, dropout=self.dropout if self.training else 0.0,
+            add_self_loops=self.add_self_loops, backend=self.gnnfuse_backend,
+        )
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _edge_terms(self, edge_attr: Tensor, graph, num_dst: int) -> tuple[Tensor, Tensor | None]:
+        """alpha_edge [E, H] and, with self loops, alpha_loop [N_dst, H] (PyG's fill_value rules)."""
+        H, C = self.heads, self.out_channels
+        if edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        weight = self.lin_edge.weight  # [H * C, edge_dim]; lin_edge has no bias in GATConv
+        w_eff = (weight.view(H, C, -1) * self.att_edge.view(H, C, 1)).sum(1)  # [H, edge_dim]
+        alpha_edge = edge_attr @ w_eff.t()
+        if not self.add_self_loops:
+            return alpha_edge, None
+        fill = self.fill_value
+        if isinstance(fill, str):  # reduce of the node's incoming (non-loop) edge features
+            src, dst = edge_endpoints(graph)
+            not_loop = (src != dst).unsqueeze(1).to(edge_attr.dtype)
+            if fill in ("add", "sum", "mean"):
+                loop_attr = scatter(edge_attr * not_loop, dst.long(), 0, num_dst, reduce="sum")
+                if fill == "mean":
+                    count = scatter(not_loop, dst.long(), 0, num_dst, reduce="sum")
+                    loop_attr = loop_attr / count.clamp(min=1)
+            else:
+                kept = src != dst
+                loop_attr = scatter(edge_attr[kept], dst[kept].long(), 0, num_dst, reduce=fill)
+        else:
+            fill_t = torch.as_tensor(fill, dtype=edge_attr.dtype, device=edge_attr.device)
+            loop_attr = fill_t.expand(num_dst, edge_attr.shape[1])
+        return alpha_edge, loop_attr @ w_eff.t()
+
+    def _why_not_fused(self, x, edge_index, size, return_attention_weights) -> str | None:
+        if return_attention_weights is not None:
+            return "return_attention_weights is set (the fused kernel never materialises the coefficients)"
+        if size is not None:
+            return "an explicit size is given"
+        if not (isinstance(edge_index, CSR) or (isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
+                                                 and edge_index.dim() == 2)):
+            return f"edge_index is a {type(edge_index).__name__} (sparse adjacency)"
+        if not isinstance(x, Tensor) and (len(x) != 2 or x[1] is None):
+            return "x_dst is None"
+        if self.explain or self.flow != "source_to_target" or (self.decomposed_layers or 1) > 1:
+            return "explain mode, flow='target_to_source' or decomposed_layers"
+        if any(getattr(self, name, None) for name in _HOOK_DICTS):
+            return "propagate/message/aggregate hooks are registered"
+        return None
+
+
+FUSED_CLASSES[pyg_nn.GATConv] = GATConv

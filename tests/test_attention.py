@@ -1,0 +1,305 @@
+"""gnnfuse.gat_attention and gnnfuse.nn.GATConv: kernels against the reference and PyG's GATConv,
+dropout mask agreement (C++ / Triton / reference), registration (opcheck, gradcheck, compile)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse import CSR
+from gnnfuse._build import load_extension
+from gnnfuse.ops.attention import _keep_mask, gat_attention
+from gnnfuse.testing import TOLERANCES, random_graph
+
+N, E, H, F = 9, 40, 3, 5
+BACKENDS = ["cpu", "triton"]  # triton: CUDA tensors, else the interpreter on CPU tensors (tests/conftest.py)
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def on(backend: str) -> str:
+    """The device a backend's tensors live on."""
+    return TRITON_DEVICE if backend == "triton" else "cpu"
+
+
+def graph(index_dtype=torch.int64, num_src=N, num_dst=N, num_edges=E):
+    """A random graph with two self loops, a duplicate edge and (num_dst > 2) empty rows."""
+    ei = random_graph(num_src, max(num_dst - 2, 1), num_edges, seed=3)
+    ei[:, :3] = torch.tensor([[1, 2, 2], [1, 2, 0]])
+    ei[:, 3] = ei[:, 4]
+    return ei.to(index_dtype)
+
+
+def inputs(dtype=torch.float64, edge=False, loop=False, num_src=N, num_dst=N, num_edges=E, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_()  # noqa: E731
+    return dict(x=make(num_src, H, F), alpha_src=make(num_src, H), alpha_dst=make(num_dst, H),
+                alpha_edge=make(num_edges, H) if edge else None, alpha_loop=make(num_dst, H) if loop else None)
+
+
+def run(ins, ei, backend, **kw):
+    """(out, gradients of the inputs), computed on the backend's device, returned on the CPU."""
+    dev = on(backend)
+    ins = {k: (v.detach().to(dev).requires_grad_() if v is not None else None) for k, v in ins.items()}
+    out = gat_attention(ins["x"], ins["alpha_src"], ins["alpha_dst"], ei.to(dev), alpha_edge=ins["alpha_edge"],
+                        alpha_loop=ins["alpha_loop"], backend=backend, **kw)
+    leaves = [t for t in ins.values() if t is not None]
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=dev).view_as(out)
+    return out.cpu(), [g.cpu() for g in torch.autograd.grad((out * weight).sum(), leaves)]
+
+
+def assert_matches_reference(ins, ei, backend, dtype=torch.float64, **kw):
+    out, grads = run(ins, ei, backend, **kw)
+    ref_ins = {k: (v.detach().double().requires_grad_() if v is not None else None) for k, v in ins.items()}
+    ref_out, ref_grads = run(ref_ins, ei, "reference", **kw)
+    atol, rtol = TOLERANCES[dtype]
+    if dtype == torch.float64 and backend == "triton":
+        atol = rtol = 1e-6  # Triton passes negative_slope and the dropout scale as float32 scalars
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double(), r, atol=atol * 4, rtol=rtol * 4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("self_loops,edge,loop", [(False, False, False), (False, True, False), (True, False, False),
+                                                   (True, True, True)])
+@pytest.mark.parametrize("dropout", [0.0, 0.4])
+def test_matches_reference(backend, self_loops, edge, loop, dropout):
+    ins = inputs(edge=edge, loop=loop)
+    assert_matches_reference(ins, graph(), backend, add_self_loops=self_loops, dropout=dropout, seed=1234,
+                             negative_slope=0.15)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_low_precision_accumulates_in_float32(backend, dtype):
+    assert_matches_reference(inputs(dtype, edge=True), graph(torch.int32), backend, dtype, add_self_loops=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bipartite_empty_rows_isolated_nodes_and_no_edges(backend):
+    ei = graph(num_src=N, num_dst=6)  # targets 0..3 get edges, 4 and 5 none; sources beyond 6 never targets
+    ei = ei[:, ei[1] < 4]
+    ins = inputs(num_src=N, num_dst=6, edge=True, num_edges=ei.shape[1])
+    for loops in (False, True):
+        assert_matches_reference(ins, ei, backend, add_self_loops=loops, dropout=0.3, seed=5)
+    out, _ = run(inputs(num_src=N, num_dst=6), ei[:, :0], backend)
+    assert out.abs().sum() == 0  # rows without edges are 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int32_and_int64_indices_and_csr_agree(backend):
+    ins = inputs(edge=True)
+    outs = [run(ins, g, backend, add_self_loops=True)[0] for g in
+            (graph(torch.int64), graph(torch.int32), CSR.from_edge_index(graph(), N))]
+    torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+    torch.testing.assert_close(outs[0], outs[2], atol=0, rtol=0)
+
+
+def test_dropout_mask_is_identical_in_cpp_and_reference():
+    ext = load_extension("attention")
+    ids = torch.tensor([0, 1, 2, 3, 1000, 2**31 - 1, 2**32 + 7, 5 * 10**9])
+    for seed, heads, p in ((0, 1, 0.5), (12345, 8, 0.6), (2**31 - 2, 3, 0.1)):
+        mask = _keep_mask(seed, ids, heads, p)
+        cpp = torch.tensor([[ext.dropout_keep(seed, int(i), heads, h, p) for h in range(heads)] for i in ids])
+        assert torch.equal(mask, cpp)
+    big = _keep_mask(7, torch.arange(200000), 1, 0.6)
+    assert abs(big.float().mean().item() - 0.4) < 0.01  # kept fraction 1 - p
+
+
+def test_dropout_reproducible_under_manual_seed_and_backends_agree():
+    ins = inputs(torch.float32, edge=True)
+    outs = []
+    for backend in ("cpu", "triton", "reference"):
+        torch.manual_seed(7)
+        dev = on(backend)
+        outs.append(gat_attention(ins["x"].to(dev), ins["alpha_src"].to(dev), ins["alpha_dst"].to(dev),
+                                  graph().to(dev), alpha_edge=ins["alpha_edge"].to(dev), dropout=0.5,
+                                  backend=backend).cpu())
+    torch.manual_seed(7)
+    again = gat_attention(ins["x"], ins["alpha_src"], ins["alpha_dst"], graph(), alpha_edge=ins["alpha_edge"],
+                          dropout=0.5)
+    assert torch.equal(outs[0], again)
+    torch.testing.assert_close(outs[0], outs[1])  # same mask on both kernels (values differ by rounding only)
+    torch.testing.assert_close(outs[0], outs[2])
+    no_dropout = gat_attention(ins["x"], ins["alpha_src"], ins["alpha_dst"], graph(), alpha_edge=ins["alpha_edge"])
+    assert not torch.allclose(outs[0], no_dropout)
+
+
+def test_gradcheck():
+    ins = inputs(edge=True, loop=True)
+    ei = graph()
+    names = list(ins)
+
+    def fn(*tensors):
+        kw = dict(zip(names, tensors))
+        return gat_attention(kw["x"], kw["alpha_src"], kw["alpha_dst"], ei, alpha_edge=kw["alpha_edge"],
+                             alpha_loop=kw["alpha_loop"], add_self_loops=True, dropout=0.3, seed=11)
+
+    assert torch.autograd.gradcheck(fn, tuple(ins.values()))
+
+
+def test_opcheck():
+    ins = inputs(torch.float32, edge=True, loop=True)
+    csr = CSR.from_edge_index(graph(torch.int32), N)
+    edge = ins["alpha_edge"].detach()[csr.perm.long()].requires_grad_()
+    for transpose in ((None, None, None), csr.transpose_parts()):
+        args = (ins["x"], ins["alpha_src"], ins["alpha_dst"], edge, ins["alpha_loop"], csr.rowptr, csr.col,
+                *transpose, True, 0.2, 0.25, 99)
+        torch.library.opcheck(torch.ops.gnnfuse.gat_attention.default, args)
+
+
+def test_torch_compile_fullgraph_dynamic():
+    csr = CSR.from_edge_index(graph(), N)
+
+    def layer(x, a, b, e):
+        return gat_attention(x, a, b, csr, alpha_edge=e, add_self_loops=True, dropout=0.2, seed=3).relu().sum(1)
+
+    ins = inputs(edge=True)
+    args = (ins["x"], ins["alpha_src"], ins["alpha_dst"], ins["alpha_edge"])
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    out, eager = compiled(*args), layer(*args)
+    torch.testing.assert_close(out, eager)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), args), torch.autograd.grad(eager.sum(), args))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(x=torch.randn(N, H)), "x must have shape"),
+    (dict(alpha_src=torch.randn(N, H + 1)), "alpha_src must have shape"),
+    (dict(alpha_dst=torch.randn(N, H, 1)), "alpha_dst must have shape"),
+    (dict(alpha_edge=torch.randn(E + 1, H)), "alpha_edge must have shape"),
+    (dict(alpha_src=torch.ones(N, H, dtype=torch.long)), "alpha_src must have a floating dtype"),
+    (dict(dropout=1.0), "dropout must be"),
+    (dict(seed=-1, dropout=0.5), "seed must be"),
+    (dict(alpha_loop=torch.randn(N, H)), "add_self_loops=False"),
+])
+def test_errors_name_the_argument(bad, match):
+    kw = dict(x=torch.randn(N, H, F), alpha_src=torch.randn(N, H), alpha_dst=torch.randn(N, H))
+    kw.update(bad)
+    with pytest.raises((ValueError, TypeError), match=match):
+        gat_attention(kw.pop("x"), kw.pop("alpha_src"), kw.pop("alpha_dst"), graph(), **kw)
+
+
+# ---- the PyG drop-in ---------------------------------------------------------------------------
+pyg_nn = pytest.importorskip("torch_geometric.nn")
+import gnnfuse.nn as G  # noqa: E402
+
+GAT_CONFIGS = {
+    "default": dict(),
+    "heads": dict(heads=3),
+    "mean_heads": dict(heads=2, concat=False, negative_slope=0.3),
+    "edge_dim_mean_fill": dict(heads=2, edge_dim=3),
+    "edge_dim_scalar_fill": dict(heads=2, edge_dim=3, fill_value=0.5),
+    "edge_dim_max_fill": dict(heads=2, edge_dim=3, fill_value="max"),
+    "edge_dim_no_loops": dict(heads=2, edge_dim=3, add_self_loops=False),
+    "residual_no_bias": dict(heads=2, residual=True, bias=False),
+}
+
+
+def gat_pair(in_channels, out_channels, dtype=torch.float64, **kw):
+    torch.manual_seed(1)
+    stock = pyg_nn.GATConv(in_channels, out_channels, **kw).to(dtype)
+    ours = G.GATConv(in_channels, out_channels, **kw).to(dtype)
+    ours.load_state_dict(stock.state_dict())
+    return stock, ours
+
+
+def layer_run(layer, x, ei, ea=None):
+    out = layer(x, ei, ea)
+    inputs = [x] if isinstance(x, torch.Tensor) else list(x)
+    leaves = [t for t in inputs if t.requires_grad] + list(layer.parameters())
+    return out, torch.autograd.grad((out * out.detach().cos()).sum(), leaves)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", GAT_CONFIGS)
+def test_gatconv_matches_pyg(name, backend):
+    kw = GAT_CONFIGS[name]
+    stock, ours = gat_pair(6, 4, **kw)
+    dev = on(backend)
+    stock, ours = stock.to(dev), ours.to(dev)
+    ours.gnnfuse_backend = backend
+    x = torch.randn(N, 6, dtype=torch.float64, device=dev, requires_grad=True)
+    ea = torch.randn(E, 3, dtype=torch.float64, device=dev) if "edge_dim" in kw else None
+    ei = graph().to(dev)
+    (out, grads), (ref, ref_grads) = layer_run(ours, x, ei, ea), layer_run(stock, x, ei, ea)
+    tol = dict(atol=1e-8, rtol=1e-8)
+    torch.testing.assert_close(out, ref, **tol)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, **tol)
+
+
+@pytest.mark.parametrize("loops", [False, True])
+def test_gatconv_bipartite_matches_pyg(loops):
+    stock, ours = gat_pair((5, 6), 4, heads=2, add_self_loops=loops)
+    xs = torch.randn(10, 5, dtype=torch.float64, requires_grad=True)
+    xd = torch.randn(7, 6, dtype=torch.float64, requires_grad=True)
+    ei = torch.stack([torch.randint(0, 10, (30,)), torch.randint(0, 5, (30,))])
+    (out, grads), (ref, ref_grads) = layer_run(ours, (xs, xd), ei), layer_run(stock, (xs, xd), ei)
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
+def test_gatconv_dropout_matches_reference_with_the_same_mask():
+    _, ours = gat_pair(6, 4, heads=2, edge_dim=3, dropout=0.6)
+    ours.train()
+    x, ea = torch.randn(N, 6, dtype=torch.float64, requires_grad=True), torch.randn(E, 3, dtype=torch.float64)
+    results = []
+    for backend in ("cpu", "reference"):
+        ours.gnnfuse_backend = backend
+        torch.manual_seed(21)
+        results.append(layer_run(ours, x, graph(), ea))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for g, r in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(g, r)
+    ours.eval()
+    stock, _ = gat_pair(6, 4, heads=2, edge_dim=3, dropout=0.6)
+    stock.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(ours(x, graph(), ea), stock.eval()(x, graph(), ea))  # eval: no dropout
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gatconv_half_types(dtype):
+    stock, ours = gat_pair(6, 4, torch.float32, heads=2)
+    x = torch.randn(N, 6)
+    ours.to(dtype)
+    torch.testing.assert_close(ours(x.to(dtype), graph()).float(), stock(x, graph()), atol=5e-2, rtol=5e-2)
+
+
+def test_gatconv_fallback_warns_once_and_matches():
+    stock, ours = gat_pair(6, 4, heads=2)
+    x = torch.randn(N, 6, dtype=torch.float64)
+    with pytest.warns(UserWarning, match="return_attention_weights"):
+        out, (ei, alpha) = ours(x, graph(), return_attention_weights=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours(x, graph(), return_attention_weights=True)  # second time: silent
+    ref, (_, ref_alpha) = stock(x, graph(), return_attention_weights=True)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(alpha, ref_alpha)
+
+
+def test_fuse_converts_gatconv_and_keeps_state_dict():
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": pyg_nn.GATConv(6, 4, heads=2), "b": pyg_nn.GATConv(8, 3)})
+    keys = model.state_dict().keys()
+    x = torch.randn(N, 6)
+    before = model["b"](model["a"](x, graph()), graph())
+    G.fuse(model)
+    assert sorted(model.gnnfuse_fused) == ["a", "b"] and type(model["a"]) is G.GATConv
+    assert model.state_dict().keys() == keys
+    torch.testing.assert_close(model["b"](model["a"](x, graph()), graph()), before)
+    assert G.fusable(model["a"]) == (False, "already fused")
+    assert gnnfuse.nn.fuse(model).gnnfuse_fused == []
+
+
+def test_gatconv_compiles_fullgraph():
+    csr = CSR.from_edge_index(graph(), N)
+    _, conv = gat_pair(6, 4, torch.float32, heads=2, edge_dim=3)
+    conv.eval()  # training mode with dropout draws its seed with a host read (a graph break)
+    x, ea = torch.randn(N, 6, requires_grad=True), torch.randn(E, 3)
+    out, eager = torch.compile(conv, fullgraph=True)(x, csr, ea), conv(x, csr, ea)
+    torch.testing.assert_close(out, eager)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(eager.sum(), x)[0])

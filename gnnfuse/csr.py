@@ -302,6 +302,8 @@ def _sizes(edge_index: torch.Tensor, num_nodes) -> tuple[int, int]:
 
 def _from_pyg_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -> CSR | None:
     """Reuses a PyG EdgeIndex's cached CSC (sorted by target) when it has one."""
+    if type(edge_index) is torch.Tensor:  # a plain tensor: no need to import PyG (seconds on first use)
+        return None
     try:
         from torch_geometric import EdgeIndex
     except ImportError:

@@ -392,8 +392,8 @@ BAD_INPUTS = [
     ({"wbwc": torch.zeros(3, 5, 3, dtype=torch.int32)}, ValueError, r"wbwc must have shape \[C, ny, nz\] = \[3, 3, 5\]"),
     ({"wbwc": torch.zeros(3, 15, dtype=torch.int32)}, ValueError, r"wbwc must have shape"),
     ({"map_size": -1}, ValueError, "map_size must be a non-negative int"),
-    ({"map_size": 10.0}, ValueError, "map_size must be a non-negative int"),
-    ({"map_size": True}, ValueError, "map_size must be a non-negative int"),
+    ({"map_size": 10.0}, TypeError, "map_size must be a non-negative int"),
+    ({"map_size": True}, TypeError, "map_size must be a non-negative int"),
     ({"map_size": 2**31}, ValueError, "pass wa and wbwc as int64"),
     ({"wa": torch.zeros(3, 4, dtype=torch.int32, device="meta")}, ValueError, "one device"),
 ]

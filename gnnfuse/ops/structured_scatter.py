@@ -16,7 +16,6 @@ Triton in gnnfuse/triton/structured_scatter.py (CUDA: atomics forward, gather ba
 """
 from __future__ import annotations
 
-import operator
 
 import torch
 
@@ -27,6 +26,7 @@ from .._validate import (
     IndexOutOfRange,
     require_floating,
     require_index,
+    require_node_count,
     require_same_device,
     require_shape,
     require_tensor,
@@ -206,7 +206,7 @@ def structured_scatter_add(
     if wa.shape != (C, nx) or wbwc.shape != (C, ny, nz):  # the messages are built only on failure
         require_shape("wa", wa, f"[C, nx] = [{C}, {nx}] (from density_cube)", wa.shape == (C, nx))
         require_shape("wbwc", wbwc, f"[C, ny, nz] = [{C}, {ny}, {nz}] (from density_cube)", False)
-    map_size = map_size if type(map_size) is int and map_size >= 0 else _map_size(map_size)
+    map_size = require_node_count("map_size", map_size)  # any integer type; a SymInt under compile
     if wa.dtype == torch.int32 and map_size > INT32_MAX:
         raise ValueError(f"map_size={map_size} exceeds 2**31 - 1, which int32 wa/wbwc cannot address; "
                          "pass wa and wbwc as int64")
@@ -226,17 +226,3 @@ def structured_scatter_add(
             return KERNELS[backend][0](cube, wa, wbwc, map_size, check_bounds)
         return _EagerStructuredScatter.apply(cube, wa, wbwc, map_size, check_bounds, backend)
     return torch.ops.gnnfuse.structured_scatter_add(cube, wa, wbwc, map_size, check_bounds)
-
-
-def _map_size(value: object) -> int:
-    if isinstance(value, torch.SymInt):
-        return value  # type: ignore[return-value]  (torch.compile with dynamic shapes)
-    if isinstance(value, bool):
-        raise ValueError(f"map_size must be a non-negative int; got {value!r}")
-    try:
-        size = operator.index(value)
-    except TypeError:
-        raise ValueError(f"map_size must be a non-negative int; got {value!r}") from None
-    if size < 0:
-        raise ValueError(f"map_size must be a non-negative int; got {value!r}")
-    return size

@@ -40,8 +40,7 @@ docs: $(VENV)/.installed-docs,pyg
 	@echo "API reference: docs/api/index.html"
 
 typecheck: $(VENV)/.installed-dev
-	$(PY) -m mypy --follow-imports=silent gnnfuse/__init__.py gnnfuse/__main__.py gnnfuse/_build.py \
-	  gnnfuse/_build_cache.py gnnfuse/datasets.py setup.py
+	$(PY) -m mypy --follow-imports=silent gnnfuse setup.py
 
 # sdist + wheel, the wheel installed into a clean venv, a smoke test (also run by the slow tests).
 package-check: $(VENV)/.installed-test,triton

@@ -71,14 +71,15 @@ class Fingerprint:
         size = dtype.itemsize
         n = span // size
         if span <= FULL_BYTES:
-            self.view = np.ndarray((n,), dtype=dtype, buffer=memory)
+            self.view = np.ndarray((n,), dtype=dtype, buffer=memory)  # type: ignore[arg-type]  # ctypes arrays export the buffer protocol
             return
         # two rows of SAMPLES // 2 evenly spaced elements: the first row starts at the first
         # element, the second ends at the last one (one strided view: a single read)
         k = SAMPLES // 2
         step = (n - 1) // (k - 1)
         shift = (n - 1) - (k - 1) * step
-        self.view = np.ndarray((2, k), dtype=dtype, buffer=memory, strides=(shift * size, step * size))
+        self.view = np.ndarray((2, k), dtype=dtype, buffer=memory,  # type: ignore[arg-type]
+                               strides=(shift * size, step * size))
 
     def read(self) -> bytes:
         return b"" if self.view is None else self.view.tobytes()
@@ -118,7 +119,7 @@ def cached(kind: str, sources: tuple[torch.Tensor, ...], key: tuple, build: Call
     else:
         if any(type(t) not in PLAIN for t in sources):
             return build()
-        k = (kind, *[(t.data_ptr(), t.dtype, t.shape, t.stride()) for t in sources], key)
+        k = (kind, *[(t.data_ptr(), t.dtype, t.shape, t.stride()) for t in sources], key)  # type: ignore[assignment]
         hit = _entries.get(k)
         if hit is not None and all(not t.is_inference() and same_stamp(t, old) for t, old in zip(sources, hit[0])):
             return hit[1]  # type: ignore[return-value]

@@ -80,7 +80,7 @@ def require_node_count(name: str, value: object) -> int:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a non-negative int; got {value!r}")
     try:
-        count = operator.index(value)
+        count = operator.index(value)  # type: ignore[arg-type]  # TypeError handled below
     except TypeError:
         raise TypeError(f"{name} must be a non-negative int; got {type(value).__name__} {value!r}") from None
     if count < 0:

@@ -159,7 +159,7 @@ class CSR:
             require_fits_index("CSR.to(torch.int32)", torch.int32, edges=self.num_edges,
                                nodes=max(self.num_src, self.num_dst))
         self.checked()
-        return CSR._built(*moved, self.num_src)
+        return CSR._built(moved[0], moved[1], moved[2], self.num_src)
 
     # ---- transpose ----------------------------------------------------------------------
     def transpose_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

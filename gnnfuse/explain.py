@@ -30,13 +30,16 @@ class KernelPlan:
         return "\n".join(lines)
 
 
+# What runs, named by importable objects (the C++ kernels are functions of the module that
+# gnnfuse._build.load_extension("graph") returns), not by source paths, which an install lacks.
 _KERNELS = {
     "cpu": (
-        "csrc/gather_scatter.cpp: CSR row-parallel (edge-balanced partitions, no atomics); "
-        "backward row-parallel over the cached transpose"
+        "gnnfuse._build.load_extension('graph').gather_scatter_forward: CSR row-parallel (edge-balanced "
+        "partitions, no atomics); .gather_scatter_backward: row-parallel over the cached transpose"
     ),
-    "reference": "gnnfuse/reference.py: index_select + scatter_reduce (materialises E x F)",
-    "triton": "gnnfuse/triton/gather_scatter.py (plan chosen per graph: see gather_scatter_dispatch.py)",
+    "reference": "gnnfuse.reference.gather_scatter: index_select + scatter_reduce (materialises E x F)",
+    "triton": "gnnfuse.triton.gather_scatter.forward / .backward (plan chosen per graph by "
+              "gnnfuse.triton.gather_scatter_dispatch.choose)",
 }
 
 

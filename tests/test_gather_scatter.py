@@ -408,6 +408,11 @@ def test_explain_reports_kernel_and_guarantees():
     assert plan.backend == "cpu" and plan.deterministic
     assert plan.accumulate_dtype == torch.float32 and plan.index_dtype == torch.int32
     assert "row-parallel" in str(plan)
+    # the kernels are named by importable objects, not by source paths
+    assert "gnnfuse._build.load_extension('graph').gather_scatter_forward" in plan.kernel
+    from gnnfuse import _build, reference
+
+    assert hasattr(_build.load_extension("graph"), "gather_scatter_forward") and callable(reference.gather_scatter)
 
 
 def test_hub_rows_match_reference():

@@ -78,8 +78,8 @@ def fuse(model: torch.nn.Module, *, generic: bool = True, warn: bool = True) -> 
         if message_form(type(module)) is None and not _checks_per_call(known):  # pragma: no cover (checked above)
             raise AssertionError(type(module))
         fused_names.append(label)
-    model.gnnfuse_fused = fused_names
-    model.gnnfuse_unsupported = unsupported
+    model.gnnfuse_fused = fused_names  # type: ignore[assignment]  # plain attributes on the model
+    model.gnnfuse_unsupported = unsupported  # type: ignore[assignment]
     if unsupported and warn:
         warnings.warn("gnnfuse.nn.fuse: these layers keep PyG's path: " + "; ".join(unsupported), stacklevel=2)
     return model

@@ -15,6 +15,8 @@ and epoch; self-loops become a separate diagonal term:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
@@ -83,7 +85,8 @@ class GCNConv(FusedMessagePassing, pyg_nn.GCNConv):
             return super().forward(x, edge_index, edge_weight)
         cache = getattr(self, "_gnnfuse_cached", None)
         if cache is None:
-            cache = gcn_norm_weights(edge_index, edge_weight, x.size(self.node_dim), self.improved,
+            num_nodes: int = x.size(self.node_dim)  # type: ignore[assignment]
+            cache = gcn_norm_weights(edge_index, edge_weight, num_nodes, self.improved,
                                      self.add_self_loops, x.dtype)
             if self.cached:
                 self._gnnfuse_cached = cache
@@ -106,7 +109,11 @@ class GCNConv(FusedMessagePassing, pyg_nn.GCNConv):
         return isinstance(edge_index, CSR) or (isinstance(edge_index, Tensor) and edge_index.layout == torch.strided)
 
 
-class _LinearFirst:
+# _LinearFirst is mixed into fused MessagePassing layers; type checkers see it as one.
+_LinearFirstBase = FusedMessagePassing if TYPE_CHECKING else object
+
+
+class _LinearFirst(_LinearFirstBase):  # type: ignore[misc,valid-type]
     """Aggregate after the linear map when that moves fewer features.
 
     For sum and mean, ``lin(aggr(x)) = aggr(x @ W.T) + b`` (also on rows without edges, where both

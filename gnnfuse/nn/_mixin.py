@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -160,7 +160,11 @@ def why_not_fused(module: MessagePassing) -> str | None:
 
 
 # ---- the mixin ---------------------------------------------------------------------------------
-class FusedMessagePassing:
+# The mixin is always combined with a MessagePassing subclass; type checkers see it as one.
+_MixinBase = MessagePassing if TYPE_CHECKING else object
+
+
+class FusedMessagePassing(_MixinBase):  # type: ignore[misc,valid-type]
     """Mixin for :class:`torch_geometric.nn.MessagePassing` subclasses: put it first in the bases.
 
     ``gnnfuse_backend`` (class or instance attribute, default "auto") is passed to
@@ -169,13 +173,15 @@ class FusedMessagePassing:
     """
 
     gnnfuse_backend: str = "auto"
+    _gnnfuse_form: tuple[str, str, str | None] | None
+    _gnnfuse_custom_update: bool
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # PyG replaces a class's `propagate` by a generated template unless the class defines its
         # own; define ours on every subclass so that our propagate is the one that runs.
         if "propagate" not in cls.__dict__:
-            cls.propagate = FusedMessagePassing.propagate
+            cls.propagate = FusedMessagePassing.propagate  # type: ignore[method-assign]
         cls._gnnfuse_form = message_form(cls)
         cls._gnnfuse_custom_update = cls.update is not MessagePassing.update
 
@@ -286,4 +292,4 @@ def edge_endpoints(graph: Tensor | CSR) -> tuple[Tensor, Tensor]:
         return ei[0], ei[1]
     if isinstance(graph, EdgeIndex):
         graph = graph.as_subclass(Tensor)
-    return graph[0], graph[1]
+    return graph[0], graph[1]  # type: ignore[index]  # a Tensor here

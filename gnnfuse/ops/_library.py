@@ -29,7 +29,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         kind, env = device.type, os.environ.get  # and an eager call filling them later would recompile
     else:
         kind = _device_types.get(device) or _device_types.setdefault(device, device.type)
-        env = _env.get
+        env = _env.get  # type: ignore[assignment]  # same call signature as os.environ.get
     if backend == "auto":
         backend = env("GNNFUSE_BACKEND", "auto")
         if backend == "auto":  # the common case first: one environment lookup, nothing else

@@ -237,7 +237,7 @@ def _check_sigmas_positive(sigmas: list[torch.Tensor]) -> None:
         if compiling:
             device_assert((s > 0).all(), "planarity_nll: every sigma must be positive")
         else:
-            cached("sigmas_positive", (s,), (b,), lambda b=b, s=s: _require_positive(b, s))
+            cached("sigmas_positive", (s,), (b,), lambda b=b, s=s: _require_positive(b, s))  # type: ignore[misc]
 
 
 def _require_positive(b: int, s: torch.Tensor) -> bool:

@@ -86,7 +86,7 @@ class FastKernel:
             return compiled
         if hit is None:
             return self.kernel[grid](*args, **meta)
-        compiled, constexprs = hit
+        compiled, constexprs = hit  # type: ignore[misc]  # a (compiled, constexprs) entry here
         _run_compiled(compiled, _grid3(grid), device, args, constexprs)
         return compiled
 

@@ -179,14 +179,14 @@ def _launch(kernel, op: str, src: torch.Tensor, dst: torch.Tensor, wa: torch.Ten
     density_map is the 1-D map (the scatter's dst, the gather's src)."""
     map_size = density_map.shape[0]
     checked = _bounds_checked(wa, wbwc, map_size) if check else None
-    check = check and not checked[0]
+    check = checked is not None and not checked[0]
     flag = _new_flag(wa, check)
     nyz = wbwc.shape[1] * wbwc.shape[2]
     block, blocks_per_atom, grid = _layout(wa, nyz)
     order = atom_order(wa, wbwc, map_size * density_map.element_size())
     kernel[grid](src, wa, wbwc, dst, flag, wa if order is None else order, map_size, wa.shape[1], nyz,
                  blocks_per_atom, BLOCK=block, CHECK=check, ORDERED=order is not None, num_warps=NUM_WARPS)
-    if check:
+    if checked is not None and check:
         _raise_if_flagged(op, flag, wa, wbwc, map_size)
         checked[0] = True
 

@@ -9,7 +9,7 @@ PyG's defaults), loss = mean of squares, gradients of every parameter; both laye
 weights and are timed in the same process, interleaved (benchmarks.common.bench_interleaved):
 median and min over rounds. Peak memory (CUDA only: torch.cuda.max_memory_allocated) is that of
 one step above what was allocated before it. ``fwd/sum`` is our fused attention forward over our
-sum gather-scatter of the same [N, H*F] features on the same graph (no gradients): the goal is <= 2.
+sum gather-scatter of the same [N, H*F] features on the same graph (no gradients).
 A variant that fails (e.g. PyG out of memory) becomes a row with its error.
 """
 from __future__ import annotations

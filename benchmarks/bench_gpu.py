@@ -1,5 +1,5 @@
 """GPU benchmark of the Triton fused_gather_scatter against cuSPARSE, index_add_/scatter_reduce
-and torch.compile, all timed in the same process (DESIGN.md's GPU suite).
+and torch.compile, all timed in the same process.
 
     PYTHONPATH=. python benchmarks/bench_gpu.py [--out DIR] [--graphs products-like,...] [--widths 32,64]
 

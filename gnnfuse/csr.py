@@ -43,6 +43,11 @@ class CSR:
     CSR position, a permutation of ``[0, E)``), all of one index dtype (int32 or int64), and
     ``num_src`` the number of source nodes. A hand-built CSR is validated the first time an op
     uses it (and again after any change to its tensors); :meth:`validate` checks it on demand.
+
+    Example::
+
+        csr = gnnfuse.CSR.from_edge_index(edge_index, num_nodes=x.size(0))   # sort once
+        out = gnnfuse.fused_gather_scatter(x, csr, "sum")                      # reuse it every call
     """
 
     def __init__(self, rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int):

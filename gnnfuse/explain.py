@@ -47,7 +47,12 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, edge_wei
             num_nodes: int | None = None, backend: str = "auto") -> KernelPlan:
     """Says which kernel ``fused_gather_scatter(x, edge_index_or_csr, reduce, ...)`` would run,
     without running it. It makes the op's own checks (so it rejects what the op rejects) and, for a
-    raw edge_index, builds and caches its CSR as the op would: ``index_dtype`` is the one that runs."""
+    raw edge_index, builds and caches its CSR as the op would: ``index_dtype`` is the one that runs.
+
+    Example::
+
+        print(gnnfuse.explain(x, edge_index, "max"))   # backend, kernel, deterministic?, dtypes, notes
+    """
     csr, chosen = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     half = x.dtype in (torch.float16, torch.bfloat16)
     notes = []

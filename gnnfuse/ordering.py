@@ -45,7 +45,14 @@ def reorder(edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = 
             seed: int = 0) -> torch.Tensor:
     """A permutation ``perm`` (``perm[new_id] = old_id``, see the module docstring) that puts nodes
     whose edges connect them next to each other. ``num_nodes`` defaults to ``max(edge_index) + 1``;
-    ``seed`` fixes the community method's random choices. The input is not modified."""
+    ``seed`` fixes the community method's random choices. The input is not modified.
+
+    Example::
+
+        perm = gnnfuse.reorder(edge_index, num_nodes=x.size(0))      # method="auto"
+        x_new, ei_new = x[perm], gnnfuse.ordering.relabel(edge_index, perm)
+        out = gnnfuse.ordering.unpermute(model(x_new, ei_new), perm)  # rows back in the old ids
+    """
     check_edge_index(edge_index)
     require_choice("method", method, METHODS)
     n = _square_size(edge_index, num_nodes)

@@ -33,6 +33,12 @@ class Reorder(BaseTransform):
     Sparse node features ([num_nodes, F], COO or CSR) are permuted too. The input is not modified.
     HeteroData and sparse adjacency attributes (``adj_t``) are refused: apply Reorder before
     ``ToSparseTensor``.
+
+    Example::
+
+        data = gnnfuse.transforms.Reorder(method="auto")(data)   # data.node_perm: new id -> old id
+        pred = model(data.x, data.edge_index)
+        pred_in_original_order = gnnfuse.ordering.unpermute(pred, data.node_perm)
     """
 
     def __init__(self, method: str = "auto", *, seed: int = 0, perm_attr: str = "node_perm"):

@@ -230,6 +230,13 @@ def gat_attention(
         backend: "auto" | "cpu" | "triton" | "reference".
 
     Half types accumulate in float32. Rows without edges give 0.
+
+    Example::
+
+        # one GAT layer's aggregation (gnnfuse.nn.GATConv does this for you)
+        h = lin(x).view(-1, H, F)                                     # [N, H, F]
+        a_src, a_dst = (h * att_src).sum(-1), (h * att_dst).sum(-1)   # [N, H] each
+        out = gnnfuse.gat_attention(h, a_src, a_dst, edge_index, add_self_loops=True, dropout=0.6)
     """
     x = require_tensor("x", x)
     require_floating("x", x)

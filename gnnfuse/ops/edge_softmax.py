@@ -83,6 +83,11 @@ def edge_softmax(logits: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, *,
     ``edge_index_or_csr``: edge_index [2, E] or a :class:`gnnfuse.CSR`; ``num_nodes``: the number of
     targets (default: max index + 1 of the graph's nodes, or the CSR's rows). Same as PyG's
     ``torch_geometric.utils.softmax(logits, edge_index[1])``. Half types accumulate in float32.
+
+    Example::
+
+        logits = torch.randn(edge_index.size(1), 4)           # [E, H]
+        alpha = gnnfuse.edge_softmax(logits, edge_index)       # sums to 1 over each target's edges
     """
     logits = require_tensor("logits", logits)
     require_floating("logits", logits)

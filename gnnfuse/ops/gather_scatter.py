@@ -204,6 +204,13 @@ def fused_gather_scatter(
     Returns:
         [N_dst, *feat]. Half types accumulate in float32. max/min send each (row, feature)'s
         gradient to one winning edge: the lowest CSR position (= first in edge order) among ties.
+
+    Example::
+
+        edge_index = torch.tensor([[0, 1, 2], [1, 2, 1]])      # sources, targets
+        x = torch.randn(3, 16, requires_grad=True)
+        out = gnnfuse.fused_gather_scatter(x, edge_index, "mean")  # [3, 16]; row 1 = (x[0] + x[2]) / 2
+        out.sum().backward()
     """
     csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)

@@ -1,7 +1,7 @@
 """Dispatch heuristic and config builders for the Triton gather-scatter kernels.
 
-Kept apart from the kernels (gather_scatter.py): this module imports no Triton, so
-``gnnfuse.explain`` can report the plan without compiling anything.
+Kept apart from the kernels (gather_scatter_fwd_kernels.py, gather_scatter_bwd_kernels.py): this
+module imports no Triton, so ``gnnfuse.explain`` can report the plan without compiling anything.
 
 Kernels:
   * ``coo``    sorted-COO segmented (edge blocks; local segmented scan over runs of equal
@@ -53,7 +53,7 @@ class Plan:
                       + ") + CSR row-parallel for longer rows (atomic-free)",
             "atomic": "fully-atomic COO baseline (one atomic per edge and feature)",
         }[self.kernel]
-        return (f"gnnfuse/triton/gather_scatter.py: {name}; BLOCK_E={self.block_e} BLOCK_F={self.block_f} "
+        return (f"gnnfuse.triton.gather_scatter_fwd_kernels: {name}; BLOCK_E={self.block_e} BLOCK_F={self.block_f} "
                 f"SEG={self.seg} num_warps={self.num_warps}; {self.reason}")
 
 

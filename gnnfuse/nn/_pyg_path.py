@@ -53,8 +53,8 @@ def instance_reason(module: MessagePassing) -> str | None:
         return f"{', '.join(replaced)} replaced on the instance"
     if torch.jit.is_tracing():
         return ("torch.jit.trace records PyG's ops (the trace then runs on any graph; for the fused "
-                "kernels in a captured graph use torch.compile or torch.export)")
-    if not torch.compiler.is_compiling() and _in_onnx_export():
+                "kernels in a captured graph use torch.compile or torch.export(strict=True))")
+    if _in_onnx_export():
         return "ONNX export records PyG's ops (standard ONNX operators)"
     return None
 
@@ -114,7 +114,8 @@ def scriptable_stock_copy(module: MessagePassing) -> MessagePassing:
     if stock is None:
         raise RuntimeError(
             f"torch.jit.script: {type(module).__name__} is a gnnfuse fused layer without a stock PyG class "
-            "to script instead; use torch.jit.trace (records PyG's ops), torch.compile or torch.export")
+            "to script instead; use torch.jit.trace (records PyG's ops), torch.compile or "
+            "torch.export(strict=True)")
     clone = copy.copy(module)
     clone.__class__ = stock
     clone.__dict__.pop("propagate", None)

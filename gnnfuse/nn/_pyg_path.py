@@ -22,6 +22,9 @@ _HOOK_DICTS = (
 # methods PyG's propagate calls; replacing one on the instance changes what the layer computes
 _STEPS = ("message", "aggregate", "message_and_aggregate", "update", "explain_message")
 _warned: set[tuple[str, str]] = set()
+_TRACE = ("torch.jit.trace records PyG's ops (the trace then runs on any graph; for the fused kernels in a "
+          "captured graph use torch.compile or torch.export(strict=True))")
+_ONNX = "ONNX export records PyG's ops (standard ONNX operators)"
 
 
 def warn_pyg_path(layer: str, reason: str) -> None:
@@ -38,25 +41,34 @@ def _in_onnx_export() -> bool:
 
 
 def instance_reason(module: MessagePassing) -> str | None:
-    """Why this call must run PyG's propagate because of the module's state (None: it need not)."""
+    """Why this call must run PyG's propagate because of the module's state (None: it need not).
+    Runs on every call: plain dict reads first (a few hundred ns), the descriptive work only on a hit."""
+    state = module.__dict__
+    aggr = state["_modules"].get("aggr_module")
+    if (state["_explain"] or state["_decomposed_layers"] != 1 or any(state[name] for name in _HOOK_DICTS)
+            or (aggr is not None and (aggr._forward_hooks or aggr._forward_pre_hooks))
+            or any(name in state for name in _STEPS)):
+        return _describe_state(module)
+    # ONNX export runs under torch.jit tracing (TorchScript exporter) or torch.export (the default
+    # exporter), so the eager path never pays for the ONNX check (about 2 us)
+    if torch.jit.is_tracing():
+        return _ONNX if _in_onnx_export() else _TRACE
+    if torch.compiler.is_compiling() and _in_onnx_export():
+        return _ONNX
+    return None
+
+
+def _describe_state(module: MessagePassing) -> str:
     if module.explain:
         return "explain mode (the edge mask is applied to PyG's messages)"
     if module.decomposed_layers != 1:
         return f"decomposed_layers={module.decomposed_layers}"
     if any(len(getattr(module, name)) for name in _HOOK_DICTS):
         return "propagate/message/aggregate hooks are registered"
-    aggr = module.aggr_module
-    if aggr is not None and (aggr._forward_hooks or aggr._forward_pre_hooks):
-        return "forward hooks on aggr_module"
     replaced = [name for name in _STEPS if name in module.__dict__]
     if replaced:
         return f"{', '.join(replaced)} replaced on the instance"
-    if torch.jit.is_tracing():
-        return ("torch.jit.trace records PyG's ops (the trace then runs on any graph; for the fused "
-                "kernels in a captured graph use torch.compile or torch.export(strict=True))")
-    if _in_onnx_export():
-        return "ONNX export records PyG's ops (standard ONNX operators)"
-    return None
+    return "forward hooks on aggr_module"
 
 
 def _own_class(klass: type) -> bool:

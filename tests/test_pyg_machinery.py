@@ -458,7 +458,9 @@ SPELLINGS = {
     "    w = edge_weight.view(-1, 1)\n    return x_j * w\n": "x_j*w",
     "    out = x_j * edge_weight.unsqueeze(dim=-1)\n    return out\n": "x_j*w",
     "    if edge_weight is None:\n        return x_j\n    return x_j * edge_weight.view(-1, 1)\n": "x_j*w?",
-    "    if edge_weight is not None:\n        x_j = x_j.mul(edge_weight.unsqueeze(-1))\n    return x_j\n": None,
+    "    if edge_weight is not None:\n        x_j = x_j.mul(edge_weight.unsqueeze(-1))\n    return x_j\n": "x_j*w?",
+    "    if edge_weight is not None:\n        x_j = x_j * 2\n    return x_j\n": None,
+    "    if edge_weight is None:\n        edge_weight = 1.0\n    return x_j * edge_weight.view(-1, 1)\n": None,
     "    return x_j if edge_weight is None else x_j * edge_weight.view(-1, 1).to(x_j.dtype)\n": "x_j*w?",
     "    return x_j * edge_weight\n": None,  # a 1-D weight against [E, F]: not a column
     "    return x_j * edge_weight.view(1, -1)\n": None,

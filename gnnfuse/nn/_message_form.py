@@ -7,8 +7,9 @@ common spellings all match:
 * the weight as a column: ``w.view(-1, 1)``, ``w.reshape(-1, 1)``, ``w.unsqueeze(-1)`` /
   ``unsqueeze(1)``, ``w[:, None]``, ``w[..., None]`` (optionally ``.to(x_j.dtype)``);
 * the product: ``a * b`` in either order, ``a.mul(b)``, ``torch.mul(a, b)``;
-* temporaries (``w = edge_weight.view(-1, 1)`` then ``return x_j * w``) and an
-  ``if edge_weight is None: return x_j`` guard, as well as the inline ``x if w is None else ...``.
+* temporaries (``w = edge_weight.view(-1, 1)`` then ``return x_j * w``), an
+  ``if edge_weight is None: return x_j`` guard, a guarded reassignment
+  (``if edge_weight is not None: x_j = x_j * ...``), and the inline ``x_j if w is None else ...``.
 
 Anything else is "not recognised" and the layer keeps PyG's path (with a one-time warning).
 """
@@ -128,6 +129,18 @@ def _single_expression(stmts: list[ast.stmt], env: dict[str, ast.expr]) -> ast.e
         return _single_expression(rest, {**env, targets[0].id: value})
     if isinstance(first, ast.Return):
         return None if first.value is None or rest else _Substitute(env).visit(copy.deepcopy(first.value))
+    if isinstance(first, ast.If) and _assignments_only(first.body) and _assignments_only(first.orelse):
+        # `if w is not None: x_j = x_j * w.view(-1, 1)`: each name assigned in a branch becomes
+        # `then_value if test else else_value`
+        test = _Substitute(env).visit(copy.deepcopy(first.test))
+        then_env, else_env = _assigned(first.body, env), _assigned(first.orelse, env)
+        if then_env is None or else_env is None:
+            return None
+        merged = dict(env)
+        for name in set(then_env) | set(else_env):
+            fallback = env.get(name, ast.Name(name, ast.Load()))
+            merged[name] = ast.IfExp(test, then_env.get(name, fallback), else_env.get(name, fallback))
+        return _single_expression(rest, merged)
     if isinstance(first, ast.If):
         then = _single_expression(first.body, env)
         other = _single_expression(first.orelse or rest, env)
@@ -136,6 +149,22 @@ def _single_expression(stmts: list[ast.stmt], env: dict[str, ast.expr]) -> ast.e
         test = _Substitute(env).visit(copy.deepcopy(first.test))
         return ast.IfExp(test, then, other)
     return None
+
+
+def _assignments_only(stmts: list[ast.stmt]) -> bool:
+    return all(isinstance(st, (ast.Assign, ast.AnnAssign)) for st in stmts)
+
+
+def _assigned(stmts: list[ast.stmt], env: dict[str, ast.expr]) -> dict[str, ast.expr] | None:
+    """The names a run of simple assignments binds, with their substituted values (None if not simple)."""
+    env, bound = dict(env), {}
+    for st in stmts:
+        targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+        if len(targets) != 1 or not isinstance(targets[0], ast.Name) or st.value is None:
+            return None
+        value = _Substitute(env).visit(copy.deepcopy(st.value))
+        env[targets[0].id] = bound[targets[0].id] = value
+    return bound
 
 
 _TEMPLATES: dict[str, str] | None = None

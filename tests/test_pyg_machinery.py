@@ -480,7 +480,8 @@ def test_message_spellings(source):
 def test_recognised_spelling_runs_fused_and_matches(monkeypatch):
     source = "    w = edge_weight.unsqueeze(-1)\n    return x_j.mul(w)\n"
     spelled = _layer_with(source)
-    layer_cls = type("SpelledConv", (spelled,), {"forward": lambda self, x, ei, w: self.propagate(ei, x=x, edge_weight=w)})
+    forward = lambda self, x, ei, w: self.propagate(ei, x=x, edge_weight=w)  # noqa: E731
+    layer_cls = type("SpelledConv", (spelled,), {"forward": forward})
     stock = layer_cls(aggr="mean")
     fused = G.fuse(copy.deepcopy(stock), warn=False)
     x, w = torch.randn(4, 8), torch.rand(6)

@@ -25,7 +25,7 @@ from torch_geometric.nn.conv import MessagePassing
 Form = tuple  # (kind, x_param, weight_param | None)
 _COLUMN = "<column>"  # placeholder call standing for "the weight as an [E, 1] column"
 # the parameters are renamed to names no source can contain, so a free variable never matches
-_PLACEHOLDERS = {"X": ast.Name("<X>", ast.Load()), "W": ast.Name("<W>", ast.Load())}
+_PLACEHOLDERS: dict[str, ast.expr] = {"X": ast.Name("<X>", ast.Load()), "W": ast.Name("<W>", ast.Load())}
 
 
 def _is_minus_one_one(args: list[ast.expr]) -> bool:
@@ -159,6 +159,8 @@ def _assigned(stmts: list[ast.stmt], env: dict[str, ast.expr]) -> dict[str, ast.
     """The names a run of simple assignments binds, with their substituted values (None if not simple)."""
     env, bound = dict(env), {}
     for st in stmts:
+        if not isinstance(st, (ast.Assign, ast.AnnAssign)):
+            return None
         targets = st.targets if isinstance(st, ast.Assign) else [st.target]
         if len(targets) != 1 or not isinstance(targets[0], ast.Name) or st.value is None:
             return None
@@ -214,13 +216,14 @@ def message_form(cls: type) -> Form | None:
     if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params) or not 1 <= len(params) <= 2:
         return None
     x_names = [p.name for p in params if p.name.endswith("_j")]
-    w_names = [p.name for p in params if not p.name.endswith(("_i", "_j")) and p.name not in MessagePassing.special_args]
+    w_names = [p.name for p in params
+               if not p.name.endswith(("_i", "_j")) and p.name not in MessagePassing.special_args]
     if len(x_names) != 1 or len(x_names) + len(w_names) != len(params):
         return None
     func = tree.body[0] if tree.body else None
     if not isinstance(func, ast.FunctionDef):
         return None
-    names = {x_names[0]: _PLACEHOLDERS["X"]}
+    names: dict[str, ast.expr] = {x_names[0]: _PLACEHOLDERS["X"]}
     if w_names:
         names[w_names[0]] = _PLACEHOLDERS["W"]
     expr = _single_expression(func.body, names)

@@ -33,7 +33,8 @@ from torch_geometric.nn.conv import MessagePassing
 from ..csr import CSR, csr_for_edge_index
 from ..ops.gather_scatter import fused_gather_scatter
 from ._message_form import message_form
-from ._pyg_path import _HOOK_DICTS, _is_template, instance_reason, pyg_propagate, scriptable_stock_copy, warn_pyg_path  # noqa: F401
+from ._pyg_path import _HOOK_DICTS  # noqa: F401  (re-exported: the attention layers check the same hooks)
+from ._pyg_path import _is_template, instance_reason, pyg_propagate, scriptable_stock_copy, warn_pyg_path
 
 REDUCE_OF_AGGR = {
     SumAggregation: "sum",
@@ -149,7 +150,7 @@ class FusedMessagePassing(_MixinBase):  # type: ignore[misc,valid-type]
             return "a torch.sparse adjacency (PyG's spmm path)"
         if not isinstance(edge_index, (Tensor, CSR)):
             return f"edge_index is a {type(edge_index).__name__}"
-        kind, x_name, w_name = self._gnnfuse_form
+        kind, x_name, w_name = self._gnnfuse_form  # type: ignore[misc]  # not None: checked by _gnnfuse_why_pyg
         x = kwargs.get(x_name[:-2])
         x_src, x_dst = x if isinstance(x, (tuple, list)) and len(x) == 2 else (x, None)
         if not isinstance(x_src, Tensor) or not x_src.is_floating_point() or x_src.dim() < 1:

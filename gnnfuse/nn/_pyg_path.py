@@ -45,7 +45,7 @@ def instance_reason(module: MessagePassing) -> str | None:
     Runs on every call: plain dict reads first (a few hundred ns), the descriptive work only on a hit."""
     state = module.__dict__
     aggr = state["_modules"].get("aggr_module")
-    if (state["_explain"] or state["_decomposed_layers"] != 1 or any(state[name] for name in _HOOK_DICTS)
+    if (state.get("_explain") or state.get("_decomposed_layers", 1) != 1 or any(state.get(name) for name in _HOOK_DICTS)
             or (aggr is not None and (aggr._forward_hooks or aggr._forward_pre_hooks))
             or any(name in state for name in _STEPS)):
         return _describe_state(module)

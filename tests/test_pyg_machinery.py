@@ -400,6 +400,11 @@ def test_jit_script_scripts_the_stock_layer():
     x, w = torch.randn(4, 8), torch.randn(4)
     torch.testing.assert_close(scripted(x, BIPARTITE, w, None), fused(x, BIPARTITE, w), **TOL)
 
+    torch.manual_seed(0)
+    model = G.fuse(P.models.GraphSAGE(16, 32, num_layers=2, out_channels=5), warn=False)
+    scripted = torch.jit.script(model)  # submodules are prepared too
+    torch.testing.assert_close(scripted(X, EDGE_INDEX), model(X, EDGE_INDEX), **TOL)
+
     class Mine(G.FusedMessagePassing, MessagePassing):
         def forward(self, x, edge_index):
             return self.propagate(edge_index, x=x)

@@ -32,7 +32,7 @@ def warn_pyg_path(layer: str, reason: str) -> None:
     if (layer, reason) in _warned or torch.compiler.is_compiling():
         return
     _warned.add((layer, reason))
-    warnings.warn(f"gnnfuse.nn.{layer}: {reason}; running PyG's propagate (not fused)", stacklevel=4)
+    warnings.warn(f"gnnfuse.nn.{layer}: {reason}; running PyG's propagate (not fused)", stacklevel=3)
 
 
 def _in_onnx_export() -> bool:

@@ -31,6 +31,7 @@ _EXPORTS = {
     "GraphConv": "._layers",
     "gcn_norm_weights": "._layers",
     "GATConv": "._attention",
+    "GINEConv": "._gine",
     "fuse": "._fuse",
     "fusable": "._fuse",
 }

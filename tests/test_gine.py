@@ -191,3 +191,21 @@ def test_explainer_gets_edge_masks():
         masks.append(explainer(x, ei, edge_attr=ea, index=1).edge_mask)
     torch.testing.assert_close(masks[1], masks[0])
     assert masks[1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_accumulate_in_float(dtype):
+    x, ea, ei = _inputs(dtype=torch.float32)
+    out = gnnfuse.gine_aggregate(x.to(dtype), ea.to(dtype), ei, "mean", num_nodes=7, backend="cpu")
+    want = reference(x.to(dtype).float(), ea.to(dtype).float(), ei[0], ei[1], 7, "mean")
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
+
+
+def test_layer_compiles_fullgraph():
+    stock, fused = _pair(edge_dim=3)
+    ei = random_graph(10, 10, 40, seed=8)
+    csr = gnnfuse.CSR.from_edge_index(ei, 10)
+    x, ea = torch.randn(10, 8, dtype=torch.float64), torch.randn(40, 3, dtype=torch.float64)
+    compiled = torch.compile(fused, fullgraph=True)
+    torch.testing.assert_close(compiled(x, csr, ea), stock(x, ei, ea))

@@ -3,6 +3,7 @@
 Change one import line::
 
     from gnnfuse.nn import GCNConv, SAGEConv, GINConv, GraphConv   # was: torch_geometric.nn
+    from gnnfuse.nn import GATConv, GINEConv                       # fused attention / edge messages
 
 or convert a built model in place::
 

@@ -168,34 +168,49 @@ def _keep_mask(seed: int, edge_ids: torch.Tensor, heads: int, p: float) -> torch
     return (r >> 8) >= round(p * (1 << 24))
 
 
-def reference(x, a_src, a_dst, a_edge, a_loop, csr: CSR, self_loops: bool, slope: float, p: float, seed: int):
-    """The op's maths with plain torch ops and autograd (a_edge in CSR order)."""
+def reference_edges(csr: CSR, num_src: int, self_loops: bool):
+    """(row, col, dropout ids, kept) of the edges the kernels walk: the CSR's edges, and with
+    self_loops its own loops dropped (kept: the mask of the CSR edges left) and one loop per row
+    i < min(num_src, num_dst) appended (id E + i). kept is None without self loops."""
     row, col = csr.row().long(), csr.col.long()
-    ids = torch.arange(csr.num_edges, device=x.device)
-    num_dst, heads = a_dst.shape
-    term = a_edge
-    if self_loops:
-        kept = col != row
-        row, col, ids = row[kept], col[kept], ids[kept]
-        loops = torch.arange(min(x.shape[0], num_dst), device=x.device)
-        row, col, ids = torch.cat([row, loops]), torch.cat([col, loops]), torch.cat([ids, csr.num_edges + loops])
-        if a_edge is not None or a_loop is not None:
-            edge_part = a_edge[kept] if a_edge is not None else a_src.new_zeros(int(kept.sum()), heads)
-            loop_part = a_loop[: loops.numel()] if a_loop is not None else a_src.new_zeros(loops.numel(), heads)
-            term = torch.cat([edge_part, loop_part])
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    s = a_src.to(work)[col] + a_dst.to(work)[row]
-    if term is not None:
-        s = s + term.to(work)
-    e = torch.nn.functional.leaky_relu(s, slope)
-    row_max = torch.full((num_dst, heads), float("-inf"), dtype=work, device=x.device)
+    ids = torch.arange(csr.num_edges, device=col.device)
+    if not self_loops:
+        return row, col, ids, None
+    kept = col != row
+    loops = torch.arange(min(num_src, csr.num_dst), device=col.device)
+    return (torch.cat([row[kept], loops]), torch.cat([col[kept], loops]), torch.cat([ids[kept], csr.num_edges + loops]),
+            kept)
+
+
+def reference_softmax_sum(e, row, col, ids, values, num_dst: int, p: float, seed: int, dtype: torch.dtype):
+    """sum over row i's edges of softmax_i(e) (* the kernels' dropout) * values[col], [N_dst, H, F]."""
+    heads = e.shape[1]
+    row_max = torch.full((num_dst, heads), float("-inf"), dtype=e.dtype, device=e.device)
     row_max = row_max.scatter_reduce(0, row.unsqueeze(1).expand_as(e), e, "amax").detach()
     w = torch.exp(e - row_max[row])
     coef = w / torch.zeros_like(row_max).index_add(0, row, w)[row]
     if p > 0:
         coef = coef * _keep_mask(seed, ids, heads, p) / (1 - p)
-    msg = coef.unsqueeze(-1) * x.to(work)[col]
-    return torch.zeros(num_dst, heads, x.shape[2], dtype=work, device=x.device).index_add(0, row, msg).to(x.dtype)
+    msg = coef.unsqueeze(-1) * values.to(e.dtype)[col]
+    return torch.zeros(num_dst, heads, values.shape[2], dtype=e.dtype, device=e.device).index_add(0, row, msg).to(dtype)
+
+
+def reference(x, a_src, a_dst, a_edge, a_loop, csr: CSR, self_loops: bool, slope: float, p: float, seed: int):
+    """The op's maths with plain torch ops and autograd (a_edge in CSR order)."""
+    row, col, ids, kept = reference_edges(csr, x.shape[0], self_loops)
+    num_dst, heads = a_dst.shape
+    term = a_edge
+    if self_loops and (a_edge is not None or a_loop is not None):
+        loops = row.numel() - int(kept.sum())
+        edge_part = a_edge[kept] if a_edge is not None else a_src.new_zeros(int(kept.sum()), heads)
+        loop_part = a_loop[:loops] if a_loop is not None else a_src.new_zeros(loops, heads)
+        term = torch.cat([edge_part, loop_part])
+    work = stats_dtype(x.dtype)
+    s = a_src.to(work)[col] + a_dst.to(work)[row]
+    if term is not None:
+        s = s + term.to(work)
+    e = torch.nn.functional.leaky_relu(s, slope)
+    return reference_softmax_sum(e, row, col, ids, x, num_dst, p, seed, x.dtype)
 
 
 # ---- public API ---------------------------------------------------------------------------------

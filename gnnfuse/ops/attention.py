@@ -20,7 +20,8 @@ self loop of row i (``add_self_loops``) has id E + i.
 graph: edges j == i are skipped and each row i < min(N_src, N_dst) gets one virtual edge from
 node i, whose edge term is ``alpha_loop[i]`` (when given).
 
-Ops: ``gnnfuse::gat_attention`` (out, row max, row sum) and ``gnnfuse::gat_attention_backward``.
+Ops (declared with ``OpDef``): ``gnnfuse::gat_attention`` (out, row max, row sum) and
+``gnnfuse::gat_attention_backward``.
 Kernels: csrc/attention.cpp (CPU, OpenMP, deterministic) and gnnfuse/triton/attention.py (CUDA).
 """
 from __future__ import annotations
@@ -30,20 +31,10 @@ import torch
 from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
 from ..csr import CSR, transpose_parts_of
-from ._library import define, forbid_double_backward, resolve_backend
+from ._library import resolve_backend
+from ._opdef import OpDef
 from .gather_scatter import _as_csr
 
-OP = define(
-    "gat_attention(Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, Tensor? a_loop, Tensor rowptr, "
-    "Tensor col, Tensor? t_rowptr, Tensor? t_col, Tensor? t_pos, bool self_loops, float negative_slope, "
-    "float dropout, int seed) -> (Tensor, Tensor, Tensor)"
-)
-BACKWARD_OP = define(
-    "gat_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor x, Tensor a_src, "
-    "Tensor a_dst, Tensor? a_edge, Tensor? a_loop, Tensor rowptr, Tensor col, Tensor t_rowptr, Tensor t_col, "
-    "Tensor t_pos, bool self_loops, float negative_slope, float dropout, int seed, bool[] needs) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
-)
 # x [N_src, H, F], a_src [N_src, H], a_dst [N_dst, H], a_edge [E, H] in CSR order, a_loop [N_dst, H],
 # all contiguous with x's dtype. Returns out [N_dst, H, F] and the softmax's row max and row sum
 # ([N_dst, H], see stats_dtype). needs: which of (x, a_src, a_dst, a_edge, a_loop) want a gradient.
@@ -76,72 +67,47 @@ def _backward_triton(*args):
     return attention.backward(*args)
 
 
-torch.library.impl(OP, "cpu")(_forward_cpu)
-torch.library.impl(BACKWARD_OP, "cpu")(_backward_cpu)
-torch.library.impl(OP, "cuda")(_forward_triton)
-torch.library.impl(BACKWARD_OP, "cuda")(_backward_triton)
-KERNELS = {"cpu": (_forward_cpu, _backward_cpu), "triton": (_forward_triton, _backward_triton)}
-
-
-@torch.library.register_fake(OP)
 def _forward_fake(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops, slope, p, seed):
     num_dst, heads = a_dst.shape
     stats = x.new_empty(num_dst, heads, dtype=stats_dtype(x.dtype))
     return x.new_empty(num_dst, heads, x.shape[2]), stats, torch.empty_like(stats)
 
 
-@torch.library.register_fake(BACKWARD_OP)
 def _backward_fake(grad_out, out, row_max, row_sum, x, a_src, a_dst, a_edge, a_loop, *rest):
     needs = rest[-1]
     likes = (x, a_src, a_dst, a_edge, a_loop)
     return tuple(torch.empty_like(t) if (need and t is not None) else x.new_empty(0) for need, t in zip(needs, likes))
 
 
-# ---- autograd: one rule, shared by the registered op and the interpreter path ------------------
-def _backward_args(saved, scalars, grad_out, needs):
-    out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos = saved
-    if t_rowptr is None:  # op called directly without the transpose: build it now
-        t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
-    return (grad_out.contiguous(), out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos,
-            *scalars, needs)
-
-
-def _grads_to_inputs(grads, needs):
-    return tuple(g if need else None for g, need in zip(grads, needs))
-
-
-def _setup_context(ctx, inputs, output):
+# ---- autograd: saved state and the backward op ----------------------------------------------------
+def _save(ctx, inputs, output):
     x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, *scalars = inputs
     ctx.scalars = tuple(scalars)
     ctx.mark_non_differentiable(output[1], output[2])
-    ctx.save_for_backward(output[0], output[1], output[2], x, a_src, a_dst, a_edge, a_loop, rowptr, col,
-                          t_rowptr, t_col, t_pos)
+    return (output[0], output[1], output[2], x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos)
 
 
-def _backward(ctx, grad_out, _gm, _gz):
-    needs = [bool(n) for n in ctx.needs_input_grad[:5]]
-    grads = torch.ops.gnnfuse.gat_attention_backward(*_backward_args(ctx.saved_tensors, ctx.scalars, grad_out, needs))
-    return (*_grads_to_inputs(grads, needs), *([None] * 9))
+def _backward(ctx, saved, grad_out, _gm, _gz):
+    out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos = saved
+    needs = [bool(n) for n in ctx.needs[:5]]
+    if t_rowptr is None:  # op called directly without the transpose: build it now
+        t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
+    grads = BACKWARD(grad_out.contiguous(), out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col,
+                     t_pos, *ctx.scalars, needs, backend=ctx.backend)
+    return (*(g if need else None for g, need in zip(grads, needs)), *([None] * 9))
 
 
-torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
-forbid_double_backward(BACKWARD_OP, "gat_attention")
-
-
-class _Interpreted(torch.autograd.Function):
-    """Triton kernels on CPU tensors (TRITON_INTERPRET=1): the dispatcher would pick the C++ kernel."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        outputs = _forward_triton(*inputs)
-        _setup_context(ctx, inputs, outputs)
-        return outputs
-
-    @staticmethod
-    def backward(ctx, grad_out, _gm, _gz):
-        needs = [bool(n) for n in ctx.needs_input_grad[:5]]
-        grads = _backward_triton(*_backward_args(ctx.saved_tensors, ctx.scalars, grad_out, needs))
-        return (*_grads_to_inputs(grads, needs), *([None] * 9))
+FORWARD = OpDef(
+    "gat_attention(Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, Tensor? a_loop, Tensor rowptr, "
+    "Tensor col, Tensor? t_rowptr, Tensor? t_col, Tensor? t_pos, bool self_loops, float negative_slope, "
+    "float dropout, int seed) -> (Tensor, Tensor, Tensor)",
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
+    "gat_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor x, Tensor a_src, "
+    "Tensor a_dst, Tensor? a_edge, Tensor? a_loop, Tensor rowptr, Tensor col, Tensor t_rowptr, Tensor t_col, "
+    "Tensor t_pos, bool self_loops, float negative_slope, float dropout, int seed, bool[] needs) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    kernels={"cpu": _backward_cpu, "triton": _backward_triton}, fake=_backward_fake, public_name="gat_attention")
 
 
 # ---- pure-PyTorch reference (materialises [E, H, F]: for tests and backend="reference") ----------
@@ -290,10 +256,7 @@ def gat_attention(
     tensors = (x, alpha_src, alpha_dst, alpha_edge, alpha_loop)
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     transpose = csr.transpose_parts() if wants_grad else (None, None, None)
-    args = (*tensors, csr.rowptr, csr.col, *transpose, *scalars)
-    if backend == "triton" and x.is_cpu:  # TRITON_INTERPRET=1: the dispatcher would pick C++
-        return _Interpreted.apply(*args)[0]
-    return torch.ops.gnnfuse.gat_attention(*args)[0]
+    return FORWARD(*tensors, csr.rowptr, csr.col, *transpose, *scalars, backend=backend)[0]
 
 
 def _alpha(name, t, expected, x, shape_ok):

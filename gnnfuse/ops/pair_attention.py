@@ -8,7 +8,7 @@ For every target row i, head h, over the row's incoming edges k (source j):
     out[i,h,:] = sum_k softmax_k(e)_h * keep_k,h / (1 - dropout) * v[j,h,:]
 
 GATv2Conv: q = lin_r(x_dst), k = v = lin_l(x_src); TransformerConv: q = query, k = key, v = value.
-One op, ``gnnfuse::pair_attention``, serves both (``gatv2`` picks the logit); it shares the GAT
+One op, ``gnnfuse::pair_attention`` (declared with ``OpDef``), serves both (``gatv2`` picks the logit); it shares the GAT
 op's machinery: only the per-row softmax max and sum are saved ([N_dst, H]), the backward
 recomputes every logit, no [E, H] or [E, H, F] tensor is made; dropout comes from the same
 counter-based hash of (seed, edge id, head) (edge ids: CSR positions, E + i for row i's self loop),
@@ -33,21 +33,11 @@ import torch
 from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
 from ..csr import CSR, transpose_parts_of
-from ._library import define, forbid_double_backward, resolve_backend
+from ._library import resolve_backend
+from ._opdef import OpDef
 from .attention import reference_edges, reference_softmax_sum, stats_dtype
 from .gather_scatter import _as_csr
 
-OP = define(
-    "pair_attention(Tensor q, Tensor k, Tensor v, Tensor? att, Tensor rowptr, Tensor col, Tensor? t_rowptr, "
-    "Tensor? t_col, Tensor? t_pos, bool self_loops, bool gatv2, float negative_slope, float scale, float dropout, "
-    "int seed) -> (Tensor, Tensor, Tensor)"
-)
-BACKWARD_OP = define(
-    "pair_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor q, Tensor k, "
-    "Tensor v, Tensor? att, Tensor rowptr, Tensor col, Tensor t_rowptr, Tensor t_col, Tensor t_pos, bool self_loops, "
-    "bool gatv2, float negative_slope, float scale, float dropout, int seed, bool[] needs) "
-    "-> (Tensor, Tensor, Tensor, Tensor)"
-)
 # q [N_dst, H, F], k and v [N_src, H, F], att [H, F] (GATv2 only), contiguous, one dtype. Returns
 # out [N_dst, H, F] and the softmax's row max and row sum ([N_dst, H], stats_dtype). needs: which of
 # (q, k, v, att) want a gradient.
@@ -74,62 +64,46 @@ def _backward_triton(*args):
     return pair_attention.backward(*args)
 
 
-torch.library.impl(OP, "cpu")(_forward_cpu)
-torch.library.impl(BACKWARD_OP, "cpu")(_backward_cpu)
-torch.library.impl(OP, "cuda")(_forward_triton)
-torch.library.impl(BACKWARD_OP, "cuda")(_backward_triton)
-
-
-@torch.library.register_fake(OP)
 def _forward_fake(q, k, v, att, rowptr, col, *rest):
     stats = q.new_empty(q.shape[0], q.shape[1], dtype=stats_dtype(q.dtype))
     return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), stats, torch.empty_like(stats)
 
 
-@torch.library.register_fake(BACKWARD_OP)
 def _backward_fake(grad_out, out, row_max, row_sum, q, k, v, att, *rest):
     needs = rest[-1]
     return tuple(torch.empty_like(t) if (need and t is not None) else q.new_empty(0)
                  for need, t in zip(needs, (q, k, v, att)))
 
 
-def _backward_args(saved, scalars, grad_out, needs):
-    out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos = saved
-    if t_rowptr is None:  # op called directly without the transpose: build it now
-        t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, k.shape[0])
-    return (grad_out.contiguous(), out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, *scalars, needs)
-
-
-def _setup_context(ctx, inputs, output):
+def _save(ctx, inputs, output):
     q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, *scalars = inputs
     ctx.scalars = tuple(scalars)
     ctx.mark_non_differentiable(output[1], output[2])
-    ctx.save_for_backward(output[0], output[1], output[2], q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos)
+    return (output[0], output[1], output[2], q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos)
 
 
-def _grads(ctx, grad_out, backward):
-    needs = [bool(n) for n in ctx.needs_input_grad[:4]]
-    grads = backward(*_backward_args(ctx.saved_tensors, ctx.scalars, grad_out, needs))
+def _backward(ctx, saved, grad_out, _gm, _gz):
+    out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos = saved
+    needs = [bool(n) for n in ctx.needs[:4]]
+    if t_rowptr is None:  # op called directly without the transpose: build it now
+        t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, k.shape[0])
+    grads = BACKWARD(grad_out.contiguous(), out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos,
+                     *ctx.scalars, needs, backend=ctx.backend)
     return (*(g if need else None for g, need in zip(grads, needs)), *([None] * (5 + N_SCALARS)))
 
 
-torch.library.register_autograd(OP, lambda ctx, g, _m, _z: _grads(ctx, g, torch.ops.gnnfuse.pair_attention_backward),
-                                setup_context=_setup_context)
-forbid_double_backward(BACKWARD_OP, "gatv2_attention / dot_attention")
-
-
-class _Interpreted(torch.autograd.Function):
-    """Triton kernels on CPU tensors (TRITON_INTERPRET=1): the dispatcher would pick the C++ kernel."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        outputs = _forward_triton(*inputs)
-        _setup_context(ctx, inputs, outputs)
-        return outputs
-
-    @staticmethod
-    def backward(ctx, grad_out, _gm, _gz):
-        return _grads(ctx, grad_out, _backward_triton)
+FORWARD = OpDef(
+    "pair_attention(Tensor q, Tensor k, Tensor v, Tensor? att, Tensor rowptr, Tensor col, Tensor? t_rowptr, "
+    "Tensor? t_col, Tensor? t_pos, bool self_loops, bool gatv2, float negative_slope, float scale, float dropout, "
+    "int seed) -> (Tensor, Tensor, Tensor)",
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
+    "pair_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor q, Tensor k, "
+    "Tensor v, Tensor? att, Tensor rowptr, Tensor col, Tensor t_rowptr, Tensor t_col, Tensor t_pos, bool self_loops, "
+    "bool gatv2, float negative_slope, float scale, float dropout, int seed, bool[] needs) "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
+    kernels={"cpu": _backward_cpu, "triton": _backward_triton}, fake=_backward_fake,
+    public_name="gatv2_attention / dot_attention")
 
 
 def reference(q, k, v, att, csr: CSR, self_loops: bool, gatv2: bool, slope: float, scale: float, p: float, seed: int):
@@ -168,10 +142,7 @@ def _run(q, k, v, att, graph, gatv2, slope, scale, dropout, seed, add_self_loops
         return reference(q, k, v, att, csr, *scalars)
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, att))
     transpose = csr.transpose_parts() if wants_grad else (None, None, None)
-    args = (q, k, v, att, csr.rowptr, csr.col, *transpose, *scalars)
-    if backend == "triton" and k.is_cpu:  # TRITON_INTERPRET=1: the dispatcher would pick C++
-        return _Interpreted.apply(*args)[0]
-    return torch.ops.gnnfuse.pair_attention(*args)[0]
+    return FORWARD(q, k, v, att, csr.rowptr, csr.col, *transpose, *scalars, backend=backend)[0]
 
 
 def _features(name: str, t) -> torch.Tensor:

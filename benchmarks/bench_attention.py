@@ -148,13 +148,17 @@ def main(argv=None):
     parser.add_argument("--out", default=None)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU runs)")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--graphs", default="", help="comma-separated suite names (CUDA runs; default: all)")
+    parser.add_argument("--graphs", default="", help="comma-separated graph names (CUDA: suite names; CPU: Cora, Facebook, products-down); default all")
     parser.add_argument("--layers", default="GATConv", help=f"comma-separated, of {', '.join(LAYERS)}")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    graphs = cpu_graphs() if device.type == "cpu" else cuda_graphs(device, [g for g in args.graphs.split(",") if g])
+    names = [g for g in args.graphs.split(",") if g]
+    if device.type == "cpu":
+        graphs = {k: v for k, v in cpu_graphs().items() if not names or k.split(" ")[0] in names}
+    else:
+        graphs = cuda_graphs(device, names)
     configs = CPU_CONFIGS if device.type == "cpu" else CUDA_CONFIGS
     rows = []
     for name, (edge_index, nodes) in graphs.items():

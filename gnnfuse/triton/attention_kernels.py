@@ -3,7 +3,8 @@ description of the scheme are in attention.py.
 
 The three kernels share one edge walk (``_edge_block``): the only place that knows how a logit is
 made (alpha_src[j] + alpha_dst[i] (+ edge term), leaky_relu), how self loops are replaced and
-how dropout is drawn. Another attention form (GATv2, dot-product) changes only that function.
+how dropout is drawn. GATv2 and dot-product attention (pair_attention_kernels.py) have their own
+edge walk and reuse the rest: the piece prologue, the row store, the piece merge and dropout.
 """
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ def test_torch_compile_fullgraph_dynamic():
 
 @pytest.mark.parametrize("bad,match", [
     (dict(att=torch.zeros(2, F)), "att"),
-    (dict(x_dst=torch.zeros(N, H, F + 1)), "q"),
+    (dict(x_dst=torch.zeros(N, H, F + 1)), "x_dst"),
     (dict(dropout=1.0), "dropout"),
     (dict(seed=-1), "seed"),
 ])

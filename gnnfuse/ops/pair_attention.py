@@ -119,11 +119,13 @@ def reference(q, k, v, att, csr: CSR, self_loops: bool, gatv2: bool, slope: floa
 
 
 def _run(q, k, v, att, graph, gatv2, slope, scale, dropout, seed, add_self_loops, backend):
-    """Checks shared by both public functions, then the op (or the reference)."""
-    require_shape("value", v, "[N_src, H, F]", v.dim() == 3)
+    """Checks shared by both public functions (arguments named as the caller knows them), then the
+    op (or the reference)."""
+    q_name, v_name = ("x_dst", "x_src") if gatv2 else ("query", "value")
+    require_shape(v_name, v, "[N_src, H, F]", v.dim() == 3)
     n_src, heads, width = k.shape
-    require_shape("q", q, f"[N_dst, {heads}, {width}]", q.dim() == 3 and q.shape[1:] == (heads, width))
-    require_shape("value", v, f"[{n_src}, {heads}, {width}] (the key's shape)", v.shape == k.shape)
+    require_shape(q_name, q, f"[N_dst, {heads}, {width}]", q.dim() == 3 and q.shape[1:] == (heads, width))
+    require_shape(v_name, v, f"[{n_src}, {heads}, {width}] (the key's shape)", v.shape == k.shape)
     csr = _as_csr(graph, k, q.shape[0])
     if csr.num_src > n_src:
         raise ValueError(f"the sources have {n_src} rows but the graph has {csr.num_src} source nodes")

@@ -33,6 +33,8 @@ _EXPORTS = {
     "gcn_norm_weights": "._layers",
     "GATConv": "._attention",
     "GINEConv": "._gine",
+    "GATv2Conv": "._pair_attention",
+    "TransformerConv": "._pair_attention",
     "fuse": "._fuse",
     "fusable": "._fuse",
 }

@@ -19,6 +19,11 @@ from gnnfuse.testing import random_graph
 BACKENDS = ["cpu", "triton"]
 
 
+def _device(backend):
+    """Triton runs on CUDA tensors on a GPU host, in the interpreter on CPU tensors elsewhere (conftest)."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
 def _inputs(num_src=9, num_dst=7, num_edges=30, F=5, dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
     ei = random_graph(num_src, num_dst, num_edges, seed=seed)
@@ -31,7 +36,7 @@ def _inputs(num_src=9, num_dst=7, num_edges=30, F=5, dtype=torch.float64, seed=0
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_matches_reference_with_gradients(backend, reduce, dtype):
-    x, ea, ei = _inputs(dtype=dtype)
+    x, ea, ei = (t.to(_device(backend)) for t in _inputs(dtype=dtype))
     csr = gnnfuse.CSR.from_edge_index(ei, (9, 7))
     results = []
     for run in ("fused", "reference"):
@@ -40,7 +45,7 @@ def test_matches_reference_with_gradients(backend, reduce, dtype):
             out = gnnfuse.gine_aggregate(xr, er, csr, reduce, backend=backend)
         else:
             out = reference(xr, er, ei[0], ei[1], 7, reduce)
-        out.backward(torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out))
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=dtype, device=out.device).view_as(out))
         results.append((out, xr.grad, er.grad))
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-12)
     for got, want in zip(*results):
@@ -50,7 +55,7 @@ def test_matches_reference_with_gradients(backend, reduce, dtype):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gradcheck_int32_csr_empty_rows_and_edge_only_gradient(backend):
     # the Triton interpreter runs every program in Python: its gradcheck stays tiny (2 features, one reduce)
-    x, ea, ei = _inputs(num_edges=12, F=5 if backend == "cpu" else 2)
+    x, ea, ei = (t.to(_device(backend)) for t in _inputs(num_edges=12, F=5 if backend == "cpu" else 2))
     csr = gnnfuse.CSR.from_edge_index(ei, (9, 7), index_dtype=torch.int32)
     for reduce in ("sum", "mean") if backend == "cpu" else ("mean",):
         torch.autograd.gradcheck(lambda a, b: gnnfuse.gine_aggregate(a, b, csr, reduce, backend=backend),
@@ -61,7 +66,8 @@ def test_gradcheck_int32_csr_empty_rows_and_edge_only_gradient(backend):
     er2 = ea.clone().requires_grad_()
     reference(x, er2, ei[0], ei[1], 7, "mean").sum().backward()
     torch.testing.assert_close(er.grad, er2.grad)
-    empty = gnnfuse.gine_aggregate(x, ea[:0], torch.empty(2, 0, dtype=torch.long), num_nodes=3, backend=backend)
+    empty = gnnfuse.gine_aggregate(x, ea[:0], torch.empty(2, 0, dtype=torch.long, device=x.device), num_nodes=3,
+                                   backend=backend)
     assert empty.shape == (3, x.shape[1]) and not empty.any()
 
 

@@ -77,6 +77,9 @@ class GINEConv(pyg_nn.GINEConv):
             return "edge_attr is not an [E, D] tensor"
         if not isinstance(x_src, Tensor) or x_src.dim() != 2 or not x_src.is_floating_point():
             return "x is not a 2-D floating-point tensor"
+        edge_dtype = self.lin.weight.dtype if self.lin is not None else edge_attr.dtype
+        if edge_dtype != x_src.dtype:
+            return "the edge term's dtype differs from x's (type promotion)"
         if isinstance(edge_index, Tensor) and edge_index.layout != torch.strided:
             return "a torch.sparse adjacency (PyG's spmm path)"
         if not isinstance(edge_index, (Tensor, CSR)):

@@ -23,6 +23,8 @@ from ._tensor_cache import PLAIN, Fingerprint, cached, clear
 from ._validate import (
     INDEX_DTYPES,
     INT32_MAX,
+    IndexOutOfRange,
+    device_assert,
     require_fits_index,
     require_index,
     require_node_count,
@@ -98,6 +100,48 @@ class CSR:
             edge_index = edge_index.long()  # widening is safe before the check
         rowptr, col, perm = coo_to_csr(edge_index[1], edge_index[0], num_dst, num_src, index_dtype)
         return cls._built(rowptr, col, perm, num_src)
+
+    @classmethod
+    def from_sorted_edge_index(cls, edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = None, *,
+                               index_dtype: torch.dtype | None = None) -> CSR:
+        """From an ``edge_index`` already sorted by target (row 1), as a neighbour sampler emits
+        it: O(E) with no sort (rowptr by a binary search per row), and no host sync on CUDA.
+
+        Edge ids stay in the given order (``perm`` is the identity). That the targets are
+        non-decreasing and all ids in range is checked eagerly on CPU (a ValueError naming the
+        first offending edge) and by device-side assertions on CUDA, which report at the next
+        synchronisation. ``num_nodes`` and ``index_dtype`` as in :meth:`from_edge_index`.
+        """
+        check_edge_index(edge_index)
+        num_src, num_dst = _sizes(edge_index, num_nodes)
+        index_dtype = _index_dtype(index_dtype, num_src, num_dst, edge_index.shape[1])
+        plain = edge_index.as_subclass(torch.Tensor) if type(edge_index) is not torch.Tensor else edge_index
+        src, dst = plain[0], plain[1]
+        check_sorted_by_target(src, dst, num_src, num_dst)
+        bounds = torch.arange(num_dst + 1, device=dst.device, dtype=dst.dtype)
+        rowptr = torch.searchsorted(dst, bounds, out_int32=index_dtype == torch.int32)
+        perm = torch.arange(src.shape[0], device=src.device, dtype=index_dtype)
+        return cls._built(rowptr, src.to(index_dtype), perm, num_src)
+
+    def hop_prefix(self, num_dst: int, num_src: int, num_edges: int) -> CSR:
+        """The bipartite sub-graph of the first ``num_dst`` rows, their ``num_edges`` edges and the
+        first ``num_src`` source nodes, as views (no copy). Valid for a CSR whose first
+        ``num_dst`` rows hold exactly ``num_edges`` edges, all from sources below ``num_src``, and
+        whose ``perm`` is the identity: a neighbour-sampled batch's CSR from
+        :meth:`from_sorted_edge_index`, where a GNN layer's targets, sources and edges are
+        prefixes (see :func:`gnnfuse.loader.layer_csrs`). The conditions are checked like
+        :meth:`from_sorted_edge_index`'s (device-side on CUDA)."""
+        if not (0 <= num_dst <= self.num_dst and 0 <= num_edges <= self.num_edges and num_src >= 0):
+            raise ValueError(f"hop_prefix(num_dst={num_dst}, num_src={num_src}, num_edges={num_edges}) does not fit "
+                             f"a CSR with {self.num_dst} rows and {self.num_edges} edges")
+        rowptr, col, perm = self.rowptr[: num_dst + 1], self.col[:num_edges], self.perm[:num_edges]
+        if num_edges:  # the prefix's last row ends at num_edges and its sources lie below num_src
+            ok = (rowptr[-1] == num_edges) & (col.max() < num_src) & (perm[-1] == num_edges - 1)
+        else:
+            ok = rowptr[-1] == 0
+        _check(ok, rowptr.is_cpu, f"hop_prefix: the first {num_dst} rows do not hold exactly the first "
+               f"{num_edges} edges from sources below {num_src} (is this a neighbour-sampled, target-sorted batch?)")
+        return CSR._built(rowptr, col, perm, num_src)
 
     @classmethod
     def from_scipy(cls, matrix, *, index_dtype: torch.dtype | None = None) -> CSR:
@@ -273,6 +317,36 @@ def transpose_parts_of(rowptr: torch.Tensor, col: torch.Tensor, num_src: int):
     return coo_to_csr(col, expand_rowptr(rowptr, col.shape[0]), num_src, rowptr.shape[0] - 1)
 
 
+def check_sorted_by_target(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int) -> None:
+    """Targets non-decreasing and all ids in range: eagerly on CPU (naming the first bad edge),
+    as device-side assertions elsewhere (no host sync)."""
+    if not dst.numel():
+        return
+    unsorted = dst[1:] < dst[:-1]
+    if dst.is_cpu:
+        if bool(unsorted.any()):
+            e = int(unsorted.nonzero()[0, 0]) + 1
+            raise ValueError(f"edge_index is not sorted by target: edge {e} has target {int(dst[e])} after "
+                             f"{int(dst[e - 1])}; use CSR.from_edge_index, which sorts")
+        for name, ids, limit in (("edge_index[1] (targets)", dst, num_dst), ("edge_index[0] (sources)", src, num_src)):
+            low, high = torch.aminmax(ids)
+            if int(low) < 0 or int(high) >= limit:
+                e = int(((ids < 0) | (ids >= limit)).nonzero()[0, 0])
+                raise IndexOutOfRange(f"{name} contains node id {int(ids[e])} at edge {e}, outside [0, {limit})")
+        return
+    device_assert(~unsorted.any(), "edge_index is not sorted by target")
+    device_assert((dst[0] >= 0) & (dst[-1] < num_dst), "edge_index[1] (targets) has a node id outside [0, num_dst)")
+    device_assert(((src >= 0) & (src < num_src)).all(), "edge_index[0] (sources) has a node id outside [0, num_src)")
+
+
+def _check(ok: torch.Tensor, on_cpu: bool, message: str) -> None:
+    if on_cpu:
+        if not bool(ok):
+            raise ValueError(message)
+    else:
+        device_assert(ok, message)
+
+
 def check_edge_index(edge_index: object) -> torch.Tensor:
     edge_index = require_tensor("edge_index", edge_index)
     require_index("edge_index", edge_index)
@@ -315,6 +389,8 @@ def _from_pyg_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -
         return None
     if not isinstance(edge_index, EdgeIndex) or edge_index.sort_order is None:
         return None
+    if edge_index.sort_order == "col":  # already in CSR order (a sampled batch): no sort, no host sync
+        return CSR.from_sorted_edge_index(edge_index.as_tensor(), (num_src, num_dst))
     (colptr, row), perm = edge_index.get_csc()
     if colptr.numel() != num_dst + 1:
         return None  # EdgeIndex's own size disagrees with the requested one: sort ourselves

@@ -255,3 +255,49 @@ def test_trim_to_layer_with_sorted_edge_index_takes_the_fused_path(monkeypatch):
     assert not sorts  # sorted by target already: no sort by target
     ref = run(theirs, batch.edge_index.as_tensor())
     torch.testing.assert_close(out, ref)
+
+
+# ---- the DDP example ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ddp_example_two_gloo_processes_match_one(tmp_path):
+    """2 CPU processes (gloo, launched as torchrun would: RANK / WORLD_SIZE / MASTER_* in the
+    environment) follow the loss curve of 1 process over the same global batches: full
+    neighbourhoods (fan-out -1) and no dropout make each seed's prediction independent of how the
+    batch is shared out, so only the summation order differs."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    losses = {}
+    for world in (1, 2):
+        out = tmp_path / str(world)
+        cmd = [sys.executable, str(root / "examples" / "train_ddp.py"), "--device", "cpu", "--scale", "0.0005",
+               "--fanouts=-1,-1", "--hidden", "16", "--dropout", "0", "--batch-size", "32", "--epochs", "1",
+               "--max-steps", "3", "--eval-nodes", "64", "--out", str(out)]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ranks = []
+        for rank in range(world):
+            env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank),
+                       WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            log = open(tmp_path / f"rank{rank}_of_{world}.log", "w")
+            ranks.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        for proc, log in ranks:
+            try:
+                rc = proc.wait(timeout=240)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                log.close()
+            assert rc == 0, Path(log.name).read_text()[-3000:]
+        result = json.loads((out / f"ddp_gnnfuse_{world}x.json").read_text())
+        assert result["world_size"] == world and len(result["losses"]) == 3
+        assert set(result["epochs"][0]["split_ms"]) >= {"sampling", "gather", "graph_prep", "forward", "backward",
+                                                         "allreduce", "optimizer"}
+        losses[world] = result["losses"]
+    torch.testing.assert_close(torch.tensor(losses[2]), torch.tensor(losses[1]), rtol=1e-4, atol=1e-5)

@@ -67,12 +67,11 @@ class NeighborSampler(BaseSampler):
         self.num_nodes = int(num_nodes)
         self.replace, self.disjoint, self.subgraph_type = bool(replace), bool(disjoint), subgraph_type
         self.device = torch.device(device)
-        edge_index = edge_index.as_subclass(torch.Tensor).cpu()
+        edge_index = edge_index.as_subclass(torch.Tensor).to(self.device)  # sorted by target where it will live
         index_dtype = torch.int32 if max(self.num_nodes, edge_index.shape[1]) < 2**31 - 1 else torch.int64
         colptr, row, perm = coo_to_csr(edge_index[1], edge_index[0], self.num_nodes, self.num_nodes, index_dtype)
-        self.colptr = colptr.long().to(self.device)
-        self.row = row.to(self.device)
-        self.perm = perm.long()  # CSC position -> original edge id, on CPU like PyG's edge_permutation
+        self.colptr, self.row = colptr.long(), row
+        self.perm = perm.long()  # CSC position -> original edge id
         self.generator = torch.Generator(self.device)
         self.generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
         self._lock = threading.Lock()  # the scratch maps below serve one call at a time

@@ -301,3 +301,41 @@ def test_ddp_example_two_gloo_processes_match_one(tmp_path):
                                                          "allreduce", "optimizer"}
         losses[world] = result["losses"]
     torch.testing.assert_close(torch.tensor(losses[2]), torch.tensor(losses[1]), rtol=1e-4, atol=1e-5)
+
+
+# ---- CUDA (run on a GPU host) ---------------------------------------------------------------------------
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_sampler_and_fused_sage_on_sampled_batch():
+    from torch_geometric.nn import SAGEConv as PygSAGE
+
+    from gnnfuse.nn import SAGEConv
+
+    data = graph(n=5000, e=80_000)
+    sampler = NeighborSampler(data.edge_index.cuda(), [6, 4], num_nodes=5000, seed=0, device="cuda")
+    seeds = torch.randperm(5000)[:128].cuda()
+    out = sampler.sample(seeds)
+    assert out.node.is_cuda and torch.equal(out.node[:128], seeds)
+    assert (out.col[1:] >= out.col[:-1]).all() and out.node.unique().numel() == out.node.numel()
+    original = sampler.edge_permutation[out.edge]
+    ei = data.edge_index.cuda()
+    assert torch.equal(ei[0][original], out.node[out.row]) and torch.equal(ei[1][original], out.node[out.col])
+    host = sampler.to("cpu").sample(seeds.cpu())  # the same graph on the host, C++ kernel
+    assert (host.col[1:] >= host.col[:-1]).all()
+    x = data.x.cuda()[out.node]
+    sizes = layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)
+    csrs = layer_csrs(edge_index=torch.stack([out.row, out.col]), num_sampled_nodes=out.num_sampled_nodes,
+                      num_sampled_edges=out.num_sampled_edges)
+    torch.manual_seed(0)
+    ours = torch.nn.ModuleList([SAGEConv(6, 16), SAGEConv(16, 3)]).cuda()
+    theirs = torch.nn.ModuleList([PygSAGE(6, 16), PygSAGE(16, 3)]).cuda()
+    theirs.load_state_dict(ours.state_dict())
+    results = []
+    for model, graphs in ((ours, csrs), (theirs, [torch.stack([out.row, out.col])[:, :e] for _, _, e in sizes])):
+        h = x
+        for conv, g, (d, s, _) in zip(model, graphs, sizes):
+            h = conv((h, h[:d]), g, size=(s, d)).relu()
+        h.square().sum().backward()
+        results.append((h, [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-4)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

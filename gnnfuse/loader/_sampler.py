@@ -79,6 +79,20 @@ class NeighborSampler(BaseSampler):
         self._first = torch.full((self.num_nodes + 1,), _torch_sampling.UNSEEN, dtype=torch.long, device=self.device)
         self._ext = _extension_or_none() if self.device.type == "cpu" and not self.disjoint else None
 
+    def to(self, device: str | torch.device) -> NeighborSampler:
+        """A sampler of the same graph, fan-outs and seed on ``device`` (the graph copied, not re-sorted)."""
+        moved = object.__new__(NeighborSampler)
+        moved.__dict__.update(self.__dict__)
+        moved.device = torch.device(device)
+        moved.colptr, moved.row = self.colptr.to(moved.device), self.row.to(moved.device)
+        moved.generator = torch.Generator(moved.device)
+        moved.generator.manual_seed(int(torch.randint(2**62, (1,), generator=self.generator, device=self.device)))
+        moved._lock = threading.Lock()
+        moved._local = torch.full_like(self._local, -1, device=moved.device)
+        moved._first = torch.full_like(self._first, _torch_sampling.UNSEEN, device=moved.device)
+        moved._ext = _extension_or_none() if moved.device.type == "cpu" and not self.disjoint else None
+        return moved
+
     @property
     def edge_permutation(self) -> torch.Tensor:
         return self.perm

@@ -57,7 +57,7 @@ PHASES = ("sampling", "gather", "graph_prep", "forward", "backward", "allreduce"
 
 # ---- the task -------------------------------------------------------------------------------------
 def realistic_task(scale: float, seed: int = 0, device="cpu", num_classes: int = 47, num_features: int = 100,
-                   noise: float = 3.0, train_fraction: float = 0.08) -> dict:
+                   noise: float = 8.0, train_fraction: float = 0.08) -> dict:
     """community-products (gnnfuse.graphs.SUITE) at ``scale`` as node classification."""
     from gnnfuse import graphs
 
@@ -258,7 +258,7 @@ def evaluate(model, sampler, x, y, test, args, rank, world, device) -> float:
 def build_task(args, device="cpu") -> dict:
     if args.dataset:
         return dataset_task(args.dataset, args.seed)
-    return realistic_task(args.scale, args.seed, device=device)
+    return realistic_task(args.scale, args.seed, device=device, noise=args.noise)
 
 
 def _spawned(rank, world, args, task_file, port, result_file):
@@ -273,6 +273,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", choices=["Cora", "CiteSeer", "PubMed", "Facebook"], help="a real graph instead")
     ap.add_argument("--scale", type=float, default=1.0, help="of the products-scale realistic graph")
+    ap.add_argument("--noise", type=float, default=8.0, help="feature noise of the realistic task (harder: larger)")
     ap.add_argument("--nproc", type=int, default=1, help="processes to spawn when not under torchrun")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--backend", choices=["gnnfuse", "pyg"], default="gnnfuse")

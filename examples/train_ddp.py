@@ -332,7 +332,8 @@ def report(result: dict, out: str | None) -> None:
              "| epoch | steps | seconds | seeds/s |", "|---|---|---|---|"]
     lines += [f"| {e['epoch']} | {e['steps']} | {e['seconds']:.2f} | {e['seeds_per_s']:.0f} |" for e in result["epochs"]]
     lines += ["", "Step split (ms, last epoch): " + ", ".join(f"{k} {v:.2f}" for k, v in last["split_ms"].items()),
-              f"Test accuracy after {len(result['epochs'])} epochs: {result['test_accuracy']:.4f}",
+              f"Test accuracy after {len(result['epochs'])} epochs of {last['steps']} steps: "
+              f"{result['test_accuracy']:.4f}",
               f"Peak GPU memory per rank (GiB): {result['peak_memory_gib_per_rank']}"]
     text = "\n".join(lines)
     print(text, flush=True)

@@ -39,10 +39,10 @@ def test_from_sorted_edge_index_matches_the_sorting_build():
     assert bipartite.num_dst == 40 and bipartite.num_src == N and bipartite.num_edges == int((ei[1] < 40).sum())
 
 
-def test_from_sorted_edge_index_rejects_bad_input():
+def test_from_sorted_edge_index_on_cpu_sorts_unsorted_input_and_checks_ranges():
     ei = torch.tensor([[0, 1, 2], [1, 0, 2]])
-    with pytest.raises(ValueError, match="not sorted by target: edge 1"):
-        CSR.from_sorted_edge_index(ei, 3)
+    csr = CSR.from_sorted_edge_index(ei, 3)  # CPU: the counting sort runs anyway, so this is still right
+    assert csr.rowptr.tolist() == [0, 1, 2, 3] and csr.perm.tolist() == [1, 0, 2]
     with pytest.raises(gnnfuse.IndexOutOfRange, match="sources"):
         CSR.from_sorted_edge_index(torch.tensor([[0, 5], [0, 1]]), (3, 3))
     with pytest.raises(gnnfuse.IndexOutOfRange, match="targets"):
@@ -339,3 +339,32 @@ def test_cuda_sampler_and_fused_sage_on_sampled_batch():
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-4)
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_hop_prefix_rejects_a_prefix_that_is_not_one():
+    ei = torch.tensor([[1, 2, 0, 2], [0, 0, 1, 2]])
+    csr = CSR.from_sorted_edge_index(ei, 3)
+    assert csr.hop_prefix(2, 3, 3).num_edges == 3
+    with pytest.raises(ValueError, match="hop_prefix"):
+        csr.hop_prefix(1, 3, 3)  # row 0 holds 2 edges, not 3
+    with pytest.raises(ValueError, match="hop_prefix"):
+        csr.hop_prefix(1, 2, 2)  # a source (2) beyond num_src
+    with pytest.raises(ValueError, match="hop_prefix"):
+        CSR.from_edge_index(torch.tensor([[1, 0], [1, 0]]), 2).hop_prefix(1, 2, 1)  # perm not the identity
+
+
+def test_device_paths_of_the_sorted_build_checked_on_cpu_tensors():
+    """The CUDA-only code (device-side assertions, binary-search rowptr) run on CPU tensors."""
+    from gnnfuse import csr as csr_module
+    from torch_geometric import EdgeIndex
+
+    ei = torch.tensor([[2, 0, 1, 2], [0, 1, 1, 2]])
+    wrapped = EdgeIndex(ei, sparse_size=(3, 3), sort_order="col")
+    (colptr, row), _ = wrapped.get_csc()
+    csr = csr_module._col_sorted_csr(colptr, row, ei[1], 3, 3)
+    ref = CSR.from_edge_index(ei, 3)
+    assert csr.rowptr.tolist() == ref.rowptr.tolist() and csr.col.tolist() == ref.col.tolist()
+    with pytest.raises(RuntimeError, match="not sorted"):
+        csr_module.check_sorted_by_target(ei[0], ei[1].flip(0), 3, 3)
+    with pytest.raises(RuntimeError, match="sources"):
+        csr_module.check_sorted_by_target(ei[0] + 5, ei[1], 3, 3)

@@ -47,7 +47,8 @@ def layer_csrs(batch=None, *, edge_index: torch.Tensor | None = None, num_sample
                num_sampled_edges: Sequence[int] | None = None, index_dtype: torch.dtype | None = None) -> list[CSR]:
     """One bipartite :class:`gnnfuse.CSR` per GNN layer of a target-sorted sampled batch (a batch of
     :class:`NeighborLoader` / :class:`NeighborSampler`, or the fields given one by one). The batch's
-    CSR is built once in O(E) without a sort or a host sync; each layer's is a view of a prefix. The
+    CSR is built once in O(E) (on CUDA without a sort or a host sync; on CPU by the counting sort);
+    each layer's is a view of a prefix. The
     transpose the backward needs is built per layer only when that layer's input requires a gradient
     (not for the first layer, whose input is the raw features)."""
     if batch is not None:

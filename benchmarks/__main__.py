@@ -16,6 +16,7 @@ Suites (each is also runnable alone as ``python -m benchmarks.bench_<name>``):
   gpu         benchmarks/bench_gpu.py                Triton kernels vs cuSPARSE, index_add_, torch.compile
   e2e         benchmarks/bench_e2e.py                training epoch of GCN/SAGE, gnnfuse.nn vs stock PyG
   reorder     benchmarks/bench_reorder.py            gnnfuse.reorder: cost, saving per forward / epoch, break-even
+  minibatch   benchmarks/bench_minibatch.py          sampled-batch SAGE: sampler, graph prep, fused vs stock step
   structured  benchmarks/bench_structured_scatter.py structured_scatter_add vs index_add_
   planarity   benchmarks/bench_planarity.py          planarity_nll vs the pure-torch reference
   all         cpu, e2e, structured, planarity on the chosen device (+ gpu when CUDA is available)
@@ -43,6 +44,7 @@ SUITES = {
     "gpu": "benchmarks.bench_gpu",
     "e2e": "benchmarks.bench_e2e",
     "reorder": "benchmarks.bench_reorder",
+    "minibatch": "benchmarks.bench_minibatch",
     "structured": "benchmarks.bench_structured_scatter",
     "planarity": "benchmarks.bench_planarity",
 }
@@ -53,6 +55,7 @@ QUICK_ARGS = {
     "gpu": [("--graphs", "rfc-uniform,arxiv-like"), ("--widths", "32,128"), ("--budget-s", "60")],
     "e2e": [("--quick", None), ("--max-seconds", "0.3")],
     "reorder": [("--quick", None)],
+    "minibatch": [("--scale", "0.002"), ("--batches", "2"), ("--rounds", "2")],
     "structured": [("--configs", "2000x8x128"), ("--threads", "1"), ("--repeat", "3"), ("--max-seconds", "0.3")],
     "planarity": [("--sizes", "5000"), ("--dtypes", "float32"), ("--no-compile", None)],
 }
@@ -68,7 +71,7 @@ def _accepts(module, flag: str) -> bool:
 
 def suite_argv(suite: str, out: Path, device: str, quick: bool, extra: list[str], module) -> list[str]:
     argv = ["--out", str(out)]
-    if suite in ("e2e", "reorder", "structured", "planarity"):
+    if suite in ("e2e", "reorder", "structured", "planarity", "minibatch"):
         argv += ["--device", device]
     if quick:
         pairs = [("--quick", None)] if suite == "gpu" and _accepts(module, "--quick") else QUICK_ARGS[suite]

@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 
 from ._validate import IndexOutOfRange, device_assert
-
-_SCATTER_REDUCE = {"sum": "sum", "mean": "mean", "max": "amax", "min": "amin", "mul": "prod"}
+from .reductions import TORCH_NAME as _SCATTER_REDUCE
 
 
 def coo_to_csr(key: torch.Tensor, other: torch.Tensor, num_rows: int, num_other: int,

@@ -18,7 +18,6 @@ from .. import reference
 from .._build import load_extension
 from .._tensor_cache import cached
 from .._validate import (
-    require_choice,
     require_floating,
     require_node_count,
     require_same_device,
@@ -28,8 +27,9 @@ from .._validate import (
 from ..csr import CSR, check_edge_index, csr_for_edge_index, transpose_parts_of
 from ._library import define, eager_shortcut_ok, forbid_double_backward, resolve_backend
 
-REDUCTIONS = ("sum", "mean", "max", "min", "mul")
-ARG_REDUCTIONS = ("max", "min")  # reductions whose forward records the winning edge
+from ..reductions import ARG as ARG_REDUCTIONS  # reductions whose forward records the winning edge
+from ..reductions import SINGLE as REDUCTIONS
+from ..reductions import canonical_reduce
 
 OP = define(
     "gather_scatter(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
@@ -195,7 +195,8 @@ def fused_gather_scatter(
             int64), a PyG ``EdgeIndex``, or a :class:`gnnfuse.CSR`. A raw tensor is sorted
             once and cached on its memory (see gnnfuse._tensor_cache); a hand-built CSR is
             validated on first use. Out-of-range ids raise :class:`gnnfuse.IndexOutOfRange`.
-        reduce: "sum" | "mean" | "max" | "min" | "mul". Empty target rows give 0.
+        reduce: "sum" | "mean" | "max" | "min" | "mul" (aliases "add", "amax", "amin", "prod"; see
+            gnnfuse.reductions). Empty target rows give 0.
         edge_weight: optional [E] weights in edge_index order, cast to x's dtype; differentiable.
         num_nodes: number of target nodes, any integer type (default: ``x.size(0)``, or the CSR's
             row count).
@@ -212,6 +213,7 @@ def fused_gather_scatter(
         out = gnnfuse.fused_gather_scatter(x, edge_index, "mean")  # [3, 16]; row 1 = (x[0] + x[2]) / 2
         out.sum().backward()
     """
+    reduce = canonical_reduce(reduce)
     csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
     flat = x.dim() == 2  # the common case skips two reshapes (a few us a call on small graphs)
@@ -234,7 +236,7 @@ def check_call(x: torch.Tensor, graph: torch.Tensor | CSR, reduce: str, edge_wei
     require_floating("x", x)
     if x.dim() < 1:
         require_shape("x", x, "[N, *feat]", False)
-    require_choice("reduce", reduce, REDUCTIONS)
+    canonical_reduce(reduce)
     if edge_weight is not None:
         require_tensor("edge_weight", edge_weight)
         require_floating("edge_weight", edge_weight)

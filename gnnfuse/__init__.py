@@ -11,8 +11,10 @@ from .ops.edge_softmax import edge_softmax
 from .ops.gather_scatter import REDUCTIONS, fused_gather_scatter
 from .ops.planarity import planarity_nll
 from .ops.structured_scatter import structured_scatter_add
+from .scatter import scatter, scatter_max, scatter_min, segment_coo, segment_csr  # torch_scatter's API
 from . import graphs, nn, ordering  # noqa: E402  (nn: PyG drop-in; imports torch_geometric lazily)
 
 __all__ = ["CSR", "IndexOutOfRange", "KernelPlan", "LocalityStats", "REDUCTIONS", "edge_softmax", "explain",
            "fused_gather_scatter", "gat_attention", "graphs", "locality_stats", "nn", "ordering", "planarity_nll",
-           "reorder", "show_config", "structured_scatter_add"]
+           "reorder", "scatter", "scatter_max", "scatter_min", "segment_coo", "segment_csr", "show_config",
+           "structured_scatter_add"]

@@ -106,6 +106,25 @@ def gather_scatter(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_ds
     return out.to(x.dtype).reshape(num_dst, *feat)
 
 
+def multi_aggregate(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_dst: int, aggrs: list[str],
+                    edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """[num_dst, len(aggrs) * F]: block k is aggrs[k] of the messages (see gather_scatter);
+    var = mean(m^2) - mean(m)^2, std = sqrt(max(var, 1e-5)) set to 0 where <= sqrt(1e-5) (as PyG)."""
+    blocks = []
+    for name in aggrs:
+        if name in ("var", "std"):
+            mean = gather_scatter(x, src, dst, num_dst, "mean", edge_weight)
+            w2 = None if edge_weight is None else edge_weight.to(x.dtype) ** 2
+            var = gather_scatter(x * x, src, dst, num_dst, "mean", w2) - mean * mean
+            if name == "std":
+                var = var.clamp(min=1e-5).sqrt()
+                var = var.masked_fill(var <= 1e-5 ** 0.5, 0.0)
+            blocks.append(var)
+        else:
+            blocks.append(gather_scatter(x, src, dst, num_dst, name, edge_weight))
+    return torch.cat(blocks, dim=1)
+
+
 # ---- structured density scatter ----
 def structured_flat_index(wa: torch.Tensor, wbwc: torch.Tensor) -> torch.Tensor:
     """The explicit flat indices [C * nx * ny * nz] (int64) of a structured scatter:

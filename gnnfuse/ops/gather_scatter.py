@@ -181,7 +181,7 @@ def _run(x, weight, rowptr, col, transpose, reduce, backend):
 def fused_gather_scatter(
     x: torch.Tensor,
     edge_index_or_csr: torch.Tensor | CSR,
-    reduce: str = "sum",
+    reduce: str | list[str] = "sum",
     *,
     edge_weight: torch.Tensor | None = None,
     num_nodes: int | None = None,
@@ -196,7 +196,9 @@ def fused_gather_scatter(
             once and cached on its memory (see gnnfuse._tensor_cache); a hand-built CSR is
             validated on first use. Out-of-range ids raise :class:`gnnfuse.IndexOutOfRange`.
         reduce: "sum" | "mean" | "max" | "min" | "mul" (aliases "add", "amax", "amin", "prod"; see
-            gnnfuse.reductions). Empty target rows give 0.
+            gnnfuse.reductions). Empty target rows give 0. A list of reductions (also "var",
+            "std") computes them all in one pass and returns [N_dst, len(reduce) * F], block k
+            = reduce[k] (see gnnfuse.ops.multi_aggregate).
         edge_weight: optional [E] weights in edge_index order, cast to x's dtype; differentiable.
         num_nodes: number of target nodes, any integer type (default: ``x.size(0)``, or the CSR's
             row count).
@@ -213,6 +215,9 @@ def fused_gather_scatter(
         out = gnnfuse.fused_gather_scatter(x, edge_index, "mean")  # [3, 16]; row 1 = (x[0] + x[2]) / 2
         out.sum().backward()
     """
+    if not isinstance(reduce, str):
+        return _multi_aggregate(x, edge_index_or_csr, reduce, edge_weight=edge_weight, num_nodes=num_nodes,
+                                backend=backend)
     reduce = canonical_reduce(reduce)
     csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
@@ -277,3 +282,6 @@ def _weight_in_csr_order(edge_weight: torch.Tensor | None, csr: CSR, dtype: torc
     # CSR order once per (weight, graph) and reused, not gathered on every call
     return cached("csr_order_weight", (edge_weight, csr.perm), (dtype,),
                   lambda: edge_weight.to(dtype).index_select(0, csr.perm))
+
+
+from .multi_aggregate import multi_aggregate as _multi_aggregate  # noqa: E402  (it builds on this module)

@@ -196,7 +196,8 @@ def fused_gather_scatter(
             once and cached on its memory (see gnnfuse._tensor_cache); a hand-built CSR is
             validated on first use. Out-of-range ids raise :class:`gnnfuse.IndexOutOfRange`.
         reduce: "sum" | "mean" | "max" | "min" | "mul" (aliases "add", "amax", "amin", "prod"; see
-            gnnfuse.reductions). Empty target rows give 0. A list of reductions (also "var",
+            gnnfuse.reductions), "var" or "std" (as PyG's VarAggregation and StdAggregation).
+            Empty target rows give 0. A list of reductions (also "var",
             "std") computes them all in one pass and returns [N_dst, len(reduce) * F], block k
             = reduce[k] (see gnnfuse.ops.multi_aggregate).
         edge_weight: optional [E] weights in edge_index order, cast to x's dtype; differentiable.
@@ -215,9 +216,10 @@ def fused_gather_scatter(
         out = gnnfuse.fused_gather_scatter(x, edge_index, "mean")  # [3, 16]; row 1 = (x[0] + x[2]) / 2
         out.sum().backward()
     """
-    if not isinstance(reduce, str):
-        return _multi_aggregate(x, edge_index_or_csr, reduce, edge_weight=edge_weight, num_nodes=num_nodes,
-                                backend=backend)
+    if not isinstance(reduce, str) or reduce in ("var", "std"):  # (var/std exist only as multi-aggregations)
+        out = _multi_aggregate(x, edge_index_or_csr, [reduce] if isinstance(reduce, str) else reduce,
+                               edge_weight=edge_weight, num_nodes=num_nodes, backend=backend)
+        return out.reshape(out.shape[0], *x.shape[1:]) if isinstance(reduce, str) else out
     reduce = canonical_reduce(reduce)
     csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)

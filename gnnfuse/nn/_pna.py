@@ -84,7 +84,9 @@ class PNAConv(pyg_nn.PNAConv):
 
     def _fused_aggregators(self, x, edge_index, edge_attr) -> list[str] | None:
         """The aggregator names when the fused path applies, else None."""
-        if edge_attr is not None or self.edge_dim is not None or self.explain or self.decomposed_layers != 1 or self.flow != "source_to_target":
+        if edge_attr is not None or self.edge_dim is not None or self.explain:
+            return None
+        if self.decomposed_layers != 1 or self.flow != "source_to_target":
             return None
         if not isinstance(edge_index, (Tensor, CSR)) or (isinstance(edge_index, Tensor) and
                                                          (edge_index.layout != torch.strided or edge_index.dim() != 2)):

@@ -8,10 +8,11 @@ Forward: one kernel reads every source row once per edge and keeps every statist
 (sum, sum of squares, max/min with winners, product): C++ in csrc/multi_aggregate.cpp (CPU),
 Triton in gnnfuse/triton/multi_aggregate.py (CUDA). No E x F tensor.
 
-Backward (:func:`_gradients`): the gradient of each message is linear in the message for
-sum/mean/var/std (dm = c[i] + d[i] * m with per-target c, d), so those reductions together cost one
-or two passes of the gather-scatter backward over the transpose; each max/min adds one pass (its
-gradient goes to the recorded winner) and mul one. No E x F tensor either.
+Backward (``gnnfuse::multi_aggregate_backward``): the gradient of each message is linear in the
+message for sum/mean/var/std (dm = c[i] + d[i] * m with per-target c, d); max/min send theirs to the
+recorded winner, mul to the product of the other messages. On CPU one C++ pass over the transpose
+adds them all up; on CUDA (:func:`_gradients`) the sum/mean/var/std part costs one or two passes of
+the gather-scatter backward kernels and each max/min/mul one more. No E x F tensor either.
 """
 from __future__ import annotations
 
@@ -24,13 +25,18 @@ from .._build import load_extension
 from ..csr import CSR, transpose_parts_of
 from ..reductions import CODES, MULTI, canonical_reduce
 from ..reductions import MAX, MEAN, MIN, MUL, STD, SUM, VAR
-from ._library import define, eager_shortcut_ok
+from ._library import define, eager_shortcut_ok, forbid_double_backward
 from .gather_scatter import KERNELS as GATHER_SCATTER_KERNELS
 from .gather_scatter import _weight_in_csr_order, check_call
 
 OP = define(
     "multi_aggregate(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
     "Tensor? t_pos, int[] codes) -> (Tensor, Tensor)"
+)
+BACKWARD_OP = define(
+    "multi_aggregate_backward(Tensor grad_out, Tensor x, Tensor out, Tensor rowptr, Tensor col, Tensor? weight, "
+    "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, int[] codes, bool need_x_grad, "
+    "bool need_weight_grad) -> (Tensor, Tensor)"
 )
 # x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order; t_* the transpose, given exactly
 # when gradients are wanted (then max/min record winners). Returns out [N_dst, K*F] and arg: the winning
@@ -56,9 +62,22 @@ def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, codes):
     return kernels.forward(x, rowptr, col, weight, list(codes), t_rowptr is not None)
 
 
+def _backward_cpu(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, codes, need_x, need_w):
+    return tuple(load_extension("aggregate").multi_aggregate_backward(
+        grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, list(codes), need_x, need_w))
+
+
+def _backward_triton(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, codes, need_x, need_w):
+    return _gradients(grad_out, out, x, rowptr, col, weight, (t_rowptr, t_col, t_pos), arg, list(codes), need_x,
+                      need_w and weight is not None, GATHER_SCATTER_KERNELS["triton"][1])
+
+
 torch.library.impl(OP, "cpu")(_forward_cpu)
 torch.library.impl(OP, "cuda")(_forward_triton)
+torch.library.impl(BACKWARD_OP, "cpu")(_backward_cpu)
+torch.library.impl(BACKWARD_OP, "cuda")(_backward_triton)
 FORWARD = {"cpu": _forward_cpu, "triton": _forward_triton}
+BACKWARD = {"cpu": _backward_cpu, "triton": _backward_triton}
 
 
 @torch.library.register_fake(OP)
@@ -67,6 +86,13 @@ def _forward_fake(x, rowptr, col, weight, t_rowptr, t_col, t_pos, codes):
     A = _num_arg(codes, t_rowptr is not None)
     arg = rowptr.new_empty((A, num_dst, x.shape[1]) if A else (0, 0, 0))
     return x.new_empty(num_dst, len(codes) * x.shape[1]), arg
+
+
+@torch.library.register_fake(BACKWARD_OP)
+def _backward_fake(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, codes, need_x, need_w):
+    grad_x = torch.empty_like(x) if need_x else x.new_empty(0)
+    grad_w = x.new_empty(col.shape[0]) if (need_w and weight is not None) else x.new_empty(0)
+    return grad_x, grad_w
 
 
 # ---- gradients -----------------------------------------------------------------------------------
@@ -140,12 +166,13 @@ def _backward(ctx, grad_out, _grad_arg):
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
         if any(c in ctx.codes for c in _ARG_CODES):
             _, arg = torch.ops.gnnfuse.multi_aggregate(x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.codes)
-    grad_x, grad_w = _gradients(grad_out, out, x, rowptr, col, weight, (t_rowptr, t_col, t_pos), arg, ctx.codes,
-                                need_x, need_w and weight is not None, torch.ops.gnnfuse.gather_scatter_backward)
+    grad_x, grad_w = torch.ops.gnnfuse.multi_aggregate_backward(grad_out.contiguous(), x, out, rowptr, col, weight,
+                                                                t_rowptr, t_col, t_pos, arg, ctx.codes, need_x, need_w)
     return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
 
 
 torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
+forbid_double_backward(BACKWARD_OP, "fused_gather_scatter (several reductions)")
 
 
 class _EagerMultiAggregate(torch.autograd.Function):
@@ -163,10 +190,10 @@ class _EagerMultiAggregate(torch.autograd.Function):
         x, weight, out = ctx.saved_tensors
         rowptr, col, *transpose = ctx.graph
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        kernel = torch.ops.gnnfuse.gather_scatter_backward if torch.is_grad_enabled() \
-            else GATHER_SCATTER_KERNELS[ctx.backend][1]
-        grad_x, grad_w = _gradients(grad_out, out, x, rowptr, col, weight, transpose, ctx.arg, ctx.codes,
-                                    need_x, need_w, kernel)
+        # create_graph=True goes through the op, whose autograd rule makes double backward raise
+        kernel = torch.ops.gnnfuse.multi_aggregate_backward if torch.is_grad_enabled() else BACKWARD[ctx.backend]
+        grad_x, grad_w = kernel(grad_out.contiguous(), x, out, rowptr, col, weight, *transpose, ctx.arg, ctx.codes,
+                                need_x, need_w)
         return (grad_x if need_x else None), (grad_w if need_w else None), None, None, None
 
 

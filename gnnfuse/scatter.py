@@ -29,8 +29,8 @@ import math
 import torch
 
 from ._validate import device_assert, require_tensor
-from .ops._library import eager_shortcut_ok, resolve_backend
-from .ops.gather_scatter import KERNELS
+from .ops._library import resolve_backend
+from .ops.gather_scatter import FORWARD
 from .reductions import ARG, SINGLE, TORCH_NAME, canonical_reduce
 
 __all__ = ["scatter", "scatter_sum", "scatter_add", "scatter_mean", "scatter_mul", "scatter_min", "scatter_max",
@@ -40,32 +40,9 @@ _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 # ---- the one segment reduction everything runs on -----------------------------------------------
-class _Segments(torch.autograd.Function):
-    """Eager path of the op (and the Triton interpreter in tests): (out, arg) with autograd."""
-
-    @staticmethod
-    def forward(ctx, x, graph, reduce, backend):
-        out, arg = KERNELS[backend][0](x, graph[0], graph[1], None, *graph[2:], reduce)
-        ctx.graph, ctx.arg, ctx.reduce, ctx.backend = graph, arg, reduce, backend
-        ctx.save_for_backward(x)
-        ctx.mark_non_differentiable(arg)
-        return out, arg
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_arg):
-        (x,) = ctx.saved_tensors
-        rowptr, col, t_rowptr, t_col, t_pos = ctx.graph
-        grad_x, _ = KERNELS[ctx.backend][1](grad_out.contiguous(), x, rowptr, col, None, t_rowptr, t_col, t_pos,
-                                            ctx.arg, ctx.reduce, True, False)
-        return grad_x, None, None, None
-
-
 def _reduce_rows(x, rowptr, col, transpose, reduce, backend):
     """(out [T, F], arg [T, F] source rows of the winners, -1 where empty; [0, 0] unless max/min)."""
-    if (backend == "triton" and x.is_cpu) or eager_shortcut_ok(x):
-        out, arg = _Segments.apply(x, (rowptr, col, *transpose), reduce, backend)
-    else:
-        out, arg = torch.ops.gnnfuse.gather_scatter(x, rowptr, col, None, *transpose, reduce)
+    out, arg = FORWARD(x, rowptr, col, None, *transpose, reduce, backend=backend)
     if reduce in ARG:  # CSR position -> source row (col), empty rows stay -1
         arg = torch.where(arg >= 0, col[arg.clamp(min=0)], arg)
     return out, arg

@@ -25,25 +25,18 @@ from .._build import load_extension
 from ..csr import CSR, transpose_parts_of
 from ..reductions import CODES, MULTI, canonical_reduce
 from ..reductions import MAX, MEAN, MIN, MUL, STD, SUM, VAR
-from ._library import define, eager_shortcut_ok, forbid_double_backward
-from .gather_scatter import KERNELS as GATHER_SCATTER_KERNELS
+from ._opdef import OpDef
+from .gather_scatter import BACKWARD as GATHER_SCATTER_BACKWARD
+from .gather_scatter import FORWARD as GATHER_SCATTER
 from .gather_scatter import _weight_in_csr_order, check_call
 
-OP = define(
-    "multi_aggregate(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
-    "Tensor? t_pos, int[] codes) -> (Tensor, Tensor)"
-)
-BACKWARD_OP = define(
-    "multi_aggregate_backward(Tensor grad_out, Tensor x, Tensor out, Tensor rowptr, Tensor col, Tensor? weight, "
-    "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, int[] codes, bool need_x_grad, "
-    "bool need_weight_grad) -> (Tensor, Tensor)"
-)
-# x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order; t_* the transpose, given exactly
-# when gradients are wanted (then max/min record winners). Returns out [N_dst, K*F] and arg: the winning
-# CSR positions [A, N_dst, F] of max (first) and min, -1 for empty rows, or [0, 0, 0] when not tracked.
-
 _ARG_CODES = (MAX, MIN)
-_LINEAR_CODES = (SUM, MEAN, VAR, STD)
+
+
+def _codes(aggrs: str) -> list[int]:
+    """The op takes the reductions as one string, "mean,min,max,std" (an int[] argument would be
+    taken for a Tensor[] by the op layer's autograd), the kernels as codes."""
+    return [CODES[name] for name in aggrs.split(",")]
 
 
 def _num_arg(codes, tracked):
@@ -51,53 +44,46 @@ def _num_arg(codes, tracked):
 
 
 # ---- kernels -------------------------------------------------------------------------------------
-def _forward_cpu(x, rowptr, col, weight, t_rowptr, t_col, t_pos, codes):
-    return tuple(load_extension("aggregate").multi_aggregate_forward(x, rowptr, col, weight, list(codes),
+def _forward_cpu(x, rowptr, col, weight, t_rowptr, t_col, t_pos, aggrs):
+    return tuple(load_extension("aggregate").multi_aggregate_forward(x, rowptr, col, weight, _codes(aggrs),
                                                                      t_rowptr is not None))
 
 
-def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, codes):
+def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, aggrs):
     from ..triton import multi_aggregate as kernels  # lazy: Triton is only needed on GPU
 
-    return kernels.forward(x, rowptr, col, weight, list(codes), t_rowptr is not None)
+    return kernels.forward(x, rowptr, col, weight, _codes(aggrs), t_rowptr is not None)
 
 
-def _backward_cpu(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, codes, need_x, need_w):
+def _backward_cpu(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, aggrs, need_x, need_w):
     return tuple(load_extension("aggregate").multi_aggregate_backward(
-        grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, list(codes), need_x, need_w))
+        grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, _codes(aggrs), need_x, need_w))
 
 
-def _backward_triton(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, codes, need_x, need_w):
-    return _gradients(grad_out, out, x, rowptr, col, weight, (t_rowptr, t_col, t_pos), arg, list(codes), need_x,
-                      need_w and weight is not None, GATHER_SCATTER_KERNELS["triton"][1])
+def _backward_triton(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, aggrs, need_x, need_w):
+    return _gradients(grad_out, out, x, rowptr, col, weight, (t_rowptr, t_col, t_pos), arg, _codes(aggrs), need_x,
+                      need_w and weight is not None)
 
 
-torch.library.impl(OP, "cpu")(_forward_cpu)
-torch.library.impl(OP, "cuda")(_forward_triton)
-torch.library.impl(BACKWARD_OP, "cpu")(_backward_cpu)
-torch.library.impl(BACKWARD_OP, "cuda")(_backward_triton)
-FORWARD = {"cpu": _forward_cpu, "triton": _forward_triton}
-BACKWARD = {"cpu": _backward_cpu, "triton": _backward_triton}
-
-
-@torch.library.register_fake(OP)
-def _forward_fake(x, rowptr, col, weight, t_rowptr, t_col, t_pos, codes):
+# ---- fake (shape) rules ------------------------------------------------------------------------------
+def _forward_fake(x, rowptr, col, weight, t_rowptr, t_col, t_pos, aggrs):
     num_dst = rowptr.shape[0] - 1
+    codes = _codes(aggrs)
     A = _num_arg(codes, t_rowptr is not None)
     arg = rowptr.new_empty((A, num_dst, x.shape[1]) if A else (0, 0, 0))
     return x.new_empty(num_dst, len(codes) * x.shape[1]), arg
 
 
-@torch.library.register_fake(BACKWARD_OP)
-def _backward_fake(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, codes, need_x, need_w):
+def _backward_fake(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, aggrs, need_x, need_w):
     grad_x = torch.empty_like(x) if need_x else x.new_empty(0)
     grad_w = x.new_empty(col.shape[0]) if (need_w and weight is not None) else x.new_empty(0)
     return grad_x, grad_w
 
 
-# ---- gradients -----------------------------------------------------------------------------------
-def _gradients(grad_out, out, x, rowptr, col, weight, transpose, arg, codes, need_x, need_w, backward):
-    """(grad_x, grad_w) from passes of the gather-scatter backward ``backward`` (op or kernel)."""
+# ---- CUDA backward: passes of the gather-scatter backward kernels ------------------------------------
+def _gradients(grad_out, out, x, rowptr, col, weight, transpose, arg, codes, need_x, need_w):
+    """(grad_x, grad_w) from passes of the Triton gather-scatter backward: dm = c[i] + d[i] m for
+    sum/mean/var/std (one or two passes), one pass per max/min (the recorded winner) and for mul."""
     N, F, K = rowptr.shape[0] - 1, x.shape[1], len(codes)
     g, o = grad_out.reshape(N, K, F), out.reshape(N, K, F)
     deg = (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(x.dtype).view(N, 1)
@@ -106,7 +92,8 @@ def _gradients(grad_out, out, x, rowptr, col, weight, transpose, arg, codes, nee
     for k, code in enumerate(codes):
         if code in (VAR, STD):
             if mean is None:
-                mean = o[:, codes.index(MEAN)] if MEAN in codes else backward_mean(x, rowptr, col, weight)
+                mean = o[:, codes.index(MEAN)] if MEAN in codes else \
+                    GATHER_SCATTER(x, rowptr, col, weight, None, None, None, "mean")[0]
             gv = g[:, k] if code == VAR else torch.where(o[:, k] > 0, g[:, k] / (2 * o[:, k]), 0.0)
             c = _plus(c, -2 * gv * mean / deg)  # d var / d m = 2 (m - mean) / deg
             d = _plus(d, 2 * gv / deg)
@@ -118,7 +105,8 @@ def _gradients(grad_out, out, x, rowptr, col, weight, transpose, arg, codes, nee
     grad_w = x.new_zeros(col.shape[0]) if need_w else x.new_empty(0)
 
     def run(go, xx, w, a, reduce, nx, nw):
-        return backward(go.contiguous(), xx, rowptr, col, w, *transpose, a, reduce, nx, nw)
+        return GATHER_SCATTER_BACKWARD.kernels["triton"](go.contiguous(), xx, rowptr, col, w, *transpose, a, reduce,
+                                                         nx, nw)
 
     if c is not None:
         gx, gw = run(c, x, weight, no_arg, "sum", need_x, need_w)
@@ -147,54 +135,39 @@ def _plus(acc, term):
     return term if acc is None else acc + term
 
 
-def backward_mean(x, rowptr, col, weight):
-    """The mean of the messages (var/std without "mean" in the list need it for their gradient)."""
-    return torch.ops.gnnfuse.gather_scatter(x, rowptr, col, weight, None, None, None, "mean")[0]
-
-
-def _setup_context(ctx, inputs, output):
-    x, rowptr, col, weight, t_rowptr, t_col, t_pos, codes = inputs
-    ctx.codes = list(codes)
+# ---- autograd --------------------------------------------------------------------------------------
+def _save(ctx, inputs, output):
+    x, rowptr, col, weight, t_rowptr, t_col, t_pos, aggrs = inputs
+    ctx.aggrs, ctx.codes = aggrs, _codes(aggrs)
     ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(x, rowptr, col, weight, t_rowptr, t_col, t_pos, output[0], output[1])
+    return x, rowptr, col, weight, t_rowptr, t_col, t_pos, output[0], output[1]
 
 
-def _backward(ctx, grad_out, _grad_arg):
-    x, rowptr, col, weight, t_rowptr, t_col, t_pos, out, arg = ctx.saved_tensors
-    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
+def _backward(ctx, saved, grad_out, _grad_arg):
+    x, rowptr, col, weight, t_rowptr, t_col, t_pos, out, arg = saved
+    need_x, need_w = ctx.needs[0], ctx.needs[3]
     if t_rowptr is None:  # called directly without the transpose: build it (and the winners) now
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
         if any(c in ctx.codes for c in _ARG_CODES):
-            _, arg = torch.ops.gnnfuse.multi_aggregate(x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.codes)
-    grad_x, grad_w = torch.ops.gnnfuse.multi_aggregate_backward(grad_out.contiguous(), x, out, rowptr, col, weight,
-                                                                t_rowptr, t_col, t_pos, arg, ctx.codes, need_x, need_w)
+            arg = FORWARD(x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.aggrs, backend=ctx.backend)[1]
+    grad_x, grad_w = BACKWARD(grad_out.contiguous(), x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg,
+                              ctx.aggrs, need_x, need_w, backend=ctx.backend)
     return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
 
 
-torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
-forbid_double_backward(BACKWARD_OP, "fused_gather_scatter (several reductions)")
-
-
-class _EagerMultiAggregate(torch.autograd.Function):
-    """The op's autograd in eager mode, calling the kernels directly (see _library.eager_shortcut_ok)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, graph, codes, backend):
-        out, arg = FORWARD[backend](x, graph[0], graph[1], weight, *graph[2:], codes)
-        ctx.graph, ctx.arg, ctx.codes, ctx.backend = graph, arg, codes, backend
-        ctx.save_for_backward(x, weight, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight, out = ctx.saved_tensors
-        rowptr, col, *transpose = ctx.graph
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        # create_graph=True goes through the op, whose autograd rule makes double backward raise
-        kernel = torch.ops.gnnfuse.multi_aggregate_backward if torch.is_grad_enabled() else BACKWARD[ctx.backend]
-        grad_x, grad_w = kernel(grad_out.contiguous(), x, out, rowptr, col, weight, *transpose, ctx.arg, ctx.codes,
-                                need_x, need_w)
-        return (grad_x if need_x else None), (grad_w if need_w else None), None, None, None
+# x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order; t_* the transpose, given exactly
+# when gradients are wanted (then max/min record winners); aggrs the canonical names joined by ",". Returns out [N_dst, K*F] and arg: the winning
+# CSR positions [A, N_dst, F] of max (first) and min, -1 for empty rows, or [0, 0, 0] when not tracked.
+FORWARD = OpDef(
+    "multi_aggregate(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
+    "Tensor? t_pos, str aggrs) -> (Tensor, Tensor)",
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
+    "multi_aggregate_backward(Tensor grad_out, Tensor x, Tensor out, Tensor rowptr, Tensor col, Tensor? weight, "
+    "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, str aggrs, bool need_x_grad, "
+    "bool need_weight_grad) -> (Tensor, Tensor)",
+    kernels={"cpu": _backward_cpu, "triton": _backward_triton}, fake=_backward_fake,
+    public_name="fused_gather_scatter (several reductions)")
 
 
 # ---- public API ----------------------------------------------------------------------------------
@@ -221,7 +194,6 @@ def multi_aggregate(x: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, aggr
     if isinstance(aggrs, str) or not len(aggrs):
         raise ValueError(f"aggrs must be a non-empty list of reduce names; got {aggrs!r}")
     names = [canonical_reduce(a, MULTI, "aggrs") for a in aggrs]
-    codes = [CODES[n] for n in names]
     csr, backend = check_call(x, edge_index_or_csr, "sum", edge_weight, num_nodes, backend)
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
     x2 = x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
@@ -229,8 +201,4 @@ def multi_aggregate(x: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, aggr
         return reference.multi_aggregate(x2, csr.col, csr._row(), csr.num_dst, names, weight)
     wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
     transpose = csr._transpose_parts() if wants_grad else (None, None, None)
-    if (backend == "triton" and x.is_cpu) or eager_shortcut_ok(x2, weight):
-        if transpose[0] is None:
-            return FORWARD[backend](x2, csr.rowptr, csr.col, weight, *transpose, codes)[0]
-        return _EagerMultiAggregate.apply(x2, weight, (csr.rowptr, csr.col, *transpose), codes, backend)
-    return torch.ops.gnnfuse.multi_aggregate(x2, csr.rowptr, csr.col, weight, *transpose, codes)[0]
+    return FORWARD(x2, csr.rowptr, csr.col, weight, *transpose, ",".join(names), backend=backend)[0]

@@ -81,7 +81,7 @@ def test_errors_name_the_argument():
 
 
 def test_single_var_and_std_names():
-    ei, x = _graph(), torch.randn(9, 2, 3)
+    ei, x = _graph(), torch.randn(9, 2, 3, device=DEVICE)
     for name in ("var", "std"):
         got = gnnfuse.fused_gather_scatter(x, ei, name)
         assert got.shape == x.shape
@@ -120,3 +120,22 @@ def test_compile_fullgraph_dynamic():
         (gx,) = torch.autograd.grad(got.sum(), x)
         (rx,) = torch.autograd.grad(_ref(x, ei, aggrs).sum(), x)
         torch.testing.assert_close(gx, rx, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hub_rows_longer_than_a_piece(backend):
+    """A row of 300 edges (the Triton kernel cuts rows into pieces of 128) with tied maxima across
+    pieces: values, the winners' gradients and empty rows."""
+    n, hub = 6, 300
+    src = torch.arange(hub) % n
+    ei = torch.stack([torch.cat([src, torch.tensor([1, 2])]), torch.cat([torch.zeros(hub, dtype=torch.long),
+                                                                          torch.tensor([3, 3])])]).to(DEVICE)
+    x = torch.randn(n, 5, dtype=torch.float64, device=DEVICE)
+    x[4] = 10.0  # the max of row 0, reached by 50 edges spread over every piece
+    aggrs = ["mean", "min", "max", "std", "sum"]
+    x.requires_grad_()
+    got = gnnfuse.fused_gather_scatter(x, ei, aggrs, backend=backend)
+    want = _ref(x, ei, aggrs)
+    torch.testing.assert_close(got, want)
+    go = torch.randn_like(got)
+    torch.testing.assert_close(torch.autograd.grad((got * go).sum(), x)[0], torch.autograd.grad((want * go).sum(), x)[0])

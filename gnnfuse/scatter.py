@@ -79,8 +79,14 @@ def _segment_reduce(x, rowptr, col, transpose, targets, num_targets, reduce, bac
     return out, arg, counts
 
 
-def _sorted_segments(targets, num_targets, presorted):
-    """CSR of the flat ``targets`` (one per source row), its transpose, and the range check."""
+def _wants_transpose(src, reduce) -> bool:
+    """The kernels need the transpose for gradients and to record max/min winners."""
+    return reduce in ARG or (torch.is_grad_enabled() and src.requires_grad)
+
+
+def _sorted_segments(targets, num_targets, presorted, need_transpose=True):
+    """CSR of the flat ``targets`` (one per source row), its transpose (None's unless
+    ``need_transpose``), and the range check."""
     S = targets.shape[0]
     positions = torch.arange(S, device=targets.device)
     if presorted:
@@ -92,6 +98,8 @@ def _sorted_segments(targets, num_targets, presorted):
     # (a fixed message: formatting sizes would specialise a compiled graph on them)
     device_assert((rowptr[0] == 0) & (rowptr[-1] == S),
                   "index contains values outside [0, dim_size), or segment_coo's index is not sorted")
+    if not need_transpose:
+        return rowptr, perm, (None, None, None)
     inverse = positions if presorted else torch.empty_like(perm).scatter_(0, perm, positions)
     transpose = (torch.arange(S + 1, device=targets.device), targets, inverse)
     return rowptr, perm, transpose
@@ -149,7 +157,7 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
         presorted = False
     x = src.reshape(outer * E * (inner if F == 1 else 1), F)
     T = outer * N * (inner if F == 1 else 1)
-    rowptr, perm, transpose = _sorted_segments(targets, T, presorted)
+    rowptr, perm, transpose = _sorted_segments(targets, T, presorted, _wants_transpose(src, reduce))
     res, arg, counts = _segment_reduce(x, rowptr, perm, transpose, targets, T, reduce, backend)
     out_shape = shape[:dim] + [N] + shape[dim + 1:]
     res = res.reshape(out_shape)
@@ -274,8 +282,12 @@ def segment_csr(src: torch.Tensor, indptr: torch.Tensor, out: torch.Tensor | Non
     S = outer * E
     positions = torch.arange(S, device=src.device)
     rows = rowptr.shape[0] - 1
-    row_of = torch.searchsorted(rowptr, positions, right=True) - 1  # every position lies in one row
-    transpose = (torch.arange(S + 1, device=src.device), row_of, positions)
+    row_of = transpose = None
+    backend = resolve_backend(backend, src.device)
+    if _wants_transpose(src, reduce) or src.dtype not in _FLOATING or backend == "reference":
+        row_of = torch.searchsorted(rowptr, positions, right=True) - 1  # every position lies in one row
+        transpose = (torch.arange(S + 1, device=src.device), row_of, positions)
+    transpose = transpose or (None, None, None)
     x = src.reshape(S, inner)
     res, arg, _ = _segment_reduce(x, rowptr, positions, transpose, row_of, rows, reduce, backend)
     keep = (torch.arange(outer, device=src.device).view(-1, 1) * (N + 1) + 1 + torch.arange(N, device=src.device))

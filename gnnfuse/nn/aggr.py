@@ -137,7 +137,7 @@ class MultiAggregation(pyg_aggr.MultiAggregation):
         if dim_size is None:
             dim_size = int(index.max()) + 1 if index.numel() else 0
         # the messages are the CSR's sources, one edge each (an identity gather)
-        rowptr, perm, _ = _sorted_segments(index.long(), dim_size, presorted=False)
+        rowptr, perm, _ = _sorted_segments(index.long(), dim_size, presorted=False, need_transpose=False)
         return multi_aggregate(x, CSR._built(rowptr, perm, perm, x.shape[0]), names)
 
 

@@ -26,12 +26,11 @@ from .._validate import (
     require_tensor,
 )
 from ..csr import CSR, check_edge_index, csr_for_edge_index, transpose_parts_of
-from ._library import resolve_backend
-from ._opdef import OpDef
-
 from ..reductions import ARG as ARG_REDUCTIONS  # reductions whose forward records the winning edge
 from ..reductions import SINGLE as REDUCTIONS
 from ..reductions import canonical_reduce
+from ._library import resolve_backend
+from ._opdef import OpDef
 
 # The forward op: x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order with x's
 # dtype; t_* the cached transpose, passed exactly when gradients are wanted. Returns out
@@ -141,9 +140,8 @@ def fused_gather_scatter(
             validated on first use. Out-of-range ids raise :class:`gnnfuse.IndexOutOfRange`.
         reduce: "sum" | "mean" | "max" | "min" | "mul" (aliases "add", "amax", "amin", "prod"; see
             gnnfuse.reductions), "var" or "std" (as PyG's VarAggregation and StdAggregation).
-            Empty target rows give 0. A list of reductions (also "var",
-            "std") computes them all in one pass and returns [N_dst, len(reduce) * F], block k
-            = reduce[k] (see gnnfuse.ops.multi_aggregate).
+            Empty target rows give 0. A list of these names computes them all in one pass and
+            returns [N_dst, len(reduce) * F], block k = reduce[k] (gnnfuse.ops.multi_aggregate).
         edge_weight: optional [E] weights in edge_index order, cast to x's dtype; differentiable.
         num_nodes: number of target nodes, any integer type (default: ``x.size(0)``, or the CSR's
             row count).

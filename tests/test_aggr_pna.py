@@ -13,6 +13,26 @@ import gnnfuse  # noqa: E402
 from gnnfuse.nn import aggr  # noqa: E402
 
 
+# PyG builds a layer class's propagate from a template once, at its first instance, and that
+# instance's aggregation decides whether the template fuses: a stock GraphConv first built here with
+# an aggregation module would make every later GraphConv in the process take the unfused template.
+# Local subclasses keep these tests from changing the classes other test files use.
+class StockSAGE(pyg_nn.SAGEConv):
+    pass
+
+
+class StockGraph(pyg_nn.GraphConv):
+    pass
+
+
+class FusedSAGE(gnnfuse.nn.SAGEConv):
+    pass
+
+
+class FusedGraph(gnnfuse.nn.GraphConv):
+    pass
+
+
 def _graph(n=12, e=50, seed=0):
     g = torch.Generator().manual_seed(seed)
     ei = torch.randint(0, n, (2, e), generator=g)
@@ -45,7 +65,7 @@ CLASSES = [(aggr.SumAggregation, pyg_aggr.SumAggregation), (aggr.MeanAggregation
 def test_aggregation_modules_in_pyg_layers(ours, theirs):
     x, ei = _graph()
     torch.manual_seed(0)
-    conv = pyg_nn.SAGEConv(6, 4, aggr=ours()).double()
+    conv = StockSAGE(6, 4, aggr=ours()).double()
     ref = copy.deepcopy(conv)
     ref.aggr_module = theirs()
     _compare(conv, ref, x, ei)
@@ -55,8 +75,8 @@ def test_aggregation_modules_in_pyg_layers(ours, theirs):
 def test_aggregation_modules_take_the_fused_path(ours, theirs, monkeypatch):
     x, ei = _graph()
     torch.manual_seed(0)
-    conv = gnnfuse.nn.GraphConv(6, 4, aggr=ours()).double()
-    ref = pyg_nn.GraphConv(6, 4, aggr=theirs()).double()
+    conv = FusedGraph(6, 4, aggr=ours()).double()
+    ref = StockGraph(6, 4, aggr=theirs()).double()
     ref.load_state_dict(conv.state_dict())
     monkeypatch.setattr(type(conv), "message", lambda *a: pytest.fail("messages were built"))
     _compare(conv, ref, x, ei)
@@ -65,10 +85,10 @@ def test_aggregation_modules_take_the_fused_path(ours, theirs, monkeypatch):
 def test_multi_aggregation_one_pass_matches_pyg():
     x, ei = _graph()
     names = ["mean", "min", "max", "std", "var", "sum"]
-    for conv_cls in (pyg_nn.SAGEConv, gnnfuse.nn.SAGEConv):
+    for conv_cls in (StockSAGE, FusedSAGE):
         torch.manual_seed(0)
         conv = conv_cls(6, 4, aggr=aggr.MultiAggregation(names)).double()
-        ref = pyg_nn.SAGEConv(6, 4, aggr=pyg_aggr.MultiAggregation(names)).double()
+        ref = StockSAGE(6, 4, aggr=pyg_aggr.MultiAggregation(names)).double()
         ref.load_state_dict(conv.state_dict())
         _compare(conv, ref, x, ei)
     assert aggr.MultiAggregation(names).gnnfuse_reduce == names

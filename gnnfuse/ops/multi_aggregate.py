@@ -6,7 +6,8 @@ returns ``[N_dst, len(aggrs) * F]``: columns ``k*F:(k+1)*F`` hold ``aggrs[k]`` (
 
 Forward: one kernel reads every source row once per edge and keeps every statistic the list needs
 (sum, sum of squares, max/min with winners, product): C++ in csrc/multi_aggregate.cpp (CPU),
-Triton in gnnfuse/triton/multi_aggregate.py (CUDA). No E x F tensor.
+Triton in gnnfuse/triton/multi_aggregate.py (CUDA: statistics per piece of at most 128 edges, then
+one fold per row). No E x F tensor.
 
 Backward (``gnnfuse::multi_aggregate_backward``): the gradient of each message is linear in the
 message for sum/mean/var/std (dm = c[i] + d[i] * m with per-target c, d); max/min send theirs to the

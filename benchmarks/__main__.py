@@ -19,6 +19,8 @@ Suites (each is also runnable alone as ``python -m benchmarks.bench_<name>``):
   minibatch   benchmarks/bench_minibatch.py          sampled-batch SAGE: sampler, graph prep, fused vs stock step
   structured  benchmarks/bench_structured_scatter.py structured_scatter_add vs index_add_
   planarity   benchmarks/bench_planarity.py          planarity_nll vs the pure-torch reference
+  aggregation benchmarks/bench_aggregation.py        several reductions in one pass, gnnfuse.scatter vs
+                                                     scatter_reduce (and torch_scatter), PNAConv vs PyG
   all         cpu, e2e, structured, planarity on the chosen device (+ gpu when CUDA is available)
 
 ``--out DIR`` chooses where results go. Without it they go into the source tree's record of results,
@@ -47,6 +49,7 @@ SUITES = {
     "minibatch": "benchmarks.bench_minibatch",
     "structured": "benchmarks.bench_structured_scatter",
     "planarity": "benchmarks.bench_planarity",
+    "aggregation": "benchmarks.bench_aggregation",
 }
 # --quick for each suite: (flag, value) pairs, matching the scripts' parsers; a flag the script does not
 # know (read from its source) is left out, so a script that changes its CLI still gets a valid command.
@@ -58,6 +61,7 @@ QUICK_ARGS = {
     "minibatch": [("--scale", "0.002"), ("--batches", "2"), ("--rounds", "2")],
     "structured": [("--configs", "2000x8x128"), ("--threads", "1"), ("--repeat", "3"), ("--max-seconds", "0.3")],
     "planarity": [("--sizes", "5000"), ("--dtypes", "float32"), ("--no-compile", None)],
+    "aggregation": [("--quick", None)],
 }
 
 
@@ -71,7 +75,7 @@ def _accepts(module, flag: str) -> bool:
 
 def suite_argv(suite: str, out: Path, device: str, quick: bool, extra: list[str], module) -> list[str]:
     argv = ["--out", str(out)]
-    if suite in ("e2e", "reorder", "structured", "planarity", "minibatch"):
+    if suite in ("e2e", "reorder", "structured", "planarity", "minibatch", "aggregation"):
         argv += ["--device", device]
     if quick:
         pairs = [("--quick", None)] if suite == "gpu" and _accepts(module, "--quick") else QUICK_ARGS[suite]

@@ -41,7 +41,8 @@ EXTENSIONS: dict[str, list[str]] = {
     "graph": ["csr.cpp", "gather_scatter.cpp", "graph_module.cpp"],
     "planarity": ["planarity.cpp"],
     "density": ["density_scatter.cpp"],
-    "attention": ["attention.cpp", "edge_softmax.cpp"],
+    "attention": ["attention.cpp", "edge_softmax.cpp", "pair_attention.cpp"],
+    "edge_message": ["edge_message.cpp"],
     "sampler": ["sampler.cpp"],
 }
 # No -std flag: cpp_extension picks the standard torch was built with (C++20 for torch >= 2.9).

@@ -9,6 +9,7 @@ sort, and each GNN layer's bipartite graph is a prefix of it (:func:`layer_csrs`
 """
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 
@@ -73,7 +74,8 @@ class NeighborSampler(BaseSampler):
         self.colptr, self.row = colptr.long(), row
         self.perm = perm.long()  # CSC position -> original edge id
         self.generator = torch.Generator(self.device)
-        self.generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**62))
+        # no seed: fresh entropy, leaving torch's global generator untouched
+        self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") % 2**62)
         self._lock = threading.Lock()  # the scratch maps below serve one call at a time
         self._local = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.device)
         self._first = torch.full((self.num_nodes + 1,), _torch_sampling.UNSEEN, dtype=torch.long, device=self.device)

@@ -8,7 +8,6 @@
 
 #include <limits>
 
-#include "huge_pages.h"
 #include "reducer.h"
 #include "row_tiles.h"
 
@@ -258,7 +257,6 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_forward(const at::Tensor& x, c
   const Reduce reduce = parse_reduce(reduce_name);
   const int64_t num_rows = rowptr.numel() - 1, F = x.size(1);
   auto out = at::empty({num_rows, F}, x.options());
-  advise_huge_pages(out);
   const bool tracks_arg = need_arg && (reduce == Reduce::Max || reduce == Reduce::Min);
   auto arg = at::empty({tracks_arg ? num_rows : 0, tracks_arg ? F : 0}, rowptr.options());
   if (num_rows == 0 || F == 0) return {out, arg};
@@ -295,7 +293,6 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
   const Reduce reduce = parse_reduce(reduce_name);
   const int64_t num_rows = rowptr.numel() - 1, F = x.size(1), num_src = t_rowptr.numel() - 1;
   auto grad_x = need_x_grad ? at::empty_like(x) : at::empty({0}, x.options());
-  advise_huge_pages(grad_x);
   // Sources past the transpose's last row have no edges: their gradient is 0.
   if (need_x_grad && x.size(0) > num_src) grad_x.narrow(0, num_src, x.size(0) - num_src).zero_();
   const bool need_w = need_weight_grad && weight.has_value();

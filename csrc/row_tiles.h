@@ -59,8 +59,9 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
 // How many edges ahead to prefetch, and how much of each row: enough bytes in flight to hide a
 // DRAM miss (~8 KiB per thread), at least 4 rows, and only a row's first 256 bytes (the hardware
 // prefetcher streams the rest of a longer row once its first lines are read). Measured on
-// community-1m, one thread (the machine shared, CPU time): F=32 (128-byte rows) 32 rows ahead 174 ms,
-// 64 ahead 154-166 ms; F=128 whole 512-byte rows 8 ahead 840-870 ms, 256 bytes 16 ahead 634-658 ms.
+// community-1m in generated order, 2 threads, variants interleaved on a loaded machine (medians):
+// F=128 whole rows 8 ahead 882 ms, whole rows 16 ahead 855 ms, 256 bytes 16 ahead 822 ms
+// (torch.sparse.mm 1606 ms); F=32 (128-byte rows) 32 ahead 417 ms, 64 ahead 411 ms.
 constexpr int64_t kPrefetchRowBytes = 256;
 inline int64_t prefetch_ahead(int64_t row_bytes) {
   constexpr int64_t kBytesInFlight = 8192;

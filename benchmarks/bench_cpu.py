@@ -38,7 +38,7 @@ DEFAULT_GRAPHS = ["Cora", "Facebook", "rfc-uniform", "arxiv-like", "products-lik
 ANCHORS = ["sparse.mm", "index_add", "compiled", "torch_scatter"]
 
 
-def load_graph(spec: str, order: str = "generated", reorder_method: str = "community"):
+def load_graph(spec: str, order: str = "generated", reorder_method: str = "community-refined"):
     """(edge_index, num_nodes, reorder seconds or None) of a real or suite graph in ``order``:
     "generated" (as loaded), "scrambled" (random ids) or "reordered" (scrambled, then gnnfuse.reorder)."""
     name, _, divisor = spec.partition("/")
@@ -136,7 +136,7 @@ def time_methods(methods: dict, x: torch.Tensor, backward: bool, rounds: int, ma
 
 
 def run(graphs, widths, reductions, threads, max_seconds, only=None, checkpoint=None, orders=("generated",),
-        passes=("fwd", "fwd+bwd"), rounds=9, reorder_method="community"):
+        passes=("fwd", "fwd+bwd"), rounds=9, reorder_method="community-refined"):
     rows = []
     for spec in graphs:
         loaded = {}
@@ -263,7 +263,8 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help=f"directory (default {RESULTS_DIR})")
     parser.add_argument("--name", default=None, help="results file name (default cpu_<label>_<date>)")
     parser.add_argument("--orders", default="generated", help="comma list of generated, scrambled, reordered")
-    parser.add_argument("--reorder", default="community", help="gnnfuse.reorder method of the reordered order")
+    parser.add_argument("--reorder", default="community-refined",
+                        help="gnnfuse.reorder method of the reordered order (what auto picks on CPU)")
     parser.add_argument("--passes", default="fwd,fwd+bwd")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds per configuration")
     args = parser.parse_args(argv)

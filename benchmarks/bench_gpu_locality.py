@@ -115,6 +115,9 @@ def main(argv=None) -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="shrink every graph (smoke tests)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test under TRITON_INTERPRET=1")
     ap.add_argument("--sweep", action="store_true", help="also time the SWEEP plans (generated/reordered orders)")
+    ap.add_argument("--l2-ceiling", action="store_true",
+                    help="also time a graph whose sources fit in a quarter of L2: every gather an L2 hit, the "
+                         "ceiling of what a better order can give")
     args = ap.parse_args(argv)
     device = args.device
     meta = machine(device)
@@ -151,8 +154,28 @@ def main(argv=None) -> None:
             del csr, ei
             if device == "cuda":
                 torch.cuda.empty_cache()
+    if args.l2_ceiling:
+        rows.extend(l2_ceiling(widths, meta, variants, args.rounds, args.scale, device))
     md = save()
     print(md.read_text(), flush=True)
+
+
+def l2_ceiling(widths, meta, variants, rounds, scale, device):
+    """Rows of a bipartite graph (1M targets x 16 uniform sources each) whose sources fit in a
+    quarter of L2 at each width: its gather_GBps is what L2 serves, the bound for any ordering."""
+    rows = []
+    g = torch.Generator(device=device).manual_seed(0)
+    n_dst, deg = max(1, int(1_000_000 * scale)), 16
+    for F in widths:
+        n_src = max(1, meta["L2_bytes"] // 4 // (F * 4))
+        ei = torch.stack([torch.randint(0, n_src, (n_dst * deg,), generator=g, device=device),
+                          torch.arange(n_dst, device=device).repeat_interleave(deg)])
+        csr = CSR.from_edge_index(ei, (n_src, n_dst))
+        r = {"graph": "l2-resident-sources", "order": "uniform", "N": n_dst, "E": csr.num_edges,
+             **measure(csr, F, meta["copy_GBps"], variants, rounds)}
+        rows.append(r)
+        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
+    return rows
 
 
 COLUMNS = ["graph", "order", "F", "window", "auto", "global", "windowed", "csr", "coo", "cusparse", "x_vs_cusparse",

@@ -115,7 +115,22 @@ def test_auto_rule():
     ei, n = graphs.suite_graph("community-1m", scale=0.1)  # 100K nodes in community order: already local
     assert choose_method(CSR.from_edge_index(ei, n)) == "identity"
     ei, n = graphs.suite_graph("community-1m", scale=0.1, order="scrambled")
-    assert choose_method(CSR.from_edge_index(ei, n)) == "community"
+    assert choose_method(CSR.from_edge_index(ei, n)) == "community-refined"  # on CPU; "community" on a GPU
+
+
+def test_refined_community_order_is_more_local():
+    kw = dict(community_size=(300, 600), max_degree=2000, seed=2)
+    ei, _ = graphs.planted_communities(30_000, 450_000, order="scrambled", **kw)
+    n = 30_000
+
+    def distinct(method):
+        perm = gnnfuse.reorder(ei, n, method, seed=3)
+        assert _is_perm(perm, n)
+        return gnnfuse.locality_stats(CSR.from_edge_index(relabel(ei, perm), n), window_edges=4096).distinct_fraction
+
+    refined = distinct("community-refined")
+    assert refined < distinct("community")
+    assert refined == distinct("community-refined")  # deterministic
 
 
 def test_locality_stats():

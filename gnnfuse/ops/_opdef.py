@@ -171,6 +171,8 @@ class OpDef:
                  public_name: str | None = None):
         self.name = schema.split("(", 1)[0]
         self.qualname = f"{NAMESPACE}::{self.name}"
+        # Triton launches on the current GPU: every "triton" kernel runs with its tensors' GPU current
+        kernels = {b: _on_tensor_device(k) if b == "triton" else k for b, k in kernels.items()}
         self.kernels, self.save, self.backward = kernels, save, backward
         lib.define(schema)
         for backend, kernel in kernels.items():
@@ -218,3 +220,19 @@ class OpDef:
 
 def _no_setup(ctx, inputs, output) -> None:
     return None
+
+
+def _on_tensor_device(kernel: Callable) -> Callable:
+    """``kernel`` run with the GPU of its first argument current (a device guard): Triton compiles
+    for, launches on and takes the stream of the current device, so a tensor on another GPU would
+    otherwise be read from the wrong one. Free when that GPU is already current (the usual case)."""
+
+    def run(*args):
+        first = args[0]
+        if isinstance(first, torch.Tensor) and first.is_cuda and first.get_device() != torch.cuda.current_device():
+            with torch.cuda.device(first.device):
+                return kernel(*args)
+        return kernel(*args)
+
+    run.__wrapped__ = kernel  # type: ignore[attr-defined]
+    return run

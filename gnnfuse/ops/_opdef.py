@@ -185,6 +185,8 @@ class OpDef:
             torch.library.register_autograd(self.qualname, self._no_backward, setup_context=_no_setup, lib=lib)
         self.public_name = public_name or self.name
         self.overload = getattr(getattr(torch.ops, NAMESPACE), self.name).default
+        # ops without Tensor[] arguments skip the flattening on every call
+        self._has_lists = "[]" in schema.split("->")[0]
 
     # the registered op's autograd rule: the same save and backward as the eager route
     def _registered_setup(self, ctx, inputs, output) -> None:
@@ -206,7 +208,7 @@ class OpDef:
         that backend's kernel through the eager route where allowed, else the registered op."""
         if backend is None:
             return self.overload(*args)
-        flat, layout = _flatten(args)
+        flat, layout = _flatten(args) if self._has_lists else (args, (None,) * len(args))
         tensors = _tensors(flat)
         interpreted = backend == "triton" and tensors[0].is_cpu  # TRITON_INTERPRET=1: the dispatcher can't
         if not (interpreted or eager_route_ok(tensors)):

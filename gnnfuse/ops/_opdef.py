@@ -35,9 +35,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ._library import lib
+from ._library import NAMESPACE, lib
 
-NAMESPACE = "gnnfuse"
 # backend -> the device its registered kernel serves ("cuda": a CUDA kernel written in plain torch)
 DISPATCH_KEYS = {"cpu": "cpu", "triton": "cuda", "cuda": "cuda"}
 
@@ -46,7 +45,7 @@ DISPATCH_KEYS = {"cpu": "cpu", "triton": "cuda", "cuda": "cuda"}
 # The gate reads dispatcher state that torch exposes only privately (torch._C). It is used on the
 # torch versions it was tested on; outside them every call takes the registered op, which is
 # always correct, only slower on small inputs (tests/test_op_parity.py runs both routes).
-TESTED_TORCH = ((2, 4), (2, 13))  # inclusive (major, minor) range
+TESTED_TORCH = ((2, 11), (2, 13))  # inclusive (major, minor) range: the GPU hosts' 2.11 to CI's 2.13
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 

@@ -31,7 +31,7 @@ keeps the route and backend of the forward (``ctx.backend``: None on the registe
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -90,8 +90,9 @@ def _scan(values: Sequence) -> tuple[bool, tuple[int, ...]]:
 
 
 # ---- Tensor[] arguments travel flat through autograd.Function ------------------------------------
-def _flatten(values: Sequence) -> tuple[list, tuple]:
-    flat, layout = [], []
+def _flatten(values: Iterable) -> tuple[list, tuple]:
+    flat: list = []
+    layout: list[int | None] = []
     for v in values:
         if isinstance(v, (list, tuple)):
             flat.extend(v)

@@ -100,6 +100,20 @@ def _attention(kind):
     return make, call
 
 
+def _gine(reduce):
+    def make(g, device=DEVICE):
+        ei = random_graph(7, 6, 20, seed=5).to(device)
+        return [torch.randn(7, 3, dtype=torch.float64, generator=g).to(device),
+                torch.randn(20, 3, dtype=torch.float64, generator=g).to(device)], dict(ei=ei)
+
+    def call(x, edge_attr, *, ei, backend):
+        from gnnfuse.ops.edge_message import gine_aggregate
+
+        return gine_aggregate(x, edge_attr, ei, reduce, num_nodes=6, backend=backend)
+
+    return make, call
+
+
 OPS = {
     "gather_scatter_sum": _gather_scatter("sum"),
     "gather_scatter_max": _gather_scatter("max"),
@@ -110,6 +124,8 @@ OPS = {
     "gat_attention": _attention("gat"),
     "gatv2_attention": _attention("gatv2"),
     "dot_attention": _attention("dot"),
+    "gine_aggregate_sum": _gine("sum"),
+    "gine_aggregate_mean": _gine("mean"),
 }
 
 

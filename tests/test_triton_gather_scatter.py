@@ -322,6 +322,10 @@ def test_launch_hooks_turn_the_fast_path_off():
 
 @needs_cuda
 def test_fast_launch_matches_the_jit_launch():
+    from gnnfuse.triton._launch import tested_triton
+
+    if not tested_triton():
+        pytest.skip("the fast launch path is off on this Triton version (see gnnfuse/triton/_launch.py)")
     kernel = tgs._rowgroup_kernel
     csr = _graph(scale=4)
     for offset in (0, 1):  # an unaligned x is another specialisation: compiled and cached apart

@@ -1,1 +1,1 @@
-"""torch.library ops of the ``gnnfuse`` namespace, one module per op (see _library.py)."""
+"""torch.library ops of the ``gnnfuse`` namespace, one module per op (each described once with _opdef.OpDef)."""

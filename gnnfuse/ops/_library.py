@@ -1,7 +1,7 @@
 """The ``gnnfuse`` torch.library namespace and backend selection, shared by every op.
 
 Ops are described with :class:`gnnfuse.ops._opdef.OpDef` (registration, autograd and eager route
-from one description). ``define`` and ``forbid_double_backward`` remain for ops registered by hand.
+from one description), which defines them in ``lib``.
 """
 from __future__ import annotations
 
@@ -14,13 +14,7 @@ from .._validate import require_choice
 
 NAMESPACE = "gnnfuse"
 BACKENDS = ("auto", "cpu", "triton", "reference")
-lib = torch.library.Library(NAMESPACE, "DEF")  # noqa: TOR901  (schemas are defined once, here)
-
-
-def define(schema: str) -> str:
-    """Defines ``gnnfuse::<schema>`` and returns its qualified name."""
-    lib.define(schema)
-    return f"{NAMESPACE}::{schema.split('(', 1)[0]}"
+lib = torch.library.Library(NAMESPACE, "DEF")  # noqa: TOR901  (every schema is defined through OpDef)
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -49,16 +43,3 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 
 _device_types: dict[torch.device, str] = {}  # device.type builds a new string each time (~0.4 us)
-
-
-def forbid_double_backward(backward_op: str, public_name: str) -> None:
-    """Registers an autograd rule on ``backward_op`` that raises a clear error: first-order
-    gradients (also with create_graph=True) work, differentiating them again does not."""
-
-    def raise_error(ctx, *grads):
-        raise RuntimeError(
-            f"gnnfuse.{public_name} does not support double backward (differentiating its gradient); "
-            "use backend='reference' if you need higher-order derivatives"
-        )
-
-    torch.library.register_autograd(backward_op, raise_error, setup_context=lambda ctx, inputs, output: None)

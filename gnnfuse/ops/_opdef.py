@@ -6,7 +6,7 @@ Usage (an op module describes each op once, then calls it)::
     FWD = OpDef("my_op(Tensor x, Tensor idx, SymInt n) -> Tensor",
                 kernels={"cpu": my_cpu_kernel, "triton": my_triton_kernel}, fake=lambda x, idx, n: x.new_empty(n),
                 save=lambda ctx, inputs, out: (inputs[1],),          # tensors for the backward
-                backward=lambda ctx, saved, grad: (BWD(grad, *saved, backend=ctx.backend), None, None))
+                backward=lambda ctx, saved, grad: (BWD.from_backward(ctx, grad, *saved), None, None))
     out = FWD(x, idx, n, backend="cpu")   # "cpu" | "triton" | None (None: always the registered op)
 
 What one description gives:
@@ -25,19 +25,18 @@ What one description gives:
     subclasses always take the registered op (see :func:`eager_route_ok`).
 
 ``backward(ctx, saved, *grads)`` returns one gradient (or None) per op input, a list for a
-Tensor[] input. It finds ``ctx.needs`` (per input: does it need a gradient; any() over a list),
-``ctx.backend`` (the eager route's backend, None on the registered op: pass it on as ``backend=``
-when calling the backward's own op) and whatever ``save`` put on ctx.
+Tensor[] input. It finds ``ctx.needs`` (per input: does it need a gradient; any() over a list) and
+whatever ``save`` put on ctx; it calls other ops as ``OTHER.from_backward(ctx, *args)``, which
+keeps the route and backend of the forward (``ctx.backend``: None on the registered op).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from ._library import lib
+from ._library import NAMESPACE, lib
 
-NAMESPACE = "gnnfuse"
 # backend -> the device its registered kernel serves ("cuda": a CUDA kernel written in plain torch)
 DISPATCH_KEYS = {"cpu": "cpu", "triton": "cuda", "cuda": "cuda"}
 
@@ -46,7 +45,7 @@ DISPATCH_KEYS = {"cpu": "cpu", "triton": "cuda", "cuda": "cuda"}
 # The gate reads dispatcher state that torch exposes only privately (torch._C). It is used on the
 # torch versions it was tested on; outside them every call takes the registered op, which is
 # always correct, only slower on small inputs (tests/test_op_parity.py runs both routes).
-TESTED_TORCH = ((2, 4), (2, 13))  # inclusive (major, minor) range
+TESTED_TORCH = ((2, 11), (2, 13))  # inclusive (major, minor) range: the GPU hosts' 2.11 to CI's 2.13
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -72,17 +71,28 @@ _gate = _private_gate()
 
 def eager_route_ok(tensors: Sequence[torch.Tensor]) -> bool:
     """True when a call may skip the dispatcher: plain eager mode and plain CPU/CUDA tensors."""
+    return _scan(tensors)[0]
+
+
+def _scan(values: Sequence) -> tuple[bool, tuple[int, ...]]:
+    """(may these arguments take the eager route, the positions of the tensors that require grad),
+    in one pass: this runs on every call, and each loop over the arguments costs a microsecond."""
     if _gate is None or torch.compiler.is_compiling():
-        return False
-    for t in tensors:
-        if type(t) not in _PLAIN_TENSORS or not (t.is_cuda or t.is_cpu):
-            return False
-    return _gate()
+        return False, ()
+    grad_pos: tuple[int, ...] = ()
+    for i, t in enumerate(values):
+        if isinstance(t, torch.Tensor):
+            if type(t) not in _PLAIN_TENSORS or not (t.is_cpu or t.is_cuda):
+                return False, ()
+            if t.requires_grad:
+                grad_pos += (i,)
+    return _gate(), grad_pos
 
 
 # ---- Tensor[] arguments travel flat through autograd.Function ------------------------------------
-def _flatten(values: Sequence) -> tuple[list, tuple]:
-    flat, layout = [], []
+def _flatten(values: Iterable) -> tuple[list, tuple]:
+    flat: list = []
+    layout: list[int | None] = []
     for v in values:
         if isinstance(v, (list, tuple)):
             flat.extend(v)
@@ -93,7 +103,9 @@ def _flatten(values: Sequence) -> tuple[list, tuple]:
     return flat, tuple(layout)
 
 
-def _unflatten(flat: Sequence, layout: tuple) -> list:
+def _unflatten(flat: Sequence, layout: tuple | None) -> Sequence:
+    if layout is None:  # an op without Tensor[] arguments: nothing to regroup
+        return flat
     out, i = [], 0
     for n in layout:
         if n is None:
@@ -105,7 +117,9 @@ def _unflatten(flat: Sequence, layout: tuple) -> list:
     return out
 
 
-def _needs(flags: Sequence[bool], layout: tuple) -> tuple[bool, ...]:
+def _needs(flags: Sequence[bool], layout: tuple | None) -> tuple[bool, ...]:
+    if layout is None:
+        return tuple(flags)
     return tuple(any(v) if isinstance(v, list) else bool(v) for v in _unflatten(flags, layout))
 
 
@@ -114,12 +128,9 @@ def _list_of_nones(grad, length: int | None):
     return [None] * length if grad is None and length is not None else grad
 
 
-def _tensors(flat: Sequence) -> list[torch.Tensor]:
-    return [v for v in flat if isinstance(v, torch.Tensor)]
-
-
 def _save(ctx, op: OpDef, inputs: Sequence, output) -> None:
-    flat, ctx.saved_layout = _flatten(op.save(ctx, inputs, output) if op.save else ())
+    saved = op.save(ctx, inputs, output) if op.save else ()
+    flat, ctx.saved_layout = _flatten(saved) if op._has_lists else (saved, None)
     ctx.save_for_backward(*flat)
 
 
@@ -130,21 +141,35 @@ def _grads(ctx, op: OpDef, needs: tuple[bool, ...], grads: tuple) -> tuple:
 
 
 class _Eager(torch.autograd.Function):
-    """The eager route's autograd node for every op (see the module docstring)."""
+    """The eager route's autograd node for every op (see the module docstring). Only the tensors
+    that require grad are arguments of their own; the rest travel in one tuple (``flat``): each
+    argument of ``apply`` costs autograd time on every call, and these never get a gradient."""
 
     @staticmethod
-    def forward(ctx, op: OpDef, backend: str, layout: tuple, *flat):
+    def forward(ctx, op: OpDef, backend: str, layout: tuple | None, flat: tuple, grad_pos: tuple, *_grad_inputs):
         inputs = _unflatten(flat, layout)
         output = op.kernels[backend](*inputs)
-        ctx.op, ctx.backend, ctx.layout = op, backend, layout
+        ctx.op, ctx.backend, ctx.layout, ctx.grad_pos, ctx.num_flat = op, backend, layout, grad_pos, len(flat)
         _save(ctx, op, inputs, output)
-        return output
+        if op.visible_outputs is None:
+            return output
+        visible = tuple(output[i] for i in op.visible_outputs)  # each output costs autograd time too
+        return visible[0] if len(visible) == 1 else visible
 
     @staticmethod
     def backward(ctx, *grads):
-        grads = _grads(ctx, ctx.op, _needs(ctx.needs_input_grad[3:], ctx.layout), grads)
-        flat, _ = _flatten(_list_of_nones(g, n) for g, n in zip(grads, ctx.layout))
-        return (None, None, None, *flat)
+        if ctx.op.visible_outputs is not None:  # the backward-only outputs get no gradient
+            full = [None] * ctx.op.num_outputs
+            for i, g in zip(ctx.op.visible_outputs, grads):
+                full[i] = g
+            grads = tuple(full)
+        needs = [False] * ctx.num_flat
+        for k, i in enumerate(ctx.grad_pos):
+            needs[i] = ctx.needs_input_grad[5 + k]
+        grads = _grads(ctx, ctx.op, _needs(needs, ctx.layout), grads)
+        if ctx.layout is not None:
+            grads, _ = _flatten(_list_of_nones(g, n) for g, n in zip(grads, ctx.layout))
+        return (None, None, None, None, None, *(grads[i] for i in ctx.grad_pos))
 
 
 # ---- the op definition ------------------------------------------------------------------------------
@@ -162,15 +187,20 @@ class OpDef:
             it may set plain attributes on ctx and mark outputs non-differentiable.
         backward: ``backward(ctx, saved, *grads)`` -> one gradient per input (module docstring).
         differentiable: False for ops without gradients at all (index outputs): no autograd rule.
+        backward_only_outputs: positions of outputs that only the backward uses (e.g. winners or
+            normals it saves): the eager route returns None in their place, which spares autograd
+            an output per call; the registered op returns them.
         public_name: the public function named in the error raised when an op without
             ``backward`` is differentiated.
     """
 
     def __init__(self, schema: str, *, kernels: dict[str, Callable], fake: Callable,
                  save: Callable | None = None, backward: Callable | None = None, differentiable: bool = True,
-                 public_name: str | None = None):
+                 backward_only_outputs: tuple[int, ...] = (), public_name: str | None = None):
         self.name = schema.split("(", 1)[0]
         self.qualname = f"{NAMESPACE}::{self.name}"
+        # Triton launches on the current GPU: every "triton" kernel runs with its tensors' GPU current
+        kernels = {b: _on_tensor_device(k) if b == "triton" else k for b, k in kernels.items()}
         self.kernels, self.save, self.backward = kernels, save, backward
         lib.define(schema)
         for backend, kernel in kernels.items():
@@ -183,15 +213,23 @@ class OpDef:
             torch.library.register_autograd(self.qualname, self._no_backward, setup_context=_no_setup, lib=lib)
         self.public_name = public_name or self.name
         self.overload = getattr(getattr(torch.ops, NAMESPACE), self.name).default
+        # ops without Tensor[] arguments skip the flattening on every call
+        self._has_lists = "[]" in schema.split("->")[0]
+        returns = schema.rsplit("->", 1)[1].strip()
+        self.num_outputs = returns.count(",") + 1 if returns.startswith("(") else 1
+        self.visible_outputs = tuple(i for i in range(self.num_outputs) if i not in backward_only_outputs) \
+            if backward_only_outputs else None
 
     # the registered op's autograd rule: the same save and backward as the eager route
     def _registered_setup(self, ctx, inputs, output) -> None:
-        ctx.backend, ctx.layout = None, _flatten(inputs)[1]
+        ctx.backend, ctx.layout = None, (_flatten(inputs)[1] if self._has_lists else None)
         _save(ctx, self, inputs, output)
 
     def _registered_backward(self, ctx, *grads):
         needs = tuple(any(v) if isinstance(v, (list, tuple)) else bool(v) for v in ctx.needs_input_grad)
         grads = _grads(ctx, self, needs, grads)
+        if ctx.layout is None:
+            return grads
         return tuple(_list_of_nones(g, n) for g, n in zip(grads, ctx.layout))
 
     def _no_backward(self, ctx, *grads):
@@ -199,22 +237,55 @@ class OpDef:
             f"gnnfuse.{self.public_name} does not support double backward (differentiating its gradient); "
             "use backend='reference' if you need higher-order derivatives")
 
+    def from_backward(self, ctx, *args):
+        """Runs this op inside another op's ``backward`` (``ctx`` is that backward's): the registered
+        op there, else this backend's kernel directly (differentiable only under create_graph)."""
+        backend = ctx.backend
+        if backend is None:
+            return self.overload(*args)
+        if torch.is_grad_enabled():  # create_graph=True: the result must be differentiable (or raise)
+            return self(*args, backend=backend)
+        return self.kernels[backend](*args)
+
     def __call__(self, *args, backend: str | None = None):
         """Runs the op. ``backend`` None: the registered op (dispatch by device). "cpu" / "triton":
         that backend's kernel through the eager route where allowed, else the registered op."""
         if backend is None:
             return self.overload(*args)
-        flat, layout = _flatten(args)
-        tensors = _tensors(flat)
-        interpreted = backend == "triton" and tensors[0].is_cpu  # TRITON_INTERPRET=1: the dispatcher can't
-        if not (interpreted or eager_route_ok(tensors)):
-            return self.overload(*args)
-        if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        flat, layout = _flatten(args) if self._has_lists else (args, None)
+        eager, grad_pos = _scan(flat)
+        if not eager:
+            if not (backend == "triton" and flat[0].is_cpu):  # TRITON_INTERPRET=1: the dispatcher can't
+                return self.overload(*args)
+            grad_pos = tuple(i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad)
+        if not (grad_pos and torch.is_grad_enabled()):
             return self.kernels[backend](*args)  # nothing to differentiate: no autograd node
         if self.backward is None:
             return self.overload(*args)  # its autograd rule raises on backward
-        return _Eager.apply(self, backend, layout, *flat)
+        output = _Eager.apply(self, backend, layout, tuple(flat), grad_pos, *(flat[i] for i in grad_pos))
+        if self.visible_outputs is None:
+            return output
+        full = [None] * self.num_outputs
+        for i, o in zip(self.visible_outputs, output if len(self.visible_outputs) > 1 else (output,)):
+            full[i] = o
+        return tuple(full)
 
 
 def _no_setup(ctx, inputs, output) -> None:
     return None
+
+
+def _on_tensor_device(kernel: Callable) -> Callable:
+    """``kernel`` run with the GPU of its first argument current (a device guard): Triton compiles
+    for, launches on and takes the stream of the current device, so a tensor on another GPU would
+    otherwise be read from the wrong one. Free when that GPU is already current (the usual case)."""
+
+    def run(*args):
+        first = args[0]
+        if isinstance(first, torch.Tensor) and first.is_cuda and first.get_device() != torch.cuda.current_device():
+            with torch.cuda.device(first.device):
+                return kernel(*args)
+        return kernel(*args)
+
+    run.__wrapped__ = kernel  # type: ignore[attr-defined]
+    return run

@@ -39,11 +39,29 @@ def _coo_to_csr_fake(key, other, num_rows, num_other, out_dtype=None):
     return key.new_empty(num_rows + 1, dtype=dtype), key.new_empty(E, dtype=dtype), key.new_empty(E, dtype=dtype)
 
 
-# On GPUs torch's stable radix sort is already fast; construction happens once per graph.
+def _coo_to_csr_cuda(key, other, num_rows, num_other, out_dtype=None):
+    """The CSR build on the GPU, in device-side torch ops: torch's stable radix sort, row pointers by
+    binary search of the sorted keys (bincount would read its maximum back to the host). The range
+    check costs one host read of four numbers (both ids' min and max) before any narrowing: an
+    error must name the bad id, as on CPU, and a device-side assertion would leave the CUDA context
+    unusable. A graph is built once and cached, so this is one sync per graph, not per call."""
+    if key.numel():
+        low_key, high_key = torch.aminmax(key)
+        low_other, high_other = torch.aminmax(other)
+        lk, hk, lo, ho = torch.stack([low_key, high_key, low_other, high_other]).tolist()
+        if lk < 0 or hk >= num_rows or lo < 0 or ho >= num_other:
+            return reference.coo_to_csr(key, other, num_rows, num_other, out_dtype)  # raises, naming the id
+    dtype = out_dtype or key.dtype
+    sorted_key, perm = torch.sort(key, stable=True)
+    rows = torch.arange(num_rows + 1, dtype=sorted_key.dtype, device=key.device)
+    rowptr = torch.searchsorted(sorted_key, rows)
+    return rowptr.to(dtype), other[perm].to(dtype), perm.to(dtype)
+
+
 COO_TO_CSR = OpDef(
     "coo_to_csr(Tensor key, Tensor other, SymInt num_rows, SymInt num_other, ScalarType? out_dtype=None) "
     "-> (Tensor, Tensor, Tensor)",
-    kernels={"cpu": _coo_to_csr_cpu, "cuda": reference.coo_to_csr}, fake=_coo_to_csr_fake, differentiable=False)
+    kernels={"cpu": _coo_to_csr_cpu, "cuda": _coo_to_csr_cuda}, fake=_coo_to_csr_fake, differentiable=False)
 
 
 def coo_to_csr(key: torch.Tensor, other: torch.Tensor, num_rows: int, num_other: int,

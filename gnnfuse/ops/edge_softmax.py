@@ -30,7 +30,7 @@ def _save(ctx, inputs, output):
 
 def _backward(ctx, saved, grad):
     out, rowptr, perm = saved
-    return BACKWARD(grad.contiguous(), out, rowptr, perm, backend=ctx.backend), None, None
+    return BACKWARD.from_backward(ctx, grad.contiguous(), out, rowptr, perm), None, None
 
 
 FORWARD = OpDef(

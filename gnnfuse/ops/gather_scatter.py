@@ -102,16 +102,17 @@ def _backward(ctx, saved, grad_out, _grad_arg):
     if t_rowptr is None:  # op called directly without the transpose: build it (and max/min winners) now
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
         if ctx.reduce in ARG_REDUCTIONS:
-            arg = FORWARD(x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.reduce, backend=ctx.backend)[1]
-    grad_x, grad_w = BACKWARD(grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg,
-                              ctx.reduce, need_x, need_w, backend=ctx.backend)
+            arg = FORWARD.from_backward(ctx, x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.reduce)[1]
+    grad_x, grad_w = BACKWARD.from_backward(ctx, grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col,
+                                            t_pos, arg, ctx.reduce, need_x, need_w)
     return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
 
 
 FORWARD = OpDef(
     "gather_scatter(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
     "Tensor? t_pos, str reduce) -> (Tensor, Tensor)",
-    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward,
+    backward_only_outputs=(1,))
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "gather_scatter_backward(Tensor grad_out, Tensor x, Tensor rowptr, Tensor col, Tensor? weight, "
     "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, str reduce, bool need_x_grad, "

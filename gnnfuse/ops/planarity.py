@@ -98,14 +98,14 @@ def _save(ctx, inputs, output):
 def _backward(ctx, saved, grad_loss, _grad_planes, _grad_coef):
     xyz, planes, coef, indices, sigmas = saved
     need_xyz, _, need_sigma = ctx.needs
-    grad_xyz, grad_sigma = BACKWARD(grad_loss, xyz, indices, sigmas, planes, coef, need_sigma, backend=ctx.backend)
+    grad_xyz, grad_sigma = BACKWARD.from_backward(ctx, grad_loss, xyz, indices, sigmas, planes, coef, need_sigma)
     grad_sigmas = list(torch.split(grad_sigma, [s.shape[0] for s in sigmas])) if need_sigma else None
     return (grad_xyz if need_xyz else None), None, grad_sigmas
 
 
 FORWARD = OpDef("planarity_nll(Tensor xyz, Tensor[] indices, Tensor[] sigmas) -> (Tensor, Tensor, Tensor)",
                 kernels={"cpu": _forward_cpp, "triton": _forward_triton}, fake=_forward_fake, save=_save,
-                backward=_backward)
+                backward=_backward, backward_only_outputs=(1, 2))
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "planarity_nll_backward(Tensor grad, Tensor xyz, Tensor[] indices, Tensor[] sigmas, Tensor planes, "
     "Tensor coef, bool need_sigma_grad) -> (Tensor, Tensor)",

@@ -82,7 +82,7 @@ def _save_scatter(ctx, inputs, output):
 
 def _backward_scatter(ctx, saved, grad_out):
     wa, wbwc = saved
-    grad = GATHER(grad_out.contiguous(), wa, wbwc, wbwc.shape[1], wbwc.shape[2], False, backend=ctx.backend)
+    grad = GATHER.from_backward(ctx, grad_out.contiguous(), wa, wbwc, wbwc.shape[1], wbwc.shape[2], False)
     return grad, None, None, None, None
 
 
@@ -93,7 +93,7 @@ def _save_gather(ctx, inputs, output):
 
 def _backward_gather(ctx, saved, grad_cube):
     wa, wbwc = saved
-    grad = SCATTER(grad_cube.contiguous(), wa, wbwc, ctx.map_size, False, backend=ctx.backend)
+    grad = SCATTER.from_backward(ctx, grad_cube.contiguous(), wa, wbwc, ctx.map_size, False)
     return grad, None, None, None, None, None
 
 

@@ -13,7 +13,12 @@ constexprs are kept, and a later launch checks only the varying tensors' alignme
 
 The first call per key goes through ``kernel[grid]`` (compiling if needed). The plain path is
 always taken under ``TRITON_INTERPRET=1``, while Triton launch hooks are set (profilers), for a
-compiled kernel that lacks the attributes used here, and when ``GNNFUSE_TRITON_FAST_LAUNCH=0``.
+compiled kernel that lacks the attributes used here, when ``GNNFUSE_TRITON_FAST_LAUNCH=0``, and on
+a Triton outside ``TESTED_TRITON``: the fast path reads Triton internals (the JIT function's
+``params``, the compiled kernel's ``run``/``function``/``packed_metadata`` and the argument list of
+its C launcher), which change between releases. Widen the range only after
+tests/test_triton_gather_scatter.py::test_fast_launch_matches_the_jit_launch (both paths, bitwise)
+passes on a GPU with that Triton.
 """
 from __future__ import annotations
 
@@ -22,7 +27,19 @@ import os
 import torch
 import triton
 
-_ENABLED = os.environ.get("GNNFUSE_TRITON_FAST_LAUNCH", "1") != "0"
+TESTED_TRITON = ((3, 6), (3, 6))  # inclusive (major, minor) range the fast path was tested on
+
+
+def tested_triton(version: str = triton.__version__) -> bool:
+    """Whether ``version`` lies in TESTED_TRITON (else every launch takes Triton's own path)."""
+    try:
+        major_minor = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return TESTED_TRITON[0] <= major_minor <= TESTED_TRITON[1]
+
+
+_ENABLED = os.environ.get("GNNFUSE_TRITON_FAST_LAUNCH", "1") != "0" and tested_triton()
 
 
 def _spec(a: object) -> object:

@@ -23,7 +23,15 @@ from .._tensor_cache import cached
 from ._launch import fast_kernel
 
 BLOCK = 128
-SWEEPS = 6  # cyclic sweeps of 3 rotations; a 3x3 converges to double precision in 4-5
+# Jacobi policy (one policy, two forms): cyclic sweeps of 3 rotations until the off-diagonal is
+# negligible. A unit-scaled 3x3 converges to double precision in 4-5 sweeps (quadratically), and a
+# rotation of an exactly diagonal pair is the identity. The C++ kernel (csrc/planarity.cpp) stops
+# at convergence, capped at 12 sweeps: a branch is free on a CPU. Here every lane of a block runs
+# a fixed 6: a data-dependent loop would make the block wait for its slowest plane and add a
+# branch per sweep, while sweeps past convergence move the normal far below double precision
+# (an exactly diagonal pair is not rotated at all). Both are tested against
+# torch.linalg.eigh on badly scaled planes (tests/test_planarity.py).
+SWEEPS = 6
 HALF_LOG_2PI = 0.9189385332046727417803297364056176
 
 

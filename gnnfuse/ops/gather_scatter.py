@@ -111,8 +111,8 @@ def _backward(ctx, saved, grad_out, _grad_arg):
 FORWARD = OpDef(
     "gather_scatter(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
     "Tensor? t_pos, str reduce) -> (Tensor, Tensor)",
-    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward,
-    backward_only_outputs=(1,))
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+# (the winners output is returned on every route: gnnfuse.scatter_max/min return it to the user)
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "gather_scatter_backward(Tensor grad_out, Tensor x, Tensor rowptr, Tensor col, Tensor? weight, "
     "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, str reduce, bool need_x_grad, "

@@ -17,12 +17,12 @@ compiled kernel that lacks the attributes used here, and when ``GNNFUSE_TRITON_F
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
-_ENABLED = os.environ.get("GNNFUSE_TRITON_FAST_LAUNCH", "1") != "0"
+from .. import config
+
+_ENABLED = config.enabled("GNNFUSE_TRITON_FAST_LAUNCH")
 
 
 def _spec(a: object) -> object:

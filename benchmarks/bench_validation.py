@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
+import json
 import statistics
 import time
 import timeit
@@ -36,7 +37,7 @@ import gnnfuse
 from gnnfuse.csr import csr_for_edge_index
 from gnnfuse.graphs import random_graph
 
-from .common import bench_interleaved, machine, markdown_table, save_results
+from .common import _rounded, bench_interleaved, machine, markdown_table, save_results
 from .graphs import real_edge_index, synthetic_edge_index
 
 HOT_PATH_GOAL_US = 1.0
@@ -129,7 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     label = "cpu-" + "-".join(args.threads.split(",")) + "t"
     name = f"validation_{label}_{stamp}" + (f"_{args.tag}" if args.tag else "")
-    md = save_results(name, meta, hot + first, hot_columns, args.out, notes=notes)
+    md = save_results(name, meta, hot, hot_columns, args.out, notes=notes)
+    json_path = md.with_suffix(".json")  # both tables in the JSON
+    json_path.write_text(json.dumps(_rounded({"meta": meta, "hot_path": hot, "first_call": first}), indent=1,
+                                    default=str))
     print(md.read_text())
 
 

@@ -133,7 +133,8 @@ def _environment(overrides: dict[str, str]) -> Iterator[None]:
 def build_key(extension: str) -> str:
     digest = hashlib.sha256()
     cache.hash_files(digest, sources(extension))
-    for part in (torch.__version__, sys.version, _cpu_model(), config.get("CXX") if config.is_set("CXX") else "", *compile_flags()[0]):
+    cxx = config.get("CXX") if config.is_set("CXX") else ""  # unset hashes as "" (keys of earlier builds)
+    for part in (torch.__version__, sys.version, _cpu_model(), cxx, *compile_flags()[0]):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 

@@ -497,6 +497,13 @@ def test_argument_types_are_named_or_accepted():
         gnnfuse.fused_gather_scatter(x, edge_index, num_nodes=True)
 
 
+def test_test_helpers_use_the_ops_dtypes():
+    from gnnfuse import _validate, testing
+
+    assert testing.INDEX_DTYPES is _validate.INDEX_DTYPES
+    assert set(testing.VALUE_DTYPES) == set(_validate.VALUE_DTYPES)
+
+
 def test_explain_rejects_what_the_op_rejects_and_reports_the_dtype_that_runs():
     edge_index = random_graph(5, 5, 9, seed=11)  # int64; its CSR is int32
     x = torch.randn(5, 2)

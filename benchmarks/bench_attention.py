@@ -1,13 +1,15 @@
-"""Fused attention: a GATConv training step (forward + backward) and its peak memory, gnnfuse.nn vs
-stock torch-geometric, plus the fused forward against our sum gather-scatter at the same width.
+"""Fused attention: a GATConv / GATv2Conv / TransformerConv training step (forward + backward) and its
+peak memory, gnnfuse.nn vs stock torch-geometric, plus the fused forward against our sum
+gather-scatter at the same width.
 
     python -m benchmarks.bench_attention --device cpu  --out benchmarks/results   # Cora, Facebook, products-down
-    python -m benchmarks.bench_attention --device cuda --out "$OUT"               # synthetic, generated on the device
+    python -m benchmarks.bench_attention --device cuda --out "$OUT"               # suite graphs, generated on the device
+    python -m benchmarks.bench_attention --device cuda --layers GATv2Conv,TransformerConv --out "$OUT"
 
-One GATConv(64 -> F, heads=H) layer in training mode (dropout on the coefficients, self loops, as
-PyG's defaults), loss = mean of squares, gradients of every parameter; both layers hold the same
+One layer (64 -> F, heads=H) in training mode (dropout on the coefficients; PyG's defaults
+otherwise: GAT/GATv2 self loops, TransformerConv's root weight), loss = mean of squares, gradients of every parameter; both layers hold the same
 weights and are timed in the same process, interleaved (benchmarks.common.bench_interleaved):
-median and min over rounds. Peak memory (CUDA only: torch.cuda.max_memory_allocated) is that of
+median and interquartile range over rounds. Peak memory (CUDA only: torch.cuda.max_memory_allocated) is that of
 one step above what was allocated before it. ``fwd/sum`` is our fused attention forward over our
 sum gather-scatter of the same [N, H*F] features on the same graph (no gradients).
 A variant that fails (e.g. PyG out of memory) becomes a row with its error.
@@ -42,22 +44,23 @@ def cpu_graphs():
     return graphs
 
 
-def cuda_graphs(device):
-    def power_law(nodes, edges, seed):
-        g = torch.Generator(device=device).manual_seed(seed)
-        src = torch.randint(0, nodes, (edges,), generator=g, device=device)
-        ranks = torch.arange(1, nodes + 1, dtype=torch.float32, device=device)
-        dst = torch.multinomial(1.0 / ranks, edges, replacement=True, generator=g)
-        dst = torch.randperm(nodes, generator=g, device=device)[dst]
-        return torch.stack([src, dst])
+# (suite graph, scale): power-law stress graphs (hub rows) first, then realistic ones; products-like
+# at 0.4 scale (1M nodes, 25M edges) so that PyG's 8x8 step still fits in 80 GB.
+CUDA_GRAPHS = [("arxiv-like", 1.0), ("products-like", 0.4), ("community-arxiv", 1.0), ("rmat-arxiv", 1.0),
+               ("rfc-uniform", 1.0)]
 
-    def uniform(nodes, edges, seed):
-        g = torch.Generator(device=device).manual_seed(seed)
-        return torch.randint(0, nodes, (2, edges), generator=g, device=device)
 
-    return {"arxiv-like (power-law)": (power_law(170_000, 1_170_000, 0), 170_000),
-            "products-like (power-law)": (power_law(1_000_000, 25_000_000, 1), 1_000_000),
-            "products-like (uniform)": (uniform(1_000_000, 25_000_000, 2), 1_000_000)}
+def cuda_graphs(device, names=None):
+    from gnnfuse.graphs import SUITE, suite_graph
+
+    graphs = {}
+    for name, scale in CUDA_GRAPHS:
+        if names and name not in names:
+            continue
+        edge_index, nodes = suite_graph(name, scale=scale, device=device)
+        label = f"{name} ({SUITE[name].kind}{f', scale {scale}' if scale != 1 else ''})"
+        graphs[label] = (edge_index, nodes)
+    return graphs
 
 
 def make_step(layer, x, edge_index):
@@ -81,17 +84,33 @@ def peak_mb(fn, device) -> float | str:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds):
+LAYERS = ("GATConv", "GATv2Conv", "TransformerConv")
+
+
+def fused_forward(layer, h, a_src, a_dst, edge_index):
+    """The layer's fused attention op alone on projected features h [N, H, F] (PyG's default self loops)."""
+    import gnnfuse
+
+    if layer == "GATConv":
+        return lambda: gnnfuse.gat_attention(h, a_src, a_dst, edge_index, add_self_loops=True)
+    if layer == "GATv2Conv":
+        att = torch.randn(h.shape[1:], device=h.device)
+        return lambda: gnnfuse.gatv2_attention(h, h, att, edge_index, add_self_loops=True)
+    return lambda: gnnfuse.dot_attention(h, h, h, edge_index)
+
+
+def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, layer="GATConv"):
     import torch_geometric.nn as pyg_nn
 
     import gnnfuse
     import gnnfuse.nn as G
 
-    row = {"graph": name, "nodes": nodes, "edges": edge_index.shape[1], "HxF": f"{heads}x{width}", "dropout": dropout}
+    row = {"layer": layer, "graph": name, "nodes": nodes, "edges": edge_index.shape[1], "HxF": f"{heads}x{width}",
+           "dropout": dropout}
     torch.manual_seed(0)
     x = torch.randn(nodes, IN_CHANNELS, device=device)
-    stock = pyg_nn.GATConv(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
-    ours = G.GATConv(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
+    stock = getattr(pyg_nn, layer)(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
+    ours = getattr(G, layer)(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
     ours.load_state_dict(stock.state_dict())
     steps = {"gnnfuse": make_step(ours, x, edge_index), "pyg": make_step(stock, x, edge_index)}
     for label, fn in list(steps.items()):
@@ -104,7 +123,7 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds):
             torch.cuda.empty_cache()  # outside the except block: its traceback no longer holds the tensors
     times = bench_interleaved(steps, device, rounds=rounds, max_seconds=20.0)
     for label, t in times.items():
-        row[f"{label}_ms"], row[f"{label}_min_ms"] = t["median_ms"], t["min_ms"]
+        row[f"{label}_ms"], row[f"{label}_iqr_ms"] = t["median_ms"], t["iqr_ms"]
     if "pyg" in times:
         row["speedup"] = times["pyg"]["median_ms"] / times["gnnfuse"]["median_ms"]
     if isinstance(row.get("pyg_peak_MB"), float):
@@ -115,7 +134,7 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds):
     flat = h.view(nodes, heads * width)
     with torch.no_grad():
         fwd = bench_interleaved({
-            "attention": lambda: gnnfuse.gat_attention(h, a_src, a_dst, edge_index, add_self_loops=True),
+            "attention": fused_forward(layer, h, a_src, a_dst, edge_index),
             "sum": lambda: gnnfuse.fused_gather_scatter(flat, edge_index, "sum"),
         }, device, rounds=rounds, max_seconds=10.0)
     row["fwd_attention_ms"], row["fwd_sum_ms"] = fwd["attention"]["median_ms"], fwd["sum"]["median_ms"]
@@ -129,31 +148,40 @@ def main(argv=None):
     parser.add_argument("--out", default=None)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU runs)")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--graphs", default="", help="comma-separated graph names (CUDA: suite names; CPU: Cora, Facebook, products-down); default all")
+    parser.add_argument("--layers", default="GATConv", help=f"comma-separated, of {', '.join(LAYERS)}")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    graphs = cpu_graphs() if device.type == "cpu" else cuda_graphs(device)
+    names = [g for g in args.graphs.split(",") if g]
+    if device.type == "cpu":
+        graphs = {k: v for k, v in cpu_graphs().items() if not names or k.split(" ")[0] in names}
+    else:
+        graphs = cuda_graphs(device, names)
     configs = CPU_CONFIGS if device.type == "cpu" else CUDA_CONFIGS
     rows = []
     for name, (edge_index, nodes) in graphs.items():
         edge_index = edge_index.to(device)
-        for heads, width, dropout in configs:
-            try:
-                rows.append(run_row(name, edge_index, nodes, heads, width, dropout, device, args.rounds))
-            except Exception as exc:  # a row, not a crash
-                rows.append({"graph": name, "HxF": f"{heads}x{width}", "error": f"{type(exc).__name__}: {exc}"[:200]})
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-            print(rows[-1], flush=True)
+        for layer in args.layers.split(","):
+            for heads, width, dropout in configs:
+                try:
+                    rows.append(run_row(name, edge_index, nodes, heads, width, dropout, device, args.rounds, layer))
+                except Exception as exc:  # a row, not a crash
+                    rows.append({"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
+                                 "error": f"{type(exc).__name__}: {exc}"[:200]})
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                print(rows[-1], flush=True)
     speedups = [r["speedup"] for r in rows if "speedup" in r]
-    meta = dict(machine(device), benchmark="GATConv training step and forward vs sum gather-scatter",
+    meta = dict(machine(device), benchmark=f"{args.layers} training step and forward vs sum gather-scatter",
                 geomean_speedup=round(geomean(speedups), 3),
                 load_average_1_5_15min=os.getloadavg())  # other tenants of a shared host show up here
-    columns = ["graph", "nodes", "edges", "HxF", "dropout", "gnnfuse_ms", "gnnfuse_min_ms", "pyg_ms", "pyg_min_ms",
+    columns = ["layer", "graph", "nodes", "edges", "HxF", "dropout", "gnnfuse_ms", "gnnfuse_iqr_ms", "pyg_ms", "pyg_iqr_ms",
                "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "mem_ratio", "fwd_attention_ms", "fwd_sum_ms", "fwd/sum",
                "error"]
-    md = save_results(f"attention_{device_label(device)}", meta, rows, columns, args.out)
+    tag = "" if args.layers == "GATConv" else "_" + args.layers.replace(",", "-").lower()
+    md = save_results(f"attention{tag}_{device_label(device)}", meta, rows, columns, args.out)
     print(md.read_text())
 
 

@@ -65,9 +65,10 @@ def _fwd(fn, xyz, groups):
 
 
 def _kernel_timings(xyz, groups, device, max_s) -> tuple[float, float]:
-    from gnnfuse.ops.planarity import KERNELS
+    from gnnfuse.ops.planarity import BACKWARD, FORWARD
 
-    fwd_kernel, bwd_kernel = KERNELS["cpu" if device == "cpu" else "triton"]
+    backend = "cpu" if device == "cpu" else "triton"
+    fwd_kernel, bwd_kernel = FORWARD.kernels[backend], BACKWARD.kernels[backend]
     indices, sigmas = [i for i, _ in groups], [s for _, s in groups]
     _, planes, coef = fwd_kernel(xyz, indices, sigmas)
     grad = torch.ones((), dtype=xyz.dtype, device=xyz.device)

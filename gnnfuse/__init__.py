@@ -9,10 +9,11 @@ from .ordering import reorder
 from .ops.attention import gat_attention
 from .ops.edge_softmax import edge_softmax
 from .ops.gather_scatter import REDUCTIONS, fused_gather_scatter
+from .ops.pair_attention import dot_attention, gatv2_attention
 from .ops.planarity import planarity_nll
 from .ops.structured_scatter import structured_scatter_add
 from . import graphs, nn, ordering  # noqa: E402  (nn: PyG drop-in; imports torch_geometric lazily)
 
-__all__ = ["CSR", "IndexOutOfRange", "KernelPlan", "LocalityStats", "REDUCTIONS", "edge_softmax", "explain",
-           "fused_gather_scatter", "gat_attention", "graphs", "locality_stats", "nn", "ordering", "planarity_nll",
-           "reorder", "show_config", "structured_scatter_add"]
+__all__ = ["CSR", "IndexOutOfRange", "KernelPlan", "LocalityStats", "REDUCTIONS", "dot_attention", "edge_softmax",
+           "explain", "fused_gather_scatter", "gat_attention", "gatv2_attention", "graphs", "locality_stats", "nn",
+           "ordering", "planarity_nll", "reorder", "show_config", "structured_scatter_add"]

@@ -51,7 +51,7 @@ EXTENSIONS: dict[str, list[str]] = {
     "graph": ["csr.cpp", "gather_scatter.cpp", "graph_module.cpp"],
     "planarity": ["planarity.cpp"],
     "density": ["density_scatter.cpp"],
-    "attention": ["attention.cpp", "edge_softmax.cpp"],
+    "attention": ["attention.cpp", "edge_softmax.cpp", "pair_attention.cpp"],
 }
 # No -std flag: cpp_extension picks the standard torch was built with (C++20 for torch >= 2.9).
 # Forcing another one mixes inline libstdc++/c10 code compiled under two standards, which

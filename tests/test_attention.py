@@ -71,6 +71,22 @@ def test_matches_reference(backend, self_loops, edge, loop, dropout):
                              negative_slope=0.15)
 
 
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("self_loops,edge,loop,dropout", [(False, True, False, 0.0), (True, True, True, 0.4)])
+def test_triton_splits_hub_rows(monkeypatch, split, self_loops, edge, loop, dropout):
+    """Rows longer than SPLIT_EDGES (forced tiny here) run as pieces merged afterwards: forward (the
+    online-softmax merge) and both backward passes (target and source hubs) match the reference."""
+    from gnnfuse.triton import attention as kernels
+
+    monkeypatch.setattr(kernels, "SPLIT_EDGES", split)
+    hub = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 3], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]])
+    ei = torch.cat([graph(), hub, hub.flip(0)], 1)  # node 4: an in-hub and an out-hub (with its own loop)
+    ins = inputs(edge=edge, loop=loop, num_edges=ei.shape[1])
+    csr = CSR.from_edge_index(ei, N)
+    assert kernels._work(csr.rowptr).split_rows.numel() > 1  # hub rows are split for real
+    assert_matches_reference(ins, csr, "triton", add_self_loops=self_loops, dropout=dropout, seed=99)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_low_precision_accumulates_in_float32(backend, dtype):

@@ -242,16 +242,16 @@ def test_fuse_lists_unsupported_and_converts_generic():
             return x_j * edge_weight.view(-1, 1)
 
     model = torch.nn.ModuleDict({
-        "gcn": P.GCNConv(8, 8), "gat": P.GATv2Conv(8, 8), "lstm": P.SAGEConv(8, 8, aggr="lstm"),
+        "gcn": P.GCNConv(8, 8), "gat": P.SuperGATConv(8, 8), "lstm": P.SAGEConv(8, 8, aggr="lstm"),
         "mine": MyProp(aggr="mean"), "lin": torch.nn.Linear(8, 8),
     })
-    with pytest.warns(UserWarning, match="gat: GATv2Conv") as rec:
+    with pytest.warns(UserWarning, match="gat: SuperGATConv") as rec:
         G.fuse(model)
     assert "lstm: SAGEConv" in str(rec[0].message)
     assert sorted(model.gnnfuse_fused) == ["gcn", "mine"]
     assert len(model.gnnfuse_unsupported) == 2
     assert isinstance(model["mine"], G.FusedMessagePassing) and type(model["mine"]).__name__ == "MyProp"
-    assert type(model["gat"]) is P.GATv2Conv and type(model["lstm"]) is P.SAGEConv
+    assert type(model["gat"]) is P.SuperGATConv and type(model["lstm"]) is P.SAGEConv
     assert G.fusable(model["gat"])[0] is False and G.fusable(model["mine"]) == (False, "already fused")
     # the generic conversion gives the stock result
     ei = random_graph(N, N, E, seed=8)

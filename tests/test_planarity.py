@@ -11,6 +11,7 @@ import torch
 
 import gnnfuse
 from gnnfuse import reference
+from gnnfuse.ops.planarity import FORWARD
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # Triton on CPU tensors only runs in the interpreter (set by conftest.py when there is no GPU)
@@ -110,7 +111,7 @@ def test_opcheck():
     x = xyz.clone().requires_grad_(True)
     idx = [i for i, _ in groups]
     sig = [s.clone().requires_grad_(True) for _, s in groups]
-    torch.library.opcheck(torch.ops.gnnfuse.planarity_nll.default, (x, idx, sig, False))
+    torch.library.opcheck(torch.ops.gnnfuse.planarity_nll.default, (x, idx, sig))
 
 
 def test_compile_fullgraph():
@@ -173,10 +174,7 @@ def test_jacobi_normals_match_eigh(device):
     sig = torch.full((50,), 0.5, dtype=torch.float64)
     for backend in backends_for(device):
         x, i, s = xyz.to(device), idx.to(device), sig.to(device)
-        if backend == "cpu":
-            _, planes, _ = torch.ops.gnnfuse.planarity_nll(x, [i], [s], False)
-        else:
-            _, planes, _ = torch.ops.gnnfuse.planarity_nll(x, [i], [s], device == "cpu")
+        _, planes, _ = FORWARD(x, [i], [s], backend=backend)
         pts = x[i]
         c = pts - pts.mean(1, keepdim=True)
         ref = reference.planarity_normals([c])

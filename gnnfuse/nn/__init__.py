@@ -31,6 +31,8 @@ _EXPORTS = {
     "GraphConv": "._layers",
     "gcn_norm_weights": "._layers",
     "GATConv": "._attention",
+    "GATv2Conv": "._pair_attention",
+    "TransformerConv": "._pair_attention",
     "fuse": "._fuse",
     "fusable": "._fuse",
 }

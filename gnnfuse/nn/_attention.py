@@ -111,20 +111,27 @@ class GATConv(pyg_nn.GATConv):
         return alpha_edge, loop_attr @ w_eff.t()
 
     def _why_not_fused(self, x, edge_index, size, return_attention_weights) -> str | None:
-        if return_attention_weights is not None:
-            return "return_attention_weights is set (the fused kernel never materialises the coefficients)"
-        if size is not None:
-            return "an explicit size is given"
-        if not (isinstance(edge_index, CSR) or (isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
-                                                 and edge_index.dim() == 2)):
-            return f"edge_index is a {type(edge_index).__name__} (sparse adjacency)"
-        if not isinstance(x, Tensor) and (len(x) != 2 or x[1] is None):
-            return "x_dst is None"
-        if self.explain or self.flow != "source_to_target" or (self.decomposed_layers or 1) > 1:
-            return "explain mode, flow='target_to_source' or decomposed_layers"
-        if any(getattr(self, name, None) for name in _HOOK_DICTS):
-            return "propagate/message/aggregate hooks are registered"
-        return None
+        return why_not_fused(self, x, edge_index, size, return_attention_weights)
+
+
+def why_not_fused(layer, x, edge_index, size, return_attention_weights) -> str | None:
+    """Why an attention layer's call cannot take the fused path (None: it can); shared by the layers."""
+    if return_attention_weights is not None:
+        return "return_attention_weights is set (the fused kernel never materialises the coefficients)"
+    if size is not None:
+        return "an explicit size is given"
+    if not (isinstance(edge_index, CSR) or (isinstance(edge_index, Tensor) and edge_index.layout == torch.strided
+                                             and edge_index.dim() == 2)):
+        return f"edge_index is a {type(edge_index).__name__} (sparse adjacency)"
+    if not isinstance(x, Tensor) and (len(x) != 2 or x[1] is None):
+        return "x_dst is None"
+    if layer.explain or layer.flow != "source_to_target" or (layer.decomposed_layers or 1) > 1:
+        return "explain mode, flow='target_to_source' or decomposed_layers"
+    if any(getattr(layer, name, None) for name in _HOOK_DICTS):
+        return "propagate/message/aggregate hooks are registered"
+    return None
 
 
 FUSED_CLASSES[pyg_nn.GATConv] = GATConv
+
+from . import _pair_attention  # noqa: E402, F401  (registers GATv2Conv and TransformerConv with fuse())

@@ -1,4 +1,8 @@
-"""The ``gnnfuse`` torch.library namespace and backend selection, shared by every op."""
+"""The ``gnnfuse`` torch.library namespace and backend selection, shared by every op.
+
+Ops are described with :class:`gnnfuse.ops._opdef.OpDef` (registration, autograd and eager route
+from one description). ``define`` and ``forbid_double_backward`` remain for ops registered by hand.
+"""
 from __future__ import annotations
 
 import torch
@@ -55,26 +59,3 @@ def forbid_double_backward(backward_op: str, public_name: str) -> None:
         )
 
     torch.library.register_autograd(backward_op, raise_error, setup_context=lambda ctx, inputs, output: None)
-
-
-# Eager shortcut around the dispatcher. In plain eager mode the public functions call their kernels
-# through a torch.autograd.Function instead of torch.ops.gnnfuse.*: the dispatcher's layers
-# (autograd key, Python kernel, redispatch, pytree handling of Tensor[] arguments) cost 10-20 us
-# a call for one tensor argument and far more for lists, as much as the kernels on small inputs.
-# Same kernels, same gradients. Tracing (torch.compile, export), dispatch/function modes
-# (FakeTensor, meta), functorch transforms and tensor subclasses take the registered op, which
-# opcheck and the compile tests cover.
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # on CPU or CUDA; meta and others take the op
-
-
-def eager_shortcut_ok(*tensors: torch.Tensor | None) -> bool:
-    """True when a public function may skip the dispatcher (see above)."""
-    for t in tensors:
-        if t is not None and (type(t) not in _PLAIN_TENSORS or not (t.is_cuda or t.is_cpu)):
-            return False
-    return (
-        not torch.compiler.is_compiling()
-        and torch._C._len_torch_dispatch_stack() == 0
-        and not torch._C._is_torch_function_mode_enabled()
-        and torch._C._functorch.maybe_current_level() is None
-    )

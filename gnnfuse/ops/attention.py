@@ -20,7 +20,8 @@ self loop of row i (``add_self_loops``) has id E + i.
 graph: edges j == i are skipped and each row i < min(N_src, N_dst) gets one virtual edge from
 node i, whose edge term is ``alpha_loop[i]`` (when given).
 
-Ops: ``gnnfuse::gat_attention`` (out, row max, row sum) and ``gnnfuse::gat_attention_backward``.
+Ops (declared with ``OpDef``): ``gnnfuse::gat_attention`` (out, row max, row sum) and
+``gnnfuse::gat_attention_backward``.
 Kernels: csrc/attention.cpp (CPU, OpenMP, deterministic) and gnnfuse/triton/attention.py (CUDA).
 """
 from __future__ import annotations
@@ -30,20 +31,10 @@ import torch
 from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
 from ..csr import CSR, transpose_parts_of
-from ._library import define, forbid_double_backward, resolve_backend
+from ._library import resolve_backend
+from ._opdef import OpDef
 from .gather_scatter import _as_csr
 
-OP = define(
-    "gat_attention(Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, Tensor? a_loop, Tensor rowptr, "
-    "Tensor col, Tensor? t_rowptr, Tensor? t_col, Tensor? t_pos, bool self_loops, float negative_slope, "
-    "float dropout, int seed) -> (Tensor, Tensor, Tensor)"
-)
-BACKWARD_OP = define(
-    "gat_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor x, Tensor a_src, "
-    "Tensor a_dst, Tensor? a_edge, Tensor? a_loop, Tensor rowptr, Tensor col, Tensor t_rowptr, Tensor t_col, "
-    "Tensor t_pos, bool self_loops, float negative_slope, float dropout, int seed, bool[] needs) "
-    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
-)
 # x [N_src, H, F], a_src [N_src, H], a_dst [N_dst, H], a_edge [E, H] in CSR order, a_loop [N_dst, H],
 # all contiguous with x's dtype. Returns out [N_dst, H, F] and the softmax's row max and row sum
 # ([N_dst, H], see stats_dtype). needs: which of (x, a_src, a_dst, a_edge, a_loop) want a gradient.
@@ -76,72 +67,47 @@ def _backward_triton(*args):
     return attention.backward(*args)
 
 
-torch.library.impl(OP, "cpu")(_forward_cpu)
-torch.library.impl(BACKWARD_OP, "cpu")(_backward_cpu)
-torch.library.impl(OP, "cuda")(_forward_triton)
-torch.library.impl(BACKWARD_OP, "cuda")(_backward_triton)
-KERNELS = {"cpu": (_forward_cpu, _backward_cpu), "triton": (_forward_triton, _backward_triton)}
-
-
-@torch.library.register_fake(OP)
 def _forward_fake(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops, slope, p, seed):
     num_dst, heads = a_dst.shape
     stats = x.new_empty(num_dst, heads, dtype=stats_dtype(x.dtype))
     return x.new_empty(num_dst, heads, x.shape[2]), stats, torch.empty_like(stats)
 
 
-@torch.library.register_fake(BACKWARD_OP)
 def _backward_fake(grad_out, out, row_max, row_sum, x, a_src, a_dst, a_edge, a_loop, *rest):
     needs = rest[-1]
     likes = (x, a_src, a_dst, a_edge, a_loop)
     return tuple(torch.empty_like(t) if (need and t is not None) else x.new_empty(0) for need, t in zip(needs, likes))
 
 
-# ---- autograd: one rule, shared by the registered op and the interpreter path ------------------
-def _backward_args(saved, scalars, grad_out, needs):
-    out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos = saved
-    if t_rowptr is None:  # op called directly without the transpose: build it now
-        t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
-    return (grad_out.contiguous(), out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos,
-            *scalars, needs)
-
-
-def _grads_to_inputs(grads, needs):
-    return tuple(g if need else None for g, need in zip(grads, needs))
-
-
-def _setup_context(ctx, inputs, output):
+# ---- autograd: saved state and the backward op ----------------------------------------------------
+def _save(ctx, inputs, output):
     x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, *scalars = inputs
     ctx.scalars = tuple(scalars)
     ctx.mark_non_differentiable(output[1], output[2])
-    ctx.save_for_backward(output[0], output[1], output[2], x, a_src, a_dst, a_edge, a_loop, rowptr, col,
-                          t_rowptr, t_col, t_pos)
+    return (output[0], output[1], output[2], x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos)
 
 
-def _backward(ctx, grad_out, _gm, _gz):
-    needs = [bool(n) for n in ctx.needs_input_grad[:5]]
-    grads = torch.ops.gnnfuse.gat_attention_backward(*_backward_args(ctx.saved_tensors, ctx.scalars, grad_out, needs))
-    return (*_grads_to_inputs(grads, needs), *([None] * 9))
+def _backward(ctx, saved, grad_out, _gm, _gz):
+    out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos = saved
+    needs = [bool(n) for n in ctx.needs[:5]]
+    if t_rowptr is None:  # op called directly without the transpose: build it now
+        t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
+    grads = BACKWARD(grad_out.contiguous(), out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col,
+                     t_pos, *ctx.scalars, needs, backend=ctx.backend)
+    return (*(g if need else None for g, need in zip(grads, needs)), *([None] * 9))
 
 
-torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
-forbid_double_backward(BACKWARD_OP, "gat_attention")
-
-
-class _Interpreted(torch.autograd.Function):
-    """Triton kernels on CPU tensors (TRITON_INTERPRET=1): the dispatcher would pick the C++ kernel."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        outputs = _forward_triton(*inputs)
-        _setup_context(ctx, inputs, outputs)
-        return outputs
-
-    @staticmethod
-    def backward(ctx, grad_out, _gm, _gz):
-        needs = [bool(n) for n in ctx.needs_input_grad[:5]]
-        grads = _backward_triton(*_backward_args(ctx.saved_tensors, ctx.scalars, grad_out, needs))
-        return (*_grads_to_inputs(grads, needs), *([None] * 9))
+FORWARD = OpDef(
+    "gat_attention(Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, Tensor? a_loop, Tensor rowptr, "
+    "Tensor col, Tensor? t_rowptr, Tensor? t_col, Tensor? t_pos, bool self_loops, float negative_slope, "
+    "float dropout, int seed) -> (Tensor, Tensor, Tensor)",
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
+    "gat_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor x, Tensor a_src, "
+    "Tensor a_dst, Tensor? a_edge, Tensor? a_loop, Tensor rowptr, Tensor col, Tensor t_rowptr, Tensor t_col, "
+    "Tensor t_pos, bool self_loops, float negative_slope, float dropout, int seed, bool[] needs) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    kernels={"cpu": _backward_cpu, "triton": _backward_triton}, fake=_backward_fake, public_name="gat_attention")
 
 
 # ---- pure-PyTorch reference (materialises [E, H, F]: for tests and backend="reference") ----------
@@ -168,34 +134,49 @@ def _keep_mask(seed: int, edge_ids: torch.Tensor, heads: int, p: float) -> torch
     return (r >> 8) >= round(p * (1 << 24))
 
 
-def reference(x, a_src, a_dst, a_edge, a_loop, csr: CSR, self_loops: bool, slope: float, p: float, seed: int):
-    """The op's maths with plain torch ops and autograd (a_edge in CSR order)."""
+def reference_edges(csr: CSR, num_src: int, self_loops: bool):
+    """(row, col, dropout ids, kept) of the edges the kernels walk: the CSR's edges, and with
+    self_loops its own loops dropped (kept: the mask of the CSR edges left) and one loop per row
+    i < min(num_src, num_dst) appended (id E + i). kept is None without self loops."""
     row, col = csr.row().long(), csr.col.long()
-    ids = torch.arange(csr.num_edges, device=x.device)
-    num_dst, heads = a_dst.shape
-    term = a_edge
-    if self_loops:
-        kept = col != row
-        row, col, ids = row[kept], col[kept], ids[kept]
-        loops = torch.arange(min(x.shape[0], num_dst), device=x.device)
-        row, col, ids = torch.cat([row, loops]), torch.cat([col, loops]), torch.cat([ids, csr.num_edges + loops])
-        if a_edge is not None or a_loop is not None:
-            edge_part = a_edge[kept] if a_edge is not None else a_src.new_zeros(int(kept.sum()), heads)
-            loop_part = a_loop[: loops.numel()] if a_loop is not None else a_src.new_zeros(loops.numel(), heads)
-            term = torch.cat([edge_part, loop_part])
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    s = a_src.to(work)[col] + a_dst.to(work)[row]
-    if term is not None:
-        s = s + term.to(work)
-    e = torch.nn.functional.leaky_relu(s, slope)
-    row_max = torch.full((num_dst, heads), float("-inf"), dtype=work, device=x.device)
+    ids = torch.arange(csr.num_edges, device=col.device)
+    if not self_loops:
+        return row, col, ids, None
+    kept = col != row
+    loops = torch.arange(min(num_src, csr.num_dst), device=col.device)
+    return (torch.cat([row[kept], loops]), torch.cat([col[kept], loops]), torch.cat([ids[kept], csr.num_edges + loops]),
+            kept)
+
+
+def reference_softmax_sum(e, row, col, ids, values, num_dst: int, p: float, seed: int, dtype: torch.dtype):
+    """sum over row i's edges of softmax_i(e) (* the kernels' dropout) * values[col], [N_dst, H, F]."""
+    heads = e.shape[1]
+    row_max = torch.full((num_dst, heads), float("-inf"), dtype=e.dtype, device=e.device)
     row_max = row_max.scatter_reduce(0, row.unsqueeze(1).expand_as(e), e, "amax").detach()
     w = torch.exp(e - row_max[row])
     coef = w / torch.zeros_like(row_max).index_add(0, row, w)[row]
     if p > 0:
         coef = coef * _keep_mask(seed, ids, heads, p) / (1 - p)
-    msg = coef.unsqueeze(-1) * x.to(work)[col]
-    return torch.zeros(num_dst, heads, x.shape[2], dtype=work, device=x.device).index_add(0, row, msg).to(x.dtype)
+    msg = coef.unsqueeze(-1) * values.to(e.dtype)[col]
+    return torch.zeros(num_dst, heads, values.shape[2], dtype=e.dtype, device=e.device).index_add(0, row, msg).to(dtype)
+
+
+def reference(x, a_src, a_dst, a_edge, a_loop, csr: CSR, self_loops: bool, slope: float, p: float, seed: int):
+    """The op's maths with plain torch ops and autograd (a_edge in CSR order)."""
+    row, col, ids, kept = reference_edges(csr, x.shape[0], self_loops)
+    num_dst, heads = a_dst.shape
+    term = a_edge
+    if self_loops and (a_edge is not None or a_loop is not None):
+        loops = row.numel() - int(kept.sum())
+        edge_part = a_edge[kept] if a_edge is not None else a_src.new_zeros(int(kept.sum()), heads)
+        loop_part = a_loop[:loops] if a_loop is not None else a_src.new_zeros(loops, heads)
+        term = torch.cat([edge_part, loop_part])
+    work = stats_dtype(x.dtype)
+    s = a_src.to(work)[col] + a_dst.to(work)[row]
+    if term is not None:
+        s = s + term.to(work)
+    e = torch.nn.functional.leaky_relu(s, slope)
+    return reference_softmax_sum(e, row, col, ids, x, num_dst, p, seed, x.dtype)
 
 
 # ---- public API ---------------------------------------------------------------------------------
@@ -275,10 +256,7 @@ def gat_attention(
     tensors = (x, alpha_src, alpha_dst, alpha_edge, alpha_loop)
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     transpose = csr.transpose_parts() if wants_grad else (None, None, None)
-    args = (*tensors, csr.rowptr, csr.col, *transpose, *scalars)
-    if backend == "triton" and x.is_cpu:  # TRITON_INTERPRET=1: the dispatcher would pick C++
-        return _Interpreted.apply(*args)[0]
-    return torch.ops.gnnfuse.gat_attention(*args)[0]
+    return FORWARD(*tensors, csr.rowptr, csr.col, *transpose, *scalars, backend=backend)[0]
 
 
 def _alpha(name, t, expected, x, shape_ok):

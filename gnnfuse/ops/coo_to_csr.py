@@ -9,10 +9,8 @@ import torch
 from .. import reference
 from .._build import BuildError, load_extension
 from .._validate import IndexOutOfRange
-from ._library import define
+from ._opdef import OpDef
 
-OP = define("coo_to_csr(Tensor key, Tensor other, SymInt num_rows, SymInt num_other, ScalarType? out_dtype=None) "
-            "-> (Tensor, Tensor, Tensor)")
 # key/other: [E] ids of one index dtype, range-checked in that dtype; out_dtype: the CSR's index
 # dtype (default: key's), so int64 ids are checked before they are narrowed to int32.
 
@@ -25,7 +23,6 @@ def _extension_or_none():
         return None
 
 
-@torch.library.impl(OP, "cpu")
 def _coo_to_csr_cpu(key, other, num_rows, num_other, out_dtype=None):
     ext = _extension_or_none()
     if ext is None:
@@ -36,20 +33,22 @@ def _coo_to_csr_cpu(key, other, num_rows, num_other, out_dtype=None):
         raise IndexOutOfRange(str(exc)) from None
 
 
-# On GPUs torch's stable radix sort is already fast; construction happens once per graph.
-torch.library.impl(OP, "cuda")(reference.coo_to_csr)
-
-
-@torch.library.register_fake(OP)
 def _coo_to_csr_fake(key, other, num_rows, num_other, out_dtype=None):
     E = key.shape[0]
     dtype = out_dtype or key.dtype
     return key.new_empty(num_rows + 1, dtype=dtype), key.new_empty(E, dtype=dtype), key.new_empty(E, dtype=dtype)
 
 
+# On GPUs torch's stable radix sort is already fast; construction happens once per graph.
+COO_TO_CSR = OpDef(
+    "coo_to_csr(Tensor key, Tensor other, SymInt num_rows, SymInt num_other, ScalarType? out_dtype=None) "
+    "-> (Tensor, Tensor, Tensor)",
+    kernels={"cpu": _coo_to_csr_cpu, "cuda": reference.coo_to_csr}, fake=_coo_to_csr_fake, differentiable=False)
+
+
 def coo_to_csr(key: torch.Tensor, other: torch.Tensor, num_rows: int, num_other: int,
                out_dtype: torch.dtype | None = None):
-    return torch.ops.gnnfuse.coo_to_csr(key, other, num_rows, num_other, out_dtype)
+    return COO_TO_CSR(key, other, num_rows, num_other, out_dtype)
 
 
 def validate_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int) -> None:

@@ -13,11 +13,9 @@ import torch
 from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
 from ..csr import CSR
-from ._library import define, forbid_double_backward, resolve_backend
+from ._library import resolve_backend
+from ._opdef import OpDef
 from .gather_scatter import _as_csr
-
-OP = define("edge_softmax(Tensor logits, Tensor rowptr, Tensor perm) -> Tensor")
-BACKWARD_OP = define("edge_softmax_backward(Tensor grad, Tensor out, Tensor rowptr, Tensor perm) -> Tensor")
 
 
 def _triton():
@@ -26,43 +24,26 @@ def _triton():
     return attention
 
 
-torch.library.impl(OP, "cpu")(
-    lambda logits, rowptr, perm: load_extension("attention").edge_softmax(logits, rowptr, perm))
-torch.library.impl(BACKWARD_OP, "cpu")(
-    lambda grad, out, rowptr, perm: load_extension("attention").edge_softmax_backward(grad, out, rowptr, perm))
-torch.library.impl(OP, "cuda")(lambda logits, rowptr, perm: _triton().edge_softmax(logits, rowptr, perm))
-torch.library.impl(BACKWARD_OP, "cuda")(
-    lambda grad, out, rowptr, perm: _triton().edge_softmax_backward(grad, out, rowptr, perm))
-torch.library.register_fake(OP)(lambda logits, rowptr, perm: torch.empty_like(logits))
-torch.library.register_fake(BACKWARD_OP)(lambda grad, out, rowptr, perm: torch.empty_like(out))
+def _save(ctx, inputs, output):
+    return output, inputs[1], inputs[2]  # the weights, rowptr, perm
 
 
-def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(output, inputs[1], inputs[2])
+def _backward(ctx, saved, grad):
+    out, rowptr, perm = saved
+    return BACKWARD(grad.contiguous(), out, rowptr, perm, backend=ctx.backend), None, None
 
 
-def _backward(ctx, grad):
-    out, rowptr, perm = ctx.saved_tensors
-    return torch.ops.gnnfuse.edge_softmax_backward(grad.contiguous(), out, rowptr, perm), None, None
-
-
-torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
-forbid_double_backward(BACKWARD_OP, "edge_softmax")
-
-
-class _Interpreted(torch.autograd.Function):
-    """Triton kernels on CPU tensors (TRITON_INTERPRET=1): the dispatcher would pick the C++ kernel."""
-
-    @staticmethod
-    def forward(ctx, logits, rowptr, perm):
-        out = _triton().edge_softmax(logits, rowptr, perm)
-        ctx.save_for_backward(out, rowptr, perm)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out, rowptr, perm = ctx.saved_tensors
-        return _triton().edge_softmax_backward(grad, out, rowptr, perm), None, None
+FORWARD = OpDef(
+    "edge_softmax(Tensor logits, Tensor rowptr, Tensor perm) -> Tensor",
+    kernels={"cpu": lambda logits, rowptr, perm: load_extension("attention").edge_softmax(logits, rowptr, perm),
+             "triton": lambda logits, rowptr, perm: _triton().edge_softmax(logits, rowptr, perm)},
+    fake=lambda logits, rowptr, perm: torch.empty_like(logits), save=_save, backward=_backward)
+BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
+    "edge_softmax_backward(Tensor grad, Tensor out, Tensor rowptr, Tensor perm) -> Tensor",
+    kernels={"cpu": lambda grad, out, rowptr, perm: load_extension("attention").edge_softmax_backward(
+                 grad, out, rowptr, perm),
+             "triton": lambda grad, out, rowptr, perm: _triton().edge_softmax_backward(grad, out, rowptr, perm)},
+    fake=lambda grad, out, rowptr, perm: torch.empty_like(out), public_name="edge_softmax")
 
 
 def reference(logits: torch.Tensor, dst: torch.Tensor, num_dst: int) -> torch.Tensor:
@@ -107,8 +88,6 @@ def edge_softmax(logits: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, *,
     backend = resolve_backend(backend, logits.device)
     if backend == "reference":
         out = reference(logits2, csr.row()[torch.argsort(csr.perm.long())], csr.num_dst)
-    elif backend == "triton" and logits.is_cpu:
-        out = _Interpreted.apply(logits2, csr.rowptr, csr.perm)
     else:
-        out = torch.ops.gnnfuse.edge_softmax(logits2, csr.rowptr, csr.perm)
+        out = FORWARD(logits2, csr.rowptr, csr.perm, backend=backend)
     return out.squeeze(1) if flat else out

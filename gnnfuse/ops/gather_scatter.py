@@ -2,7 +2,8 @@
 
 Layers, top to bottom:
   * :func:`fused_gather_scatter` - public API: validation, CSR lookup, backend choice;
-  * ``gnnfuse::gather_scatter`` - the torch.library op on a CSR, with fake and autograd rules;
+  * ``gnnfuse::gather_scatter`` - the op on a CSR (described once in :data:`FORWARD`, see
+    ops/_opdef.py), with fake and autograd rules;
   * ``gnnfuse::gather_scatter_backward`` - gradients for x and the edge weights, one op for
     every reduction (its own derivative is not implemented: double backward raises).
 Kernels: C++ in csrc/gather_scatter.cpp (CPU), Triton in gnnfuse/triton/gather_scatter.py (CUDA).
@@ -26,24 +27,16 @@ from .._validate import (
     require_tensor,
 )
 from ..csr import CSR, check_edge_index, csr_for_edge_index, transpose_parts_of
-from ._library import define, eager_shortcut_ok, forbid_double_backward, resolve_backend
+from ._library import resolve_backend
+from ._opdef import OpDef
 
 REDUCTIONS = ("sum", "mean", "max", "min", "mul")
 ARG_REDUCTIONS = ("max", "min")  # reductions whose forward records the winning edge
-
-OP = define(
-    "gather_scatter(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
-    "Tensor? t_pos, str reduce) -> (Tensor, Tensor)"
-)
-BACKWARD_OP = define(
-    "gather_scatter_backward(Tensor grad_out, Tensor x, Tensor rowptr, Tensor col, Tensor? weight, "
-    "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, str reduce, bool need_x_grad, "
-    "bool need_weight_grad) -> (Tensor, Tensor)"
-)
-# The op's signature: x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order with
-# x's dtype; t_* the cached transpose, passed exactly when gradients are wanted. Returns out
+# The forward op: x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order with x's
+# dtype; t_* the cached transpose, passed exactly when gradients are wanted. Returns out
 # [N_dst, F] and arg: for max/min with the transpose given, [N_dst, F] winning CSR positions
 # (-1 for empty rows), needed by the backward; otherwise [0, 0] (inference skips tracking).
+# The backward op returns the gradients of x and of the edge weights, for every reduction.
 
 
 # ---- kernels --------------------------------------------------------------------------------
@@ -80,25 +73,7 @@ def _backward_triton(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, a
     )
 
 
-def _infer_cpu(x, rowptr, col, weight, reduce):
-    return load_extension().gather_scatter_forward(x, rowptr, col, weight, reduce, False)[0]
-
-
-def _infer_triton(x, rowptr, col, weight, reduce):
-    return (_triton_module or _triton()).infer(x, rowptr, col, weight, reduce)
-
-
-torch.library.impl(OP, "cpu")(_forward_cpu)
-torch.library.impl(BACKWARD_OP, "cpu")(_backward_cpu)
-torch.library.impl(OP, "cuda")(_forward_triton)
-torch.library.impl(BACKWARD_OP, "cuda")(_backward_triton)
-# (forward, backward) kernels per backend: "cpu" C++, "triton" CUDA or the interpreter on CPU tensors
-KERNELS = {"cpu": (_forward_cpu, _backward_cpu), "triton": (_forward_triton, _backward_triton)}
-INFER = {"cpu": _infer_cpu, "triton": _infer_triton}  # forward's out alone: no winners, no empty arg
-
-
 # ---- fake (shape) rules for torch.compile ------------------------------------------------------
-@torch.library.register_fake(OP)
 def _forward_fake(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
     num_dst = rowptr.shape[0] - 1
     out = x.new_empty(num_dst, x.shape[1])
@@ -107,74 +82,42 @@ def _forward_fake(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
     return out, arg
 
 
-@torch.library.register_fake(BACKWARD_OP)
 def _backward_fake(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
     grad_x = torch.empty_like(x) if need_x_grad else x.new_empty(0)
     grad_w = x.new_empty(col.shape[0]) if (need_w_grad and weight is not None) else x.new_empty(0)
     return grad_x, grad_w
 
 
-# ---- autograd ---------------------------------------------------------------------------------
-def _setup_context(ctx, inputs, output):
+# ---- the backward's maths -------------------------------------------------------------------------
+def _save(ctx, inputs, output):
     x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce = inputs
     ctx.reduce = reduce
     ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(x, rowptr, col, weight, t_rowptr, t_col, t_pos, output[1])
+    return x, rowptr, col, weight, t_rowptr, t_col, t_pos, output[1]
 
 
-def _backward(ctx, grad_out, _grad_arg):
-    x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg = ctx.saved_tensors
-    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
+def _backward(ctx, saved, grad_out, _grad_arg):
+    x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg = saved
+    need_x, need_w = ctx.needs[0], ctx.needs[3]
     if t_rowptr is None:  # op called directly without the transpose: build it (and max/min winners) now
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
         if ctx.reduce in ARG_REDUCTIONS:
-            _, arg = torch.ops.gnnfuse.gather_scatter(x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.reduce)
-    grad_x, grad_w = torch.ops.gnnfuse.gather_scatter_backward(
-        grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, ctx.reduce, need_x, need_w
-    )
+            arg = FORWARD(x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.reduce, backend=ctx.backend)[1]
+    grad_x, grad_w = BACKWARD(grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg,
+                              ctx.reduce, need_x, need_w, backend=ctx.backend)
     return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
 
 
-torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
-forbid_double_backward(BACKWARD_OP, "fused_gather_scatter")
-
-
-# ---- eager shortcut around the dispatcher (see _library.eager_shortcut_ok) ----------------------
-class _EagerGatherScatter(torch.autograd.Function):
-    """The op's autograd in eager mode. The graph's index tensors travel as one plain tuple and
-    the winners stay on ctx: they are not differentiable, and every tensor argument or saved
-    tensor costs the autograd machinery time on each call (this is the hot path of small graphs)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, graph, reduce, backend):
-        rowptr, col, t_rowptr, t_col, t_pos = graph
-        out, arg = KERNELS[backend][0](x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce)
-        ctx.graph, ctx.arg, ctx.reduce, ctx.backend = graph, arg, reduce, backend
-        ctx.save_for_backward(x, weight)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
-        rowptr, col, t_rowptr, t_col, t_pos = ctx.graph
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        args = (grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.arg, ctx.reduce,
-                need_x, need_w)
-        if torch.is_grad_enabled():  # create_graph=True: the op's autograd rule makes double backward raise
-            grad_x, grad_w = torch.ops.gnnfuse.gather_scatter_backward(*args)
-        else:
-            grad_x, grad_w = KERNELS[ctx.backend][1](*args)
-        return (grad_x if need_x else None), (grad_w if need_w else None), None, None, None
-
-
-def _run(x, weight, rowptr, col, transpose, reduce, backend):
-    """out [N_dst, F] of the kernels of ``backend`` ("cpu" | "triton"), with autograd."""
-    interpreted = backend == "triton" and x.is_cpu  # TRITON_INTERPRET=1: never through the op
-    if interpreted or eager_shortcut_ok(x, weight):
-        if transpose[0] is None:  # no gradient wanted: no autograd node either
-            return INFER[backend](x, rowptr, col, weight, reduce)
-        return _EagerGatherScatter.apply(x, weight, (rowptr, col, *transpose), reduce, backend)
-    return torch.ops.gnnfuse.gather_scatter(x, rowptr, col, weight, *transpose, reduce)[0]
+FORWARD = OpDef(
+    "gather_scatter(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
+    "Tensor? t_pos, str reduce) -> (Tensor, Tensor)",
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
+    "gather_scatter_backward(Tensor grad_out, Tensor x, Tensor rowptr, Tensor col, Tensor? weight, "
+    "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, str reduce, bool need_x_grad, "
+    "bool need_weight_grad) -> (Tensor, Tensor)",
+    kernels={"cpu": _backward_cpu, "triton": _backward_triton}, fake=_backward_fake,
+    public_name="fused_gather_scatter")
 
 
 # ---- public API ---------------------------------------------------------------------------------
@@ -221,7 +164,7 @@ def fused_gather_scatter(
     else:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
         transpose = csr._transpose_parts() if wants_grad else (None, None, None)
-        out = _run(x2, weight, csr.rowptr, csr.col, transpose, reduce, backend)
+        out = FORWARD(x2, csr.rowptr, csr.col, weight, *transpose, reduce, backend=backend)[0]
     return out if flat else out.reshape(csr.num_dst, *x.shape[1:])
 
 

@@ -2,7 +2,8 @@
 
 Layers, top to bottom:
   * :func:`planarity_nll` - public API: validation, dtype handling, backend choice;
-  * ``gnnfuse::planarity_nll`` - the torch.library op on lists of buckets (``Tensor[]``), with
+  * ``gnnfuse::planarity_nll`` - the op on lists of buckets (``Tensor[]``; described once in
+    :data:`FORWARD`, see ops/_opdef.py), with
     fake and autograd rules; it returns the loss plus float64 normals and per-atom coefficients
     (saved for backward, which is then a pure scatter);
   * ``gnnfuse::planarity_nll_backward`` - analytic gradients for the positions (and sigmas).
@@ -32,19 +33,13 @@ from .._validate import (
     require_shape,
     require_tensor,
 )
-from ._library import define, eager_shortcut_ok, forbid_double_backward, resolve_backend
+from ._library import resolve_backend
+from ._opdef import OpDef
 
 POSITION_DTYPES = (torch.float32, torch.float64)
-
-OP = define("planarity_nll(Tensor xyz, Tensor[] indices, Tensor[] sigmas, bool triton) -> (Tensor, Tensor, Tensor)")
-BACKWARD_OP = define(
-    "planarity_nll_backward(Tensor grad, Tensor xyz, Tensor[] indices, Tensor[] sigmas, Tensor planes, "
-    "Tensor coef, bool need_sigma_grad, bool triton) -> (Tensor, Tensor)"
-)
 # The op's signature: xyz [A, 3] contiguous float32/float64; indices[b] [P_b, n_b] contiguous
-# int32/int64; sigmas[b] [P_b] contiguous with xyz's dtype. ``triton`` picks the Triton kernels
-# for CPU tensors (interpreter only; CUDA tensors always use Triton). Returns the scalar loss
-# (xyz's dtype) and, for the backward (non-differentiable, float64, bucket/plane/atom order):
+# int32/int64; sigmas[b] [P_b] contiguous with xyz's dtype. Returns the scalar loss (xyz's dtype)
+# and, for the backward (non-differentiable, float64, bucket/plane/atom order):
 # planes [sum_b P_b, 4] = (unit normal, sum_a d_pa^2) and coef [sum_b P_b n_b] =
 # (d_pa - mean_a d_pa) / s_p^2, so that dNLL/dx_pa = coef_pa * n_p and the backward is a pure
 # scatter. The backward returns grad_xyz [A, 3] and grad_sigmas [sum_b P_b] ([0] if not needed).
@@ -77,94 +72,44 @@ def _backward_triton(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad):
     return _triton().backward(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad)
 
 
-# (forward, backward) per backend: "cpu" C++, "triton" CUDA or the interpreter on CPU tensors
-KERNELS = {"cpu": (_forward_cpp, _backward_cpp), "triton": (_forward_triton, _backward_triton)}
-
-
-def _op_backend(xyz: torch.Tensor, triton: bool) -> str:
-    return "triton" if triton or xyz.device.type != "cpu" else "cpu"
-
-
-def _forward_op(xyz, indices, sigmas, triton):
-    return KERNELS[_op_backend(xyz, triton)][0](xyz, indices, sigmas)
-
-
-def _backward_op(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad, triton):
-    return KERNELS[_op_backend(xyz, triton)][1](grad, xyz, indices, sigmas, planes, coef, need_sigma_grad)
-
-
-torch.library.impl(OP, ("cpu", "cuda"))(_forward_op)
-torch.library.impl(BACKWARD_OP, ("cpu", "cuda"))(_backward_op)
-
-
 # ---- fake (shape) rules for torch.compile ------------------------------------------------------
 def _num_planes(indices):
     return sum(idx.shape[0] for idx in indices)
 
 
-@torch.library.register_fake(OP)
-def _forward_fake(xyz, indices, sigmas, triton):
+def _forward_fake(xyz, indices, sigmas):
     entries = sum(idx.shape[0] * idx.shape[1] for idx in indices)
     return (xyz.new_empty(()), xyz.new_empty((_num_planes(indices), 4), dtype=torch.float64),
             xyz.new_empty((entries,), dtype=torch.float64))
 
 
-@torch.library.register_fake(BACKWARD_OP)
-def _backward_fake(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad, triton):
+def _backward_fake(grad, xyz, indices, sigmas, planes, coef, need_sigma_grad):
     grad_sigma = xyz.new_empty(_num_planes(indices)) if need_sigma_grad else xyz.new_empty(0)
     return torch.empty_like(xyz), grad_sigma
 
 
-# ---- autograd ---------------------------------------------------------------------------------
-def _setup_context(ctx, inputs, output):
-    xyz, indices, sigmas, triton = inputs
-    ctx.triton = triton
-    ctx.num_buckets = len(indices)
+# ---- the backward's maths -------------------------------------------------------------------------
+def _save(ctx, inputs, output):
+    xyz, indices, sigmas = inputs
     ctx.mark_non_differentiable(output[1], output[2])
-    ctx.save_for_backward(xyz, output[1], output[2], *indices, *sigmas)
+    return xyz, output[1], output[2], indices, sigmas
 
 
-def _backward(ctx, grad_loss, _grad_planes, _grad_coef):
-    xyz, planes, coef, *rest = ctx.saved_tensors
-    indices, sigmas = rest[: ctx.num_buckets], rest[ctx.num_buckets :]
-    need_sigma = ctx.needs_input_grad[2]
-    if isinstance(need_sigma, (list, tuple)):
-        need_sigma = any(need_sigma)
-    grad_xyz, grad_sigma = torch.ops.gnnfuse.planarity_nll_backward(
-        grad_loss, xyz, indices, sigmas, planes, coef, bool(need_sigma), ctx.triton
-    )
-    none = [None] * ctx.num_buckets
-    grad_sigmas = list(torch.split(grad_sigma, [s.shape[0] for s in sigmas])) if need_sigma else none
-    return (grad_xyz if ctx.needs_input_grad[0] else None), none, grad_sigmas, None
+def _backward(ctx, saved, grad_loss, _grad_planes, _grad_coef):
+    xyz, planes, coef, indices, sigmas = saved
+    need_xyz, _, need_sigma = ctx.needs
+    grad_xyz, grad_sigma = BACKWARD(grad_loss, xyz, indices, sigmas, planes, coef, need_sigma, backend=ctx.backend)
+    grad_sigmas = list(torch.split(grad_sigma, [s.shape[0] for s in sigmas])) if need_sigma else None
+    return (grad_xyz if need_xyz else None), None, grad_sigmas
 
 
-torch.library.register_autograd(OP, _backward, setup_context=_setup_context)
-forbid_double_backward(BACKWARD_OP, "planarity_nll")
-
-
-# ---- eager shortcut around the dispatcher (see _library.eager_shortcut_ok) ----------------------
-class _EagerPlanarity(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, xyz, backend, num_buckets, *indices_then_sigmas):
-        indices, sigmas = indices_then_sigmas[:num_buckets], indices_then_sigmas[num_buckets:]
-        loss, planes, coef = KERNELS[backend][0](xyz, list(indices), list(sigmas))
-        ctx.backend, ctx.num_buckets = backend, num_buckets
-        ctx.save_for_backward(xyz, planes, coef, *indices_then_sigmas)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        xyz, planes, coef, *rest = ctx.saved_tensors
-        nb = ctx.num_buckets
-        indices, sigmas = rest[:nb], rest[nb:]
-        need_sigma = any(ctx.needs_input_grad[3 + nb:])
-        args = (grad_loss, xyz, indices, sigmas, planes, coef, need_sigma)
-        if torch.is_grad_enabled():  # create_graph=True: the op's autograd rule makes double backward raise
-            grad_xyz, grad_sigma = torch.ops.gnnfuse.planarity_nll_backward(*args, ctx.backend == "triton")
-        else:
-            grad_xyz, grad_sigma = KERNELS[ctx.backend][1](*args)
-        grad_sigmas = torch.split(grad_sigma, [s.shape[0] for s in sigmas]) if need_sigma else (None,) * nb
-        return (grad_xyz if ctx.needs_input_grad[0] else None), None, None, *([None] * nb), *grad_sigmas
+FORWARD = OpDef("planarity_nll(Tensor xyz, Tensor[] indices, Tensor[] sigmas) -> (Tensor, Tensor, Tensor)",
+                kernels={"cpu": _forward_cpp, "triton": _forward_triton}, fake=_forward_fake, save=_save,
+                backward=_backward)
+BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
+    "planarity_nll_backward(Tensor grad, Tensor xyz, Tensor[] indices, Tensor[] sigmas, Tensor planes, "
+    "Tensor coef, bool need_sigma_grad) -> (Tensor, Tensor)",
+    kernels={"cpu": _backward_cpp, "triton": _backward_triton}, fake=_backward_fake, public_name="planarity_nll")
 
 
 # ---- public API ---------------------------------------------------------------------------------
@@ -203,12 +148,7 @@ def planarity_nll(xyz: torch.Tensor, plane_groups, *, backend: str = "auto") -> 
     # (attribute checks first: most calls need no conversion, and each no-op .to()/.contiguous() costs)
     indices = [i if i.is_contiguous() else i.contiguous() for i in indices]
     sigmas = [s if s.dtype == xyz.dtype and s.is_contiguous() else s.to(xyz.dtype).contiguous() for s in sigmas]
-    xyz = xyz.contiguous()
-    if eager_shortcut_ok(xyz, *sigmas):
-        return _EagerPlanarity.apply(xyz, backend, len(indices), *indices, *sigmas)
-    use_triton = backend == "triton" and device.type == "cpu"
-    loss, _, _ = torch.ops.gnnfuse.planarity_nll(xyz, indices, sigmas, use_triton)
-    return loss
+    return FORWARD(xyz.contiguous(), indices, sigmas, backend=backend)[0]
 
 
 def _check_groups(xyz: torch.Tensor, plane_groups) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

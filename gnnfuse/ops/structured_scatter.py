@@ -7,7 +7,8 @@ is ever built.
 
 Layers, top to bottom:
   * :func:`structured_scatter_add` - public API: validation, backend choice;
-  * ``gnnfuse::structured_scatter_add`` - the torch.library op, with fake and autograd rules;
+  * ``gnnfuse::structured_scatter_add`` - the op (described once in :data:`SCATTER`, see
+    ops/_opdef.py), with fake and autograd rules;
     its gradient w.r.t. density_cube is
   * ``gnnfuse::structured_gather`` - grad_cube[c,ix,iy,iz] = grad_out[wa[c,ix] + wbwc[c,iy,iz]]
     (whose own gradient is the scatter again, so double backward works).
@@ -31,15 +32,10 @@ from .._validate import (
     require_shape,
     require_tensor,
 )
-from ._library import define, eager_shortcut_ok, resolve_backend
+from ._library import resolve_backend
+from ._opdef import OpDef
 
-OP = define(
-    "structured_scatter_add(Tensor density_cube, Tensor wa, Tensor wbwc, SymInt map_size, bool check_bounds) "
-    "-> Tensor"
-)
-GATHER_OP = define("structured_gather(Tensor grad_out, Tensor wa, Tensor wbwc, SymInt ny, SymInt nz, "
-                   "bool check_bounds) -> Tensor")
-# The op's contract: density_cube [C, nx, ny, nz] contiguous floating; wa [C, nx] and wbwc
+# The scatter's contract: density_cube [C, nx, ny, nz] contiguous floating; wa [C, nx] and wbwc
 # [C, ny, nz] contiguous, one index dtype. Returns out [map_size] in density_cube's dtype.
 # structured_gather: grad_out [map_size] contiguous -> [C, nx, ny, nz] in grad_out's dtype.
 
@@ -58,8 +54,7 @@ def _scatter_cpp(density_cube, wa, wbwc, map_size, check_bounds):
         raise _as_out_of_range(exc) from None
 
 
-def _gather_cpp(grad_out, wa, wbwc, check_bounds):
-    ny, nz = wbwc.shape[1], wbwc.shape[2]
+def _gather_cpp(grad_out, wa, wbwc, ny, nz, check_bounds):
     try:
         return load_extension("density").structured_gather_forward(grad_out, wa, wbwc, ny, nz, check_bounds)
     except ValueError as exc:
@@ -75,77 +70,44 @@ def _scatter_triton(density_cube, wa, wbwc, map_size, check_bounds):
     return _triton().scatter(density_cube, wa, wbwc, map_size, check_bounds)
 
 
-def _gather_triton(grad_out, wa, wbwc, check_bounds):
+def _gather_triton(grad_out, wa, wbwc, ny, nz, check_bounds):
     return _triton().gather(grad_out, wa, wbwc, check_bounds)
 
 
-# (scatter, gather) per backend: "cpu" C++, "triton" CUDA or the interpreter on CPU tensors
-KERNELS = {"cpu": (_scatter_cpp, _gather_cpp), "triton": (_scatter_triton, _gather_triton)}
-torch.library.impl(OP, "cpu")(_scatter_cpp)
-torch.library.impl(OP, "cuda")(_scatter_triton)
-torch.library.impl(GATHER_OP, "cpu")(lambda grad_out, wa, wbwc, ny, nz, check: _gather_cpp(grad_out, wa, wbwc, check))
-torch.library.impl(GATHER_OP, "cuda")(
-    lambda grad_out, wa, wbwc, ny, nz, check: _gather_triton(grad_out, wa, wbwc, check))
-
-
-# ---- fake (shape) rules for torch.compile ------------------------------------------------------
-@torch.library.register_fake(OP)
-def _forward_fake(density_cube, wa, wbwc, map_size, check_bounds):
-    return density_cube.new_empty(map_size)
-
-
-@torch.library.register_fake(GATHER_OP)
-def _gather_fake(grad_out, wa, wbwc, ny, nz, check_bounds):
-    return grad_out.new_empty(wa.shape[0], wa.shape[1], ny, nz)
-
-
 # ---- autograd: the scatter and the gather are each other's adjoint ---------------------------
-def _setup_scatter(ctx, inputs, output):
-    density_cube, wa, wbwc, map_size, check_bounds = inputs
-    ctx.save_for_backward(wa, wbwc)
+# (the forward has checked the bounds already, or the caller waived the check: the adjoint skips it)
+def _save_scatter(ctx, inputs, output):
+    return inputs[1], inputs[2]  # wa, wbwc
 
 
-def _backward_scatter(ctx, grad_out):
-    wa, wbwc = ctx.saved_tensors
-    # The forward has checked the bounds already (or the caller waived the check): skip it.
-    grad = torch.ops.gnnfuse.structured_gather(grad_out.contiguous(), wa, wbwc, wbwc.shape[1], wbwc.shape[2], False)
+def _backward_scatter(ctx, saved, grad_out):
+    wa, wbwc = saved
+    grad = GATHER(grad_out.contiguous(), wa, wbwc, wbwc.shape[1], wbwc.shape[2], False, backend=ctx.backend)
     return grad, None, None, None, None
 
 
-def _setup_gather(ctx, inputs, output):
-    grad_out, wa, wbwc, ny, nz, check_bounds = inputs
-    ctx.map_size = grad_out.shape[0]
-    ctx.save_for_backward(wa, wbwc)
+def _save_gather(ctx, inputs, output):
+    ctx.map_size = inputs[0].shape[0]
+    return inputs[1], inputs[2]
 
 
-def _backward_gather(ctx, grad_cube):
-    wa, wbwc = ctx.saved_tensors
-    grad = torch.ops.gnnfuse.structured_scatter_add(grad_cube.contiguous(), wa, wbwc, ctx.map_size, False)
+def _backward_gather(ctx, saved, grad_cube):
+    wa, wbwc = saved
+    grad = SCATTER(grad_cube.contiguous(), wa, wbwc, ctx.map_size, False, backend=ctx.backend)
     return grad, None, None, None, None, None
 
 
-torch.library.register_autograd(OP, _backward_scatter, setup_context=_setup_scatter)
-torch.library.register_autograd(GATHER_OP, _backward_gather, setup_context=_setup_gather)
-
-
-# ---- eager shortcut around the dispatcher (see _library.eager_shortcut_ok) ----------------------
-class _EagerStructuredScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, density_cube, wa, wbwc, map_size, check_bounds, backend):
-        ctx.save_for_backward(wa, wbwc)
-        ctx.backend = backend
-        return KERNELS[backend][0](density_cube, wa, wbwc, map_size, check_bounds)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        wa, wbwc = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        # bounds were checked by the forward (or waived by the caller)
-        if torch.is_grad_enabled():  # create_graph=True: the registered gather op is differentiable
-            grad = torch.ops.gnnfuse.structured_gather(grad_out, wa, wbwc, wbwc.shape[1], wbwc.shape[2], False)
-        else:
-            grad = KERNELS[ctx.backend][1](grad_out, wa, wbwc, False)
-        return grad, None, None, None, None, None
+SCATTER = OpDef(
+    "structured_scatter_add(Tensor density_cube, Tensor wa, Tensor wbwc, SymInt map_size, bool check_bounds) "
+    "-> Tensor",
+    kernels={"cpu": _scatter_cpp, "triton": _scatter_triton},
+    fake=lambda density_cube, wa, wbwc, map_size, check_bounds: density_cube.new_empty(map_size),
+    save=_save_scatter, backward=_backward_scatter)
+GATHER = OpDef(
+    "structured_gather(Tensor grad_out, Tensor wa, Tensor wbwc, SymInt ny, SymInt nz, bool check_bounds) -> Tensor",
+    kernels={"cpu": _gather_cpp, "triton": _gather_triton},
+    fake=lambda grad_out, wa, wbwc, ny, nz, check_bounds: grad_out.new_empty(wa.shape[0], wa.shape[1], ny, nz),
+    save=_save_gather, backward=_backward_gather)
 
 
 # ---- public API ---------------------------------------------------------------------------------
@@ -220,9 +182,4 @@ def structured_scatter_add(
     if backend == "reference":
         return reference.structured_scatter_add(density_cube, wa, wbwc, map_size, check_bounds)
     cube, wa, wbwc = density_cube.contiguous(), wa.contiguous(), wbwc.contiguous()
-    interpreted = backend == "triton" and device.type == "cpu"  # TRITON_INTERPRET=1: never through the op
-    if interpreted or eager_shortcut_ok(cube):
-        if not (cube.requires_grad and torch.is_grad_enabled()):  # no graph to record: the kernel alone
-            return KERNELS[backend][0](cube, wa, wbwc, map_size, check_bounds)
-        return _EagerStructuredScatter.apply(cube, wa, wbwc, map_size, check_bounds, backend)
-    return torch.ops.gnnfuse.structured_scatter_add(cube, wa, wbwc, map_size, check_bounds)
+    return SCATTER(cube, wa, wbwc, map_size, check_bounds, backend=backend)

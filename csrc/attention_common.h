@@ -1,0 +1,152 @@
+// Pieces shared by the fused attention kernels (attention.cpp: GAT; pair_attention.cpp: GATv2 and
+// dot-product): the parameters and dropout, a vectorisable exp, the walk of a row's edges (with
+// PyG's remove + add self loops), feature-loop helpers and row scratch space.
+#pragma once
+#include <ATen/OpMathType.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dropout_hash.h"
+#include "reducer.h"
+
+namespace gnnfuse {
+namespace attention_detail {
+
+constexpr int64_t kMaxHeads = 64;  // per-row head state lives on the stack
+
+struct Params {
+  int64_t num_src, num_dst, num_edges, H, F, num_loops;  // num_loops: rows with a virtual self loop
+  bool self_loops;
+  double slope;
+  uint32_t seed, threshold;  // threshold == 0: no dropout
+  double scale;              // 1 / (1 - dropout)
+  template <typename T>
+  inline T keep(int64_t edge, int64_t h) const {
+    return threshold == 0 ? T(scale) : (dropout_keep(seed, edge, H, h, threshold) ? T(scale) : T(0));
+  }
+  template <typename T>
+  inline T lrelu(T s) const { return s > T(0) ? s : s * T(slope); }
+  template <typename T>
+  inline T dlrelu(T s) const { return s > T(0) ? T(1) : T(slope); }
+};
+// Logits, softmax statistics and accumulators use acc_t: float for float/half types, double for double.
+
+// exp for the softmax weights, written so that `omp simd` loops vectorise it (std::exp, std::floor
+// and std::fmax are library calls that keep GCC from vectorising): Cephes' expf (round-to-nearest
+// range reduction by ln 2 with the 1.5 * 2^23 trick, degree-6 polynomial; relative error < 1e-7 on
+// [-87, 0]); x < -87 gives 0 (exp(-inf) = 0), NaN stays NaN. Arguments are logit - row max <= 0.
+inline float exp_simd(float x0) {
+  const float x = x0 > -87.0f ? (x0 < 88.0f ? x0 : 88.0f) : -87.0f;
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float two_n = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+  const float y = x0 >= -87.0f ? p * two_n : 0.0f;
+  return x0 != x0 ? x0 : y;
+}
+inline double exp_simd(double x) { return std::exp(x); }
+
+// One edge of a row as the kernels walk it: the other endpoint, the CSR position (-1 for the
+// virtual self loop) and the dropout id (the CSR position, E + node for the loop).
+struct Edge {
+  int64_t other, pos, id;
+};
+
+// Feature rows of other endpoints are random reads: the first kAhead are prefetched while the
+// row's edges are collected, later ones kAhead edges before use (as the gather-scatter kernel does).
+constexpr int64_t kAhead = 8;
+
+template <typename scalar_t>
+inline void prefetch_row(const scalar_t* row, int64_t elems) {
+  const char* c = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < elems * int64_t(sizeof(scalar_t)); b += 64) __builtin_prefetch(c + b, 0, 1);
+}
+
+// The edges of `node`'s row in (ptr, nbr[, pos]): the graph (targets) or its transpose (sources).
+// With self loops, edges to the node itself are skipped and the virtual loop comes last.
+// `rows` (row width `width`) is the feature matrix the caller will read at the other endpoints.
+template <typename index_t, typename scalar_t>
+void collect_edges(const Params& P, const index_t* ptr, const index_t* nbr, const index_t* pos, int64_t node,
+                   std::vector<Edge>& edges, const scalar_t* rows, int64_t width) {
+  edges.clear();
+  for (int64_t q = ptr[node]; q < ptr[node + 1]; ++q) {
+    const int64_t other = nbr[q], k = pos ? int64_t(pos[q]) : q;
+    if (P.self_loops && other == node) continue;
+    if (int64_t(edges.size()) < kAhead) prefetch_row(rows + other * width, width);
+    edges.push_back({other, k, k});
+  }
+  if (node < P.num_loops) edges.push_back({node, -1, P.num_edges + node});
+}
+
+// Feature loops with the head width F as a compile-time constant where it is common (8, 16), so
+// each head's update is a few full vector instructions; FF = 0 is the runtime-width fallback.
+template <int FF, typename acc_t, typename scalar_t>
+inline void axpy(acc_t* __restrict a, const scalar_t* __restrict x, acc_t c, int64_t F) {
+  const int64_t n = FF ? FF : F;
+#pragma omp simd
+  for (int64_t f = 0; f < n; ++f) a[f] += c * acc_t(x[f]);
+}
+
+template <int FF, typename acc_t, typename scalar_t>
+inline acc_t dot(const scalar_t* __restrict a, const scalar_t* __restrict b, int64_t F) {
+  const int64_t n = FF ? FF : F;
+  acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t f = 0; f < n; ++f) s += acc_t(a[f]) * acc_t(b[f]);
+  return s;
+}
+
+template <typename Fn>
+void dispatch_width(int64_t F, Fn&& fn) {
+  if (F == 8) fn(std::integral_constant<int, 8>{});
+  else if (F == 16) fn(std::integral_constant<int, 16>{});
+  else fn(std::integral_constant<int, 0>{});
+}
+
+template <typename acc_t>
+struct Scratch {
+  std::vector<Edge> edges;
+  std::vector<acc_t> s, w;  // per (edge, head): pre-activation logit; softmax weight
+  void size_for(int64_t H) {
+    s.resize(edges.size() * H);
+    w.resize(edges.size() * H);
+  }
+};
+
+inline Params make_params(const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col, bool self_loops,
+                          double slope, double dropout, int64_t seed, const std::string& op = "gat_attention") {
+  TORCH_CHECK(x.dim() == 3 && x.is_contiguous(), op + ": x must be a contiguous [N_src, H, F] tensor");
+  TORCH_CHECK(x.size(1) <= kMaxHeads, op + ": at most 64 heads on CPU");
+  TORCH_CHECK(dropout >= 0.0 && dropout < 1.0, op + ": dropout must be in [0, 1)");
+  Params P;
+  P.num_src = x.size(0);
+  P.num_dst = rowptr.numel() - 1;
+  P.num_edges = col.numel();
+  P.H = x.size(1);
+  P.F = x.size(2);
+  P.self_loops = self_loops;
+  P.num_loops = self_loops ? std::min(P.num_src, P.num_dst) : 0;
+  P.slope = slope;
+  P.seed = uint32_t(seed);
+  P.threshold = dropout_threshold(dropout);
+  P.scale = 1.0 / (1.0 - dropout);
+  return P;
+}
+
+template <typename T>
+const T* ptr_or_null(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? t->data_ptr<T>() : nullptr;
+}
+
+}  // namespace attention_detail
+}  // namespace gnnfuse

@@ -1,0 +1,313 @@
+// Fused attention whose logit needs both endpoints' feature vectors, on CPU: gnnfuse.gatv2_attention
+// and gnnfuse.dot_attention (one op, gnnfuse::pair_attention; maths in gnnfuse/ops/pair_attention.py).
+//
+// Per target row i and head h, over the row's incoming edges k (source j = col[k]):
+//   GATv2: e_k = sum_f att[h,f] leaky_relu(k[j,h,f] + q[i,h,f]);  dot: e_k = scale q[i,h,:] . k[j,h,:]
+//   p_k = exp(e_k - m_i) / z_i,  out[i,h,:] = sum_k p_k keep_k / (1 - dropout) v[j,h,:].
+// Only m and z [N_dst, H] are saved; the backward recomputes the logits. Row pass (rows of the
+// graph): D_i = g_i . out_i, grad q and per-row partials of grad att (summed afterwards, in row
+// order); transpose pass (source rows): grad k and grad v. Every output row is written by one
+// thread: no atomics, bitwise identical for any thread count. Self loops and dropout as in
+// attention.cpp (attention_common.h).
+#include <ATen/Dispatch.h>
+
+#include "attention_common.h"
+
+namespace gnnfuse {
+namespace {
+
+using namespace attention_detail;
+
+struct Pair {
+  Params P;
+  bool gatv2;
+  double qk_scale;  // dot: the logit's scale
+};
+
+// One head's logit from the target's vector a and the source's vector b (F features each).
+template <int FF, typename acc_t, typename scalar_t>
+inline acc_t pair_logit(const Pair& A, const scalar_t* __restrict a, const scalar_t* __restrict b,
+                        const scalar_t* __restrict att, int64_t F) {
+  if (!A.gatv2) return dot<FF, acc_t>(a, b, F) * acc_t(A.qk_scale);
+  const int64_t n = FF ? FF : F;
+  const acc_t slope = acc_t(A.P.slope);
+  acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t f = 0; f < n; ++f) {
+    const acc_t u = acc_t(a[f]) + acc_t(b[f]);
+    s += acc_t(att[f]) * (u > acc_t(0) ? u : u * slope);
+  }
+  return s;
+}
+
+// The edge's contribution to the gradients of the logit's inputs, scaled by ds: adds
+// ds * d e / d(own) to g_own and (GATv2) ds * leaky_relu(u) to g_att. `own` is the walking row's
+// vector, `other` the other endpoint's.
+template <int FF, typename acc_t, typename scalar_t>
+inline void logit_grad(const Pair& A, acc_t ds, const scalar_t* __restrict own, const scalar_t* __restrict other,
+                       const scalar_t* __restrict att, acc_t* __restrict g_own, acc_t* __restrict g_att, int64_t F) {
+  const int64_t n = FF ? FF : F;
+  if (!A.gatv2) {
+    axpy<FF>(g_own, other, ds * acc_t(A.qk_scale), F);
+    return;
+  }
+  const acc_t slope = acc_t(A.P.slope);
+#pragma omp simd
+  for (int64_t f = 0; f < n; ++f) {
+    const acc_t u = acc_t(own[f]) + acc_t(other[f]);
+    g_own[f] += ds * acc_t(att[f]) * (u > acc_t(0) ? acc_t(1) : slope);
+  }
+  if (g_att) {
+#pragma omp simd
+    for (int64_t f = 0; f < n; ++f) {
+      const acc_t u = acc_t(own[f]) + acc_t(other[f]);
+      g_att[f] += ds * (u > acc_t(0) ? u : u * slope);
+    }
+  }
+}
+
+// Softmax weights of a row's edges, exp(e - m) with the row max m (forward: computed here).
+template <typename acc_t>
+void exp_shift(std::vector<acc_t>& w, const std::vector<acc_t>& s, int64_t n, int64_t H, const acc_t* m) {
+  for (int64_t e = 0; e < n; ++e)
+    for (int64_t h = 0; h < H; ++h) w[e * H + h] = s[e * H + h] - m[h];
+  acc_t* wp = w.data();
+#pragma omp simd
+  for (int64_t q = 0; q < n * H; ++q) wp[q] = exp_simd(wp[q]);
+}
+
+template <typename scalar_t, typename index_t, int FF>
+void forward_kernel(const Pair& A, const scalar_t* q, const scalar_t* k, const scalar_t* v, const scalar_t* att,
+                    const index_t* rowptr, const index_t* col, scalar_t* out, at::opmath_type<scalar_t>* m_out,
+                    at::opmath_type<scalar_t>* z_out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const Params& P = A.P;
+  const int64_t H = P.H, F = P.F, HF = H * F;
+  parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
+    std::vector<acc_t> acc(HF);
+    Scratch<acc_t> S;
+    acc_t m[kMaxHeads], z[kMaxHeads];
+    for (int64_t i = r0; i < r1; ++i) {
+      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, k, HF);
+      const int64_t n = S.edges.size();
+      S.size_for(H);
+      for (int64_t h = 0; h < H; ++h) m[h] = -std::numeric_limits<acc_t>::infinity(), z[h] = acc_t(0);
+      for (int64_t e = 0; e < n; ++e) {
+        if (e + kAhead < n) prefetch_row(k + S.edges[e + kAhead].other * HF, HF);
+        const scalar_t* kj = k + S.edges[e].other * HF;
+        for (int64_t h = 0; h < H; ++h) {
+          const acc_t s = pair_logit<FF, acc_t>(A, q + i * HF + h * F, kj + h * F, att + h * F, F);
+          S.s[e * H + h] = s;
+          m[h] = s > m[h] ? s : m[h];
+        }
+      }
+      exp_shift(S.w, S.s, n, H, m);
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t e = 0; e < n; ++e) {
+        if (e + kAhead < n) prefetch_row(v + S.edges[e + kAhead].other * HF, HF);
+        const scalar_t* vj = v + S.edges[e].other * HF;
+        for (int64_t h = 0; h < H; ++h) {
+          const acc_t w = S.w[e * H + h];
+          z[h] += w;
+          axpy<FF>(acc.data() + h * F, vj + h * F, w * P.keep<acc_t>(S.edges[e].id, h), F);
+        }
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        const acc_t inv = z[h] > acc_t(0) ? acc_t(1) / z[h] : acc_t(0);
+        for (int64_t f = 0; f < F; ++f) out[i * HF + h * F + f] = scalar_t(acc[h * F + f] * inv);
+        m_out[i * H + h] = z[h] > acc_t(0) ? m[h] : acc_t(0);
+        z_out[i * H + h] = z[h];
+      }
+    }
+  });
+}
+
+struct PairGrads {
+  void *q, *k, *v;
+  void* att_rows;  // [N_dst, H * F] acc_t: per-row partials of grad att
+};
+
+// Row pass: D_i (kept in T with m_i and 1/z_i for the transpose pass), grad q, grad att partials.
+template <typename scalar_t, typename index_t, int FF>
+void backward_rows(const Pair& A, const scalar_t* g, const scalar_t* out, const at::opmath_type<scalar_t>* m,
+                   const at::opmath_type<scalar_t>* z, const scalar_t* q, const scalar_t* k, const scalar_t* v,
+                   const scalar_t* att, const index_t* rowptr, const index_t* col, at::opmath_type<scalar_t>* T,
+                   PairGrads G) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const Params& P = A.P;
+  const int64_t H = P.H, F = P.F, HF = H * F;
+  auto* gq = static_cast<scalar_t*>(G.q);
+  auto* gatt = static_cast<acc_t*>(G.att_rows);
+  const bool per_edge = gq || gatt;
+  parallel_over_rows(rowptr, P.num_dst, per_edge ? HF : 1, [&](int64_t r0, int64_t r1) {
+    Scratch<acc_t> S;
+    std::vector<acc_t> acc_q(HF), acc_att(HF);
+    for (int64_t i = r0; i < r1; ++i) {
+      const scalar_t* gi = g + i * HF;
+      const scalar_t* qi = q + i * HF;
+      acc_t* t = T + i * 3 * H;  // the transpose pass reads these three per-target values together
+      for (int64_t h = 0; h < H; ++h) {
+        t[h] = m[i * H + h];
+        t[H + h] = z[i * H + h] > acc_t(0) ? acc_t(1) / z[i * H + h] : acc_t(0);
+        t[2 * H + h] = dot<FF, acc_t>(gi + h * F, out + i * HF + h * F, F);
+      }
+      if (!per_edge) continue;
+      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, k, HF);
+      const int64_t n = S.edges.size();
+      S.size_for(H);
+      for (int64_t e = 0; e < n; ++e)
+        for (int64_t h = 0; h < H; ++h)
+          S.s[e * H + h] = pair_logit<FF, acc_t>(A, qi + h * F, k + S.edges[e].other * HF + h * F, att + h * F, F);
+      exp_shift(S.w, S.s, n, H, t);
+      std::fill(acc_q.begin(), acc_q.end(), acc_t(0));
+      std::fill(acc_att.begin(), acc_att.end(), acc_t(0));
+      for (int64_t e = 0; e < n; ++e) {
+        const Edge& E = S.edges[e];
+        if (e + kAhead < n) prefetch_row(v + S.edges[e + kAhead].other * HF, HF);
+        const scalar_t *kj = k + E.other * HF, *vj = v + E.other * HF;
+        for (int64_t h = 0; h < H; ++h) {
+          const acc_t p = S.w[e * H + h] * t[H + h];
+          const acc_t ds = p * (P.keep<acc_t>(E.id, h) * dot<FF, acc_t>(gi + h * F, vj + h * F, F) - t[2 * H + h]);
+          logit_grad<FF>(A, ds, qi + h * F, kj + h * F, att + h * F, acc_q.data() + h * F,
+                         gatt ? acc_att.data() + h * F : static_cast<acc_t*>(nullptr), F);
+        }
+      }
+      if (gq)
+        for (int64_t f = 0; f < HF; ++f) gq[i * HF + f] = scalar_t(acc_q[f]);
+      if (gatt) std::copy(acc_att.begin(), acc_att.end(), gatt + i * HF);
+    }
+  });
+}
+
+// Transpose pass (source rows): grad k and grad v.
+template <typename scalar_t, typename index_t, int FF>
+void backward_sources(const Pair& A, const scalar_t* g, const scalar_t* q, const scalar_t* k, const scalar_t* v,
+                      const scalar_t* att, const index_t* t_rowptr, const index_t* t_col, const index_t* t_pos,
+                      const at::opmath_type<scalar_t>* T, PairGrads G) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const Params& P = A.P;
+  const int64_t H = P.H, F = P.F, HF = H * F;
+  auto* gk = static_cast<scalar_t*>(G.k);
+  auto* gv = static_cast<scalar_t*>(G.v);
+  parallel_over_rows(t_rowptr, P.num_src, HF, [&](int64_t r0, int64_t r1) {
+    Scratch<acc_t> S;
+    std::vector<acc_t> acc_k(HF), acc_v(HF);
+    for (int64_t j = r0; j < r1; ++j) {
+      collect_edges(P, t_rowptr, t_col, t_pos, j, S.edges, q, HF);
+      const int64_t n = S.edges.size();
+      S.size_for(H);
+      const scalar_t *kj = k + j * HF, *vj = v + j * HF;
+      std::fill(acc_k.begin(), acc_k.end(), acc_t(0));
+      std::fill(acc_v.begin(), acc_v.end(), acc_t(0));
+      for (int64_t e = 0; e < n; ++e) {
+        const Edge& E = S.edges[e];
+        if (e + kAhead < n) prefetch_row(g + S.edges[e + kAhead].other * HF, HF);
+        const scalar_t *qi = q + E.other * HF, *gi = g + E.other * HF;
+        const acc_t* t = T + E.other * 3 * H;
+        for (int64_t h = 0; h < H; ++h) {
+          const acc_t s = pair_logit<FF, acc_t>(A, qi + h * F, kj + h * F, att + h * F, F);
+          const acc_t p = exp_simd(s - t[h]) * t[H + h];
+          const acc_t keep = P.keep<acc_t>(E.id, h);
+          if (gv) axpy<FF>(acc_v.data() + h * F, gi + h * F, p * keep, F);
+          if (gk) {
+            const acc_t ds = p * (keep * dot<FF, acc_t>(gi + h * F, vj + h * F, F) - t[2 * H + h]);
+            logit_grad<FF>(A, ds, kj + h * F, qi + h * F, att + h * F, acc_k.data() + h * F,
+                           static_cast<acc_t*>(nullptr), F);
+          }
+        }
+      }
+      if (gk)
+        for (int64_t f = 0; f < HF; ++f) gk[j * HF + f] = scalar_t(acc_k[f]);
+      if (gv)
+        for (int64_t f = 0; f < HF; ++f) gv[j * HF + f] = scalar_t(acc_v[f]);
+    }
+  });
+}
+
+Pair make_pair(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& att,
+               const at::Tensor& rowptr, const at::Tensor& col, bool self_loops, bool gatv2, double slope,
+               double scale, double dropout, int64_t seed) {
+  Pair A{make_params(k, rowptr, col, self_loops, slope, dropout, seed, "pair_attention"), gatv2, scale};
+  TORCH_CHECK(q.is_contiguous() && v.is_contiguous() && q.dim() == 3 && q.size(0) == A.P.num_dst &&
+                  q.size(1) == A.P.H && q.size(2) == A.P.F && v.sizes() == k.sizes(),
+              "pair_attention: q must be [N_dst, H, F] and v like k, contiguous");
+  TORCH_CHECK(!gatv2 || (att.has_value() && att->is_contiguous() && att->numel() == A.P.H * A.P.F),
+              "pair_attention: GATv2 needs a contiguous att [H, F]");
+  return A;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pair_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& att,
+    const at::Tensor& rowptr, const at::Tensor& col, bool self_loops, bool gatv2, double slope, double scale,
+    double dropout, int64_t seed) {
+  const Pair A = make_pair(q, k, v, att, rowptr, col, self_loops, gatv2, slope, scale, dropout, seed);
+  const Params& P = A.P;
+  auto out = at::empty({P.num_dst, P.H, P.F}, k.options());
+  const auto stat = k.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // acc_t
+  auto m = at::empty({P.num_dst, P.H}, k.options().dtype(stat));
+  auto z = at::empty({P.num_dst, P.H}, k.options().dtype(stat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, k.scalar_type(), "pair_forward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "pair_forward_index", [&] {
+      dispatch_width(P.F, [&](auto ff) {
+        forward_kernel<scalar_t, index_t, decltype(ff)::value>(
+            A, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+            att.has_value() ? att->data_ptr<scalar_t>() : q.data_ptr<scalar_t>(),  // dot: never read
+            rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(), out.data_ptr<scalar_t>(), m.data_ptr<acc_t>(),
+            z.data_ptr<acc_t>());
+      });
+    });
+  });
+  return {out, m, z};
+}
+
+// needs: (q, k, v, att); a gradient not needed comes back as an empty tensor.
+std::vector<at::Tensor> pair_backward(const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& m,
+                                      const at::Tensor& z, const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const c10::optional<at::Tensor>& att,
+                                      const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& t_rowptr,
+                                      const at::Tensor& t_col, const at::Tensor& t_pos, bool self_loops, bool gatv2,
+                                      double slope, double scale, double dropout, int64_t seed,
+                                      std::vector<bool> needs) {
+  const Pair A = make_pair(q, k, v, att, rowptr, col, self_loops, gatv2, slope, scale, dropout, seed);
+  const Params& P = A.P;
+  TORCH_CHECK(needs.size() == 4, "pair_attention_backward: needs must have 4 entries");
+  TORCH_CHECK(t_rowptr.numel() - 1 == P.num_src, "pair_attention_backward: the transpose must have N_src rows");
+  auto maybe = [&](bool need, const at::Tensor& like) { return need ? at::empty_like(like) : k.new_empty({0}); };
+  const bool need_att = needs[3] && gatv2;
+  std::vector<at::Tensor> grads = {maybe(needs[0], q), maybe(needs[1], k), maybe(needs[2], v), k.new_empty({0})};
+  auto att_rows = need_att ? at::empty({P.num_dst, P.H * P.F}, m.options()) : m.new_empty({0});
+  auto T = at::empty({P.num_dst, 3 * P.H}, m.options());  // per target: row max, 1 / row sum, D
+  auto g = grad_out.contiguous();
+  auto ptr = [](const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; };
+  PairGrads G{ptr(grads[0]), ptr(grads[1]), ptr(grads[2]), ptr(att_rows)};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, k.scalar_type(), "pair_backward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "pair_backward_index", [&] {
+      const scalar_t* a = att.has_value() ? att->data_ptr<scalar_t>() : q.data_ptr<scalar_t>();  // dot: never read
+      dispatch_width(P.F, [&](auto ff) {
+        constexpr int FF = decltype(ff)::value;
+        backward_rows<scalar_t, index_t, FF>(A, g.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), m.data_ptr<acc_t>(),
+                                             z.data_ptr<acc_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
+                                             v.data_ptr<scalar_t>(), a, rowptr.data_ptr<index_t>(),
+                                             col.data_ptr<index_t>(), T.data_ptr<acc_t>(), G);
+        if (G.k || G.v)
+          backward_sources<scalar_t, index_t, FF>(A, g.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(),
+                                                  k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), a,
+                                                  t_rowptr.data_ptr<index_t>(), t_col.data_ptr<index_t>(),
+                                                  t_pos.data_ptr<index_t>(), T.data_ptr<acc_t>(), G);
+      });
+    });
+  });
+  if (need_att) grads[3] = att_rows.sum(0).view({P.H, P.F}).to(k.scalar_type());  // rows in order: deterministic
+  return grads;
+}
+
+}  // namespace
+
+void register_pair_attention(pybind11::module& m) {
+  m.def("pair_forward", &pair_forward);
+  m.def("pair_backward", &pair_backward);
+}
+
+}  // namespace gnnfuse

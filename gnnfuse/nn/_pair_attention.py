@@ -1,0 +1,103 @@
+"""PyG's GATv2Conv and TransformerConv with fused attention (:func:`gnnfuse.gatv2_attention`,
+:func:`gnnfuse.dot_attention`).
+
+Same constructors, parameters, state_dict and forward signatures as the PyG layers; the dense parts
+(projections, residual, skip, beta gate, bias) are PyG's own modules, the attention aggregation is
+one fused kernel (no [E, H] logits or coefficients, no [E, H, C] messages, forward or backward).
+GATv2Conv's self loops are PyG's remove + add, without copying the graph. Attention dropout is
+drawn inside the kernel (counter-based, seeded from torch's generator): same distribution as
+``F.dropout``, another mask.
+
+Falls back to PyG's own forward, with a one-time warning naming the reason, for edge features
+(GATv2Conv's ``edge_attr``, TransformerConv's ``edge_dim``), ``return_attention_weights``, sparse
+adjacency tensors, ``x_dst=None``, explain mode, hooks and ``flow="target_to_source"``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch_geometric.nn as pyg_nn
+from torch import Tensor
+
+from ..csr import CSR
+from ..ops.pair_attention import dot_attention, gatv2_attention
+from ._attention import _warn_once, why_not_fused
+from ._layers import FUSED_CLASSES
+from ._mixin import csr_to_edge_index
+
+__all__ = ["GATv2Conv", "TransformerConv"]
+
+
+def _fallback(base, layer, reason, x, edge_index, edge_attr, return_attention_weights):
+    """PyG's own forward (``base``: the PyG class), after a one-time warning naming the reason."""
+    _warn_once(type(layer).__name__, reason)
+    if isinstance(edge_index, CSR):
+        edge_index = csr_to_edge_index(edge_index)
+    return base.forward(layer, x, edge_index, edge_attr, return_attention_weights)
+
+
+class GATv2Conv(pyg_nn.GATv2Conv):
+    """:class:`torch_geometric.nn.GATv2Conv` with fused attention (see the module doc)."""
+
+    gnnfuse_backend: str = "auto"
+    gnnfuse_checks_per_call = True  # fuse(): this class decides per call whether the fused path applies
+    # PyG builds the fallback's propagate/edge_updater templates from these comments in the class source:
+    # propagate_type: (x: PairTensor, alpha: Tensor)
+    # edge_updater_type: (x: PairTensor, edge_attr: OptTensor)
+
+    def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
+        reason = why_not_fused(self, x, edge_index, None, return_attention_weights)
+        if reason is None and edge_attr is not None:
+            reason = "edge_attr is given (edge features are not fused for GATv2Conv)"
+        if reason is not None:
+            return _fallback(pyg_nn.GATv2Conv, self, reason, x, edge_index, edge_attr, return_attention_weights)
+        H, C = self.heads, self.out_channels
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        res = self.res(x_dst) if self.res is not None else None
+        x_l = self.lin_l(x_src).view(-1, H, C)
+        x_r = x_l if (self.share_weights and x_dst is x_src) else self.lin_r(x_dst).view(-1, H, C)
+        out = gatv2_attention(x_l, x_r, self.att, edge_index, negative_slope=self.negative_slope,
+                              dropout=self.dropout if self.training else 0.0, add_self_loops=self.add_self_loops,
+                              backend=self.gnnfuse_backend)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+
+class TransformerConv(pyg_nn.TransformerConv):
+    """:class:`torch_geometric.nn.TransformerConv` with fused attention (see the module doc)."""
+
+    gnnfuse_backend: str = "auto"
+    gnnfuse_checks_per_call = True
+    # propagate_type: (query: Tensor, key:Tensor, value: Tensor, edge_attr: OptTensor)
+
+    def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
+        reason = why_not_fused(self, x, edge_index, None, return_attention_weights)
+        if reason is None and self.lin_edge is not None:
+            reason = "edge_dim is set (edge features are not fused for TransformerConv)"
+        if reason is not None:
+            return _fallback(pyg_nn.TransformerConv, self, reason, x, edge_index, edge_attr, return_attention_weights)
+        H, C = self.heads, self.out_channels
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        query = self.lin_query(x_dst).view(-1, H, C)
+        key = self.lin_key(x_src).view(-1, H, C)
+        value = self.lin_value(x_src).view(-1, H, C)
+        out = dot_attention(query, key, value, edge_index, scale=1.0 / math.sqrt(C),
+                            dropout=self.dropout if self.training else 0.0, backend=self.gnnfuse_backend)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if self.root_weight:
+            x_r = self.lin_skip(x_dst)
+            if self.lin_beta is not None:
+                beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
+                out = beta * x_r + (1 - beta) * out
+            else:
+                out = out + x_r
+        return out
+
+
+FUSED_CLASSES[pyg_nn.GATv2Conv] = GATv2Conv
+FUSED_CLASSES[pyg_nn.TransformerConv] = TransformerConv

@@ -1,0 +1,263 @@
+"""@triton.jit kernels of ``gnnfuse.gat_attention``; the host side (work lists, launches) and the
+description of the scheme are in attention.py.
+
+The three kernels share one edge walk (``_edge_block``): the only place that knows how a logit is
+made (alpha_src[j] + alpha_dst[i] (+ edge term), leaky_relu), how self loops are replaced and
+how dropout is drawn. GATv2 and dot-product attention (pair_attention_kernels.py) have their own
+edge walk and reuse the rest: the piece prologue, the row store, the piece merge and dropout.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+NEG_INF = tl.constexpr(float("-inf"))  # a jit function may read only constexpr globals
+
+
+@triton.jit
+def _fmix32(h):
+    h ^= h >> 16
+    h *= 0x85EBCA6B
+    h ^= h >> 13
+    h *= 0xC2B2AE35
+    h ^= h >> 16
+    return h
+
+
+@triton.jit
+def _dropout_scale(seed, ids, heads, H, threshold, scale):
+    """[BE, HB]: scale where kept, 0 where dropped (csrc/dropout_hash.h, bit for bit)."""
+    counter = ids[:, None].to(tl.uint32) * H.to(tl.uint32) + heads[None, :].to(tl.uint32)
+    r = _fmix32(_fmix32(counter) ^ seed.to(tl.uint32))
+    return tl.where((r >> 8) >= threshold.to(tl.uint32), scale, 0.0)
+
+
+@triton.jit
+def _edge_block(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, nbr, pos, ad_node,
+                N_EDGES, H, slope, seed, threshold, scale,
+                TRANSPOSED: tl.constexpr, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr,
+                SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr):
+    """One block of a row's edges [.., end) plus the virtual self loop at position ``end`` when stop == end + 1.
+
+    ``node`` is the row's own node (target i in the graph, source j in the transpose); ``nbr``
+    holds the other endpoints and ``pos`` (transpose only) the CSR positions. Returns (other
+    endpoint [BE], valid [BE, HB], s [BE, HB] pre-activation logit, e [BE, HB] logit or -inf,
+    keep [BE, HB] dropout factor (1/(1-p) or 0)).
+    """
+    real = ks < end
+    other = tl.load(nbr + ks, mask=real, other=0).to(tl.int64)
+    other = tl.where(real, other, node)  # the virtual loop's other endpoint is the node itself
+    valid = ks < stop
+    if SELF_LOOPS:
+        valid = valid & ~(real & (other == node))
+    else:
+        valid = valid & real
+    if TRANSPOSED:
+        k = tl.load(pos + ks, mask=real, other=0).to(tl.int64)
+    else:
+        k = ks
+    v2 = valid[:, None] & hmask[None, :]
+    s = tl.load(a_other + other[:, None] * H + heads[None, :], mask=v2, other=0).to(ACC) + ad_node[None, :]
+    if HAS_EDGE:
+        s += tl.load(a_edge + k[:, None] * H + heads[None, :], mask=v2 & real[:, None], other=0).to(ACC)
+    if HAS_LOOP_TERM:
+        loop_row = node + 0 * ks
+        s += tl.load(a_loop + loop_row[:, None] * H + heads[None, :], mask=v2 & ~real[:, None], other=0).to(ACC)
+    e = tl.where(s > 0, s, s * slope)
+    e = tl.where(v2, e, NEG_INF)
+    if DROPOUT:
+        ids = tl.where(real, k, N_EDGES + node)
+        keep = _dropout_scale(seed, ids, heads, H, threshold, scale)
+    else:
+        keep = tl.full(e.shape, 1.0, ACC)
+    return other, v2, s, e, keep
+
+
+@triton.jit
+def _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG: tl.constexpr):
+    """This program's piece of a work list: (row, piece index, first edge, the row's end, the
+    piece's stop (the row's virtual self loop, position ``end``, belongs to its last piece),
+    the partial slot of the piece, or -1 when the row is not split)."""
+    s = tl.program_id(0).to(tl.int64)
+    row = tl.load(seg_row + s).to(tl.int64)
+    k = s - tl.load(seg_ptr + row)
+    start = tl.load(rowptr + row).to(tl.int64) + k * SEG
+    end = tl.load(rowptr + row + 1).to(tl.int64)
+    stop = tl.where(start + SEG >= end, end + (row < NUM_LOOPS).to(tl.int64), start + SEG)
+    first = tl.load(slot + row)
+    return row, k, start, end, stop, tl.where(first >= 0, first + k, -1)
+
+
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])  # .to() needs tensors, not constexpr 1
+def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot,
+                    p_acc, p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
+                    HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
+                    DROPOUT: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
+                    SEG: tl.constexpr):
+    i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    ad = tl.load(a_dst + i * H + heads, mask=hmask, other=0).to(ACC)
+    m = tl.full((HB,), NEG_INF, ACC)
+    z = tl.zeros((HB,), ACC)
+    acc = tl.zeros((HB, FB), ACC)
+    for k0 in range(start, stop, BE):
+        ks = k0 + tl.arange(0, BE)
+        j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, col, col, ad, N_EDGES, H,
+                                        slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS,
+                                        DROPOUT, ACC)
+        m_new = tl.maximum(m, tl.max(e, 0))
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # a block of skipped edges only
+        rescale = tl.exp(m - m_safe)
+        w = tl.exp(e - m_safe[None, :])
+        z = z * rescale + tl.sum(w, 0)
+        xv = tl.load(x + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                     mask=v2[:, :, None] & fmask[None, None, :], other=0).to(ACC)
+        acc = acc * rescale[:, None] + tl.sum((w * keep)[:, :, None] * xv, 0)
+        m = m_new
+    hf = hmask[:, None] & fmask[None, :]
+    if part < 0:  # the whole row
+        _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
+    else:  # a piece of a split row: (m, z, unnormalised acc), merged by _merge_pieces_kernel
+        tl.store(p_acc + part * H * F + heads[:, None] * F + feats[None, :], acc, mask=hf)
+        tl.store(p_m + part * H + heads, m, mask=hmask)
+        tl.store(p_z + part * H + heads, z, mask=hmask)
+
+
+@triton.jit
+def _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc):
+    """A finished row: out = acc / z (0 for a row without edges), the saved row max and sum."""
+    inv = tl.where(z > 0, 1.0 / tl.where(z > 0, z, 1.0), 0.0)
+    tl.store(out + i * H * F + heads[:, None] * F + feats[None, :], (acc * inv[:, None]).to(out.dtype.element_ty),
+             mask=hf)
+    tl.store(m_out + i * H + heads, tl.where(z > 0, m, 0.0), mask=hmask)
+    tl.store(z_out + i * H + heads, z, mask=hmask)
+
+
+@triton.jit
+def _merge_pieces_kernel(p_acc, p_m, p_z, out, m_out, z_out, split_rows, seg_ptr, slot, H, F, ACC: tl.constexpr,
+                         BK: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr):
+    """Second pass of the forward over split rows: the online-softmax merge of the pieces' states."""
+    i = tl.load(split_rows + tl.program_id(0)).to(tl.int64)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    hf = hmask[:, None] & fmask[None, :]
+    n = tl.load(seg_ptr + i + 1) - tl.load(seg_ptr + i)
+    first = tl.load(slot + i)
+    m = tl.full((HB,), NEG_INF, ACC)
+    for k0 in range(0, n, BK):
+        ks = first + k0 + tl.arange(0, BK)
+        km = (k0 + tl.arange(0, BK)) < n
+        m = tl.maximum(m, tl.max(tl.load(p_m + ks[:, None] * H + heads[None, :], mask=km[:, None] & hmask[None, :],
+                                         other=NEG_INF), 0))
+    m_safe = tl.where(m == NEG_INF, 0.0, m)
+    z = tl.zeros((HB,), ACC)
+    acc = tl.zeros((HB, FB), ACC)
+    for k0 in range(0, n, BK):
+        ks = first + k0 + tl.arange(0, BK)
+        k2 = ((k0 + tl.arange(0, BK)) < n)[:, None] & hmask[None, :]
+        scale = tl.exp(tl.load(p_m + ks[:, None] * H + heads[None, :], mask=k2, other=NEG_INF) - m_safe[None, :])
+        z += tl.sum(scale * tl.load(p_z + ks[:, None] * H + heads[None, :], mask=k2, other=0), 0)
+        pa = tl.load(p_acc + ks[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                     mask=k2[:, :, None] & fmask[None, None, :], other=0)
+        acc += tl.sum(scale[:, :, None] * pa, 0)
+    _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
+
+
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, rowptr, col, D, g_dst, g_edge, g_loop,
+                          seg_row, seg_ptr, slot, p_dst, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
+                          HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
+                          DROPOUT: tl.constexpr, PER_EDGE: tl.constexpr, NEED_DST: tl.constexpr,
+                          NEED_EDGE: tl.constexpr, NEED_LOOP: tl.constexpr, ACC: tl.constexpr,
+                          BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr):
+    """D_i = g_i . out_i (every piece recomputes it, the first stores it); with PER_EDGE, ds of
+    every edge: grad alpha_edge, alpha_loop, and grad alpha_dst (the row sum; a partial per piece
+    of a split row)."""
+    i, k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    hf = hmask[:, None] & (feats < F)[None, :]
+    offs = i * H * F + heads[:, None] * F + feats[None, :]
+    gi = tl.load(g + offs, mask=hf, other=0).to(ACC)
+    d = tl.sum(gi * tl.load(out + offs, mask=hf, other=0).to(ACC), 1)
+    tl.store(D + i * H + heads, d, mask=hmask & (k + 0 * heads == 0))  # [HB] masks: the interpreter wants arrays
+    if PER_EDGE:
+        ad = tl.load(a_dst + i * H + heads, mask=hmask, other=0).to(ACC)
+        mi = tl.load(m_in + i * H + heads, mask=hmask, other=0)
+        zi = tl.load(z_in + i * H + heads, mask=hmask, other=1)
+        zi = tl.where(zi > 0, zi, 1.0)
+        acc = tl.zeros((HB,), ACC)
+        for k0 in range(start, stop, BE):
+            ks = k0 + tl.arange(0, BE)
+            j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, col, col, ad,
+                                            N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM,
+                                            SELF_LOOPS, DROPOUT, ACC)
+            p = tl.exp(e - mi[None, :]) / zi[None, :]
+            xv = tl.load(x + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                         mask=v2[:, :, None] & (feats < F)[None, None, :], other=0).to(ACC)
+            gx = tl.sum(gi[None, :, :] * xv, 2)
+            ds = tl.where(v2, p * (keep * gx - d[None, :]) * tl.where(s > 0, 1.0, slope), 0.0)
+            acc += tl.sum(ds, 0)
+            real = (ks < end)[:, None]
+            if NEED_EDGE:
+                tl.store(g_edge + ks[:, None] * H + heads[None, :], ds.to(g_edge.dtype.element_ty), mask=v2 & real)
+            if NEED_LOOP:
+                loop_row = i + 0 * ks
+                tl.store(g_loop + loop_row[:, None] * H + heads[None, :], ds.to(g_loop.dtype.element_ty),
+                         mask=v2 & ~real)
+        if NEED_DST:
+            whole = part + 0 * heads < 0  # the row is one piece
+            tl.store(g_dst + i * H + heads, acc.to(g_dst.dtype.element_ty), mask=hmask & whole)
+            tl.store(p_dst + part * H + heads, acc, mask=hmask & ~whole)
+
+
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_rowptr, t_col, t_pos, D, g_x, g_src,
+                             seg_row, seg_ptr, slot, p_x, p_src, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold,
+                             scale, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
+                             DROPOUT: tl.constexpr, NEED_X: tl.constexpr, NEED_SRC: tl.constexpr,
+                             ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
+                             SEG: tl.constexpr):
+    """grad x[j] = sum_k c_k g_i and grad alpha_src[j] = sum_k ds_k over j's out-edges (the transpose's
+    row; partial sums per piece of a split row)."""
+    j, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, t_rowptr, NUM_LOOPS, SEG)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    hf = hmask[:, None] & fmask[None, :]
+    offs = j * H * F + heads[:, None] * F + feats[None, :]
+    xj = tl.load(x + offs, mask=hf, other=0).to(ACC)
+    asrc = tl.load(a_src + j * H + heads, mask=hmask, other=0).to(ACC)
+    acc_x = tl.zeros((HB, FB), ACC)
+    acc_s = tl.zeros((HB,), ACC)
+    for q0 in range(start, stop, BE):
+        qs = q0 + tl.arange(0, BE)
+        i, v2, s, e, keep = _edge_block(qs, end, stop, j, heads, hmask, a_dst, a_edge, a_loop, t_col, t_pos, asrc,
+                                        N_EDGES, H, slope, seed, threshold, scale, True, HAS_EDGE, HAS_LOOP_TERM,
+                                        SELF_LOOPS, DROPOUT, ACC)
+        ih = i[:, None] * H + heads[None, :]
+        mi = tl.load(m_in + ih, mask=v2, other=0)
+        zi = tl.load(z_in + ih, mask=v2, other=1)
+        p = tl.where(v2, tl.exp(e - mi) / tl.where(zi > 0, zi, 1.0), 0.0)
+        gi = tl.load(g + i[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                     mask=v2[:, :, None] & fmask[None, None, :], other=0).to(ACC)
+        if NEED_X:
+            acc_x += tl.sum((p * keep)[:, :, None] * gi, 0)
+        if NEED_SRC:
+            gx = tl.sum(gi * xj[None, :, :], 2)
+            di = tl.load(D + ih, mask=v2, other=0)
+            acc_s += tl.sum(tl.where(v2, p * (keep * gx - di) * tl.where(s > 0, 1.0, slope), 0.0), 0)
+    whole = part + 0 * heads < 0  # the row is one piece
+    if NEED_X:
+        tl.store(g_x + offs, acc_x.to(g_x.dtype.element_ty), mask=hf & whole[:, None])
+        tl.store(p_x + part * H * F + heads[:, None] * F + feats[None, :], acc_x, mask=hf & ~whole[:, None])
+    if NEED_SRC:
+        tl.store(g_src + j * H + heads, acc_s.to(g_src.dtype.element_ty), mask=hmask & whole)
+        tl.store(p_src + part * H + heads, acc_s, mask=hmask & ~whole)

@@ -1,0 +1,102 @@
+"""Triton host side of ``gnnfuse::pair_attention`` (GATv2 and dot-product attention): work lists,
+partial buffers and launches. Kernels in pair_attention_kernels.py; rows are split into pieces
+and merged exactly as for GAT (attention.py: SPLIT_EDGES, the online-softmax merge, ordered sums).
+"""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from . import attention as gat
+from ._grid import cdiv
+from .attention_kernels import _merge_pieces_kernel
+from .pair_attention_kernels import _pair_backward_rows_kernel, _pair_backward_sources_kernel, _pair_forward_kernel
+
+
+def _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed):
+    n_src, H, F = k.shape
+    acc = tl.float64 if k.dtype == torch.float64 else tl.float32
+    scalars = (min(n_src, q.shape[0]) if self_loops else 0, col.shape[0], H, F, float(slope), float(scale), int(seed),
+               int(round(p * (1 << 24))), 1.0 / (1.0 - p))
+    be, hb, fb = gat._blocks(H, F)
+    flags = dict(SELF_LOOPS=bool(self_loops), DROPOUT=p > 0, GATV2=bool(gatv2), ACC=acc, BE=be, HB=hb, FB=fb,
+                 SEG=gat.SPLIT_EDGES)
+    return n_src, H, F, scalars, flags
+
+
+def _same(k, v) -> bool:
+    """v is k's memory (GATv2's values are the source features): one gather serves both."""
+    return v.data_ptr() == k.data_ptr() and v.shape == k.shape and v.stride() == k.stride()
+
+
+def _device(t):
+    return torch.cuda.device(t.device) if t.is_cuda else gat._nullcontext()
+
+
+def forward(q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
+    n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
+    num_dst = q.shape[0]
+    stat = torch.float64 if k.dtype == torch.float64 else torch.float32
+    out = k.new_empty(num_dst, H, F)
+    m = k.new_empty(num_dst, H, dtype=stat)
+    z = torch.empty_like(m)
+    if not (num_dst and H):
+        return out, m, z
+    wl = gat._work(rowptr)
+    parts = wl.num_partials
+    p_acc = k.new_empty(parts, H, F, dtype=stat) if parts else m
+    p_m = k.new_empty(parts, H, dtype=stat) if parts else m
+    p_z = torch.empty_like(p_m) if parts else m
+    hb = flags["HB"]
+    with _device(k):
+        _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
+            q, k, v, att if att is not None else k, rowptr, col, out, m, z, wl.seg_row, wl.seg_ptr, wl.slot,
+            p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v), **flags)
+        if parts:
+            _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
+                p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=flags["ACC"], BK=32,
+                HB=hb, FB=flags["FB"])
+    return out, m, z
+
+
+def backward(grad_out, out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, self_loops, gatv2, slope,
+             scale, p, seed, needs):
+    n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
+    num_dst = q.shape[0]
+    need_q, need_k, need_v, need_att = needs[0], needs[1], needs[2], needs[3] and bool(gatv2)
+    empty = k.new_empty(0)
+    g_q = torch.empty_like(q) if need_q else empty
+    g_k = torch.empty_like(k) if need_k else empty
+    g_v = torch.empty_like(v) if need_v else empty
+    g_att = empty
+    D = torch.empty_like(m)
+    hb = flags["HB"]
+    att_ = att if att is not None else k
+    kv_same = _same(k, v)
+    with _device(k):
+        if num_dst and H:
+            wl = gat._work(rowptr)
+            p_q = m.new_empty(wl.num_partials, H, F) if need_q and wl.num_partials else m
+            p_att = m.new_empty(wl.num_pieces, H, F) if need_att else m
+            _pair_backward_rows_kernel[(wl.num_pieces, cdiv(H, hb))](
+                grad_out, out, m, z, q, k, v, att_, rowptr, col, D, g_q if need_q else k, p_q, p_att, wl.seg_row,
+                wl.seg_ptr, wl.slot, *scalars, KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, **flags)
+            if need_q:
+                gat._fold(p_q, g_q, wl, H * F)
+            if need_att:
+                g_att = p_att.sum(0).to(att.dtype)  # pieces in a fixed order: deterministic
+        elif need_att:
+            g_att = torch.zeros_like(att)
+        if n_src and H and (need_k or need_v):
+            wl = gat._work(t_rowptr)
+            parts = wl.num_partials
+            p_k = m.new_empty(parts, H, F) if need_k and parts else m
+            p_v = m.new_empty(parts, H, F) if need_v and parts else m
+            _pair_backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
+                grad_out, m, z, q, k, v, att_, t_rowptr, t_col, t_pos, D, g_k if need_k else k, g_v if need_v else k,
+                p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v, **flags)
+            if need_k:
+                gat._fold(p_k, g_k, wl, H * F)
+            if need_v:
+                gat._fold(p_v, g_v, wl, H * F)
+    return g_q, g_k, g_v, g_att

@@ -1,0 +1,211 @@
+"""@triton.jit kernels of ``gnnfuse::pair_attention`` (GATv2 and dot-product logits; maths in
+gnnfuse/ops/pair_attention.py, host side in pair_attention.py).
+
+Same scheme as the GAT kernels (attention_kernels.py, whose piece prologue, row store, piece
+merge and dropout they use): one program per (piece of a row, block of heads), online softmax,
+partials of split rows merged afterwards. ``_pair_edges`` is the one place that knows how a logit
+is made from the two endpoints' [HB, FB] head vectors. With KV_SAME (GATv2: the values are the
+source features the logit reads) the gathered source tile serves both.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .attention_kernels import NEG_INF, _dropout_scale, _piece, _store_row
+
+
+@triton.jit
+def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, nbr, pos, node_vec, att, N_EDGES, H, F,
+                slope, qk_scale, seed, threshold, scale, TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr,
+                DROPOUT: tl.constexpr, GATV2: tl.constexpr, ACC: tl.constexpr):
+    """One block of a row's edges (the virtual self loop at position ``end`` when stop == end + 1).
+    Returns (other endpoint [BE], valid [BE, HB], valid [BE, HB, FB], the other endpoints' vectors
+    [BE, HB, FB], logit e [BE, HB] (-inf where invalid), dropout factor [BE, HB])."""
+    real = ks < end
+    other = tl.load(nbr + ks, mask=real, other=0).to(tl.int64)
+    other = tl.where(real, other, node)
+    valid = ks < stop
+    if SELF_LOOPS:
+        valid = valid & ~(real & (other == node))
+    else:
+        valid = valid & real
+    v2 = valid[:, None] & hmask[None, :]
+    v3 = v2[:, :, None] & fmask[None, None, :]
+    ov = tl.load(others + other[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
+                 other=0).to(ACC)
+    if GATV2:
+        u = ov + node_vec[None, :, :]
+        e = tl.sum(tl.where(u > 0, u, u * slope) * att[None, :, :], 2)
+    else:
+        e = tl.sum(ov * node_vec[None, :, :], 2) * qk_scale
+    e = tl.where(v2, e, NEG_INF)
+    if DROPOUT:
+        if TRANSPOSED:
+            k = tl.load(pos + ks, mask=real, other=0).to(tl.int64)
+        else:
+            k = ks
+        keep = _dropout_scale(seed, tl.where(real, k, N_EDGES + node), heads, H, threshold, scale)
+    else:
+        keep = tl.full(e.shape, 1.0, ACC)
+    return other, v2, v3, ov, e, keep
+
+
+@triton.jit
+def _head_tile(t, row, heads, feats, hf, H, F, ACC: tl.constexpr):
+    """[HB, FB] of row ``row`` of a [N, H, F] tensor (0 outside)."""
+    return tl.load(t + row * H * F + heads[:, None] * F + feats[None, :], mask=hf, other=0).to(ACC)
+
+
+@triton.jit
+def _att_tile(att, heads, feats, hf, F, GATV2: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr):
+    """GATv2's attention vector [HB, FB] (zeros for the dot product, which has none)."""
+    if GATV2:
+        return tl.load(att + heads[:, None] * F + feats[None, :], mask=hf, other=0).to(ACC)
+    return tl.zeros((HB, FB), ACC)
+
+
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _pair_forward_kernel(q, k, v, att, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot, p_acc, p_m, p_z,
+                         NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
+                         SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
+                         KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
+                         FB: tl.constexpr, SEG: tl.constexpr):
+    i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    hf = hmask[:, None] & fmask[None, :]
+    qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
+    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
+    m = tl.full((HB,), NEG_INF, ACC)
+    z = tl.zeros((HB,), ACC)
+    acc = tl.zeros((HB, FB), ACC)
+    for k0 in range(start, stop, BE):
+        ks = k0 + tl.arange(0, BE)
+        j, v2, v3, kv, e, keep = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col, qi, a,
+                                             N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
+                                             SELF_LOOPS, DROPOUT, GATV2, ACC)
+        m_new = tl.maximum(m, tl.max(e, 0))
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+        rescale = tl.exp(m - m_safe)
+        w = tl.exp(e - m_safe[None, :])
+        z = z * rescale + tl.sum(w, 0)
+        if KV_SAME:
+            xv = kv
+        else:
+            xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
+                         other=0).to(ACC)
+        acc = acc * rescale[:, None] + tl.sum((w * keep)[:, :, None] * xv, 0)
+        m = m_new
+    if part < 0:
+        _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
+    else:
+        tl.store(p_acc + part * H * F + heads[:, None] * F + feats[None, :], acc, mask=hf)
+        tl.store(p_m + part * H + heads, m, mask=hmask)
+        tl.store(p_z + part * H + heads, z, mask=hmask)
+
+
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, rowptr, col, D, g_q, p_q, p_att, seg_row, seg_ptr,
+                               slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
+                               SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
+                               KV_SAME: tl.constexpr, NEED_Q: tl.constexpr, NEED_ATT: tl.constexpr,
+                               ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
+                               SEG: tl.constexpr):
+    """D_i = g_i . out_i (the first piece stores it); grad q (partials for split rows) and, for
+    GATv2, grad att's partial of this piece (p_att[piece], summed on the host)."""
+    i, kk, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    hf = hmask[:, None] & fmask[None, :]
+    gi = _head_tile(g, i, heads, feats, hf, H, F, ACC)
+    d = tl.sum(gi * _head_tile(out, i, heads, feats, hf, H, F, ACC), 1)
+    tl.store(D + i * H + heads, d, mask=hmask & (kk + 0 * heads == 0))  # [HB] masks: the interpreter wants arrays
+    if NEED_Q or NEED_ATT:
+        qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
+        a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
+        mi = tl.load(m_in + i * H + heads, mask=hmask, other=0)
+        zi = tl.load(z_in + i * H + heads, mask=hmask, other=1)
+        zi = tl.where(zi > 0, zi, 1.0)
+        acc_q = tl.zeros((HB, FB), ACC)
+        acc_a = tl.zeros((HB, FB), ACC)
+        for k0 in range(start, stop, BE):
+            ks = k0 + tl.arange(0, BE)
+            j, v2, v3, kv, e, keep = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col, qi, a,
+                                                 N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
+                                                 SELF_LOOPS, DROPOUT, GATV2, ACC)
+            p = tl.exp(e - mi[None, :]) / zi[None, :]
+            if KV_SAME:
+                xv = kv
+            else:
+                xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
+                             other=0).to(ACC)
+            ds = tl.where(v2, p * (keep * tl.sum(gi[None, :, :] * xv, 2) - d[None, :]), 0.0)
+            if GATV2:
+                u = kv + qi[None, :, :]
+                acc_q += tl.sum(ds[:, :, None] * a[None, :, :] * tl.where(u > 0, 1.0, slope), 0)
+                if NEED_ATT:
+                    acc_a += tl.sum(ds[:, :, None] * tl.where(u > 0, u, u * slope), 0)
+            else:
+                acc_q += tl.sum(ds[:, :, None] * kv, 0) * qk_scale
+        whole = part + 0 * heads < 0  # the row is one piece
+        if NEED_Q:
+            tl.store(g_q + i * H * F + heads[:, None] * F + feats[None, :], acc_q.to(g_q.dtype.element_ty),
+                     mask=hf & whole[:, None])
+            tl.store(p_q + part * H * F + heads[:, None] * F + feats[None, :], acc_q, mask=hf & ~whole[:, None])
+        if NEED_ATT:
+            piece = tl.program_id(0).to(tl.int64)
+            tl.store(p_att + piece * H * F + heads[:, None] * F + feats[None, :], acc_a, mask=hf)
+
+
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, t_rowptr, t_col, t_pos, D, g_k, g_v, p_k, p_v,
+                                  seg_row, seg_ptr, slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold,
+                                  scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
+                                  NEED_K: tl.constexpr, NEED_V: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr,
+                                  HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr):
+    """grad k[j] and grad v[j] over j's out-edges (the transpose's row; partials for split rows)."""
+    j, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, t_rowptr, NUM_LOOPS, SEG)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    hf = hmask[:, None] & fmask[None, :]
+    kj = _head_tile(k, j, heads, feats, hf, H, F, ACC)
+    vj = _head_tile(v, j, heads, feats, hf, H, F, ACC)
+    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
+    acc_k = tl.zeros((HB, FB), ACC)
+    acc_v = tl.zeros((HB, FB), ACC)
+    for q0 in range(start, stop, BE):
+        qs = q0 + tl.arange(0, BE)
+        i, v2, v3, qv, e, keep = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q, t_col, t_pos, kj, a,
+                                             N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, True,
+                                             SELF_LOOPS, DROPOUT, GATV2, ACC)
+        ih = i[:, None] * H + heads[None, :]
+        mi = tl.load(m_in + ih, mask=v2, other=0)
+        zi = tl.load(z_in + ih, mask=v2, other=1)
+        p = tl.where(v2, tl.exp(e - mi) / tl.where(zi > 0, zi, 1.0), 0.0)
+        gi = tl.load(g + i[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
+                     other=0).to(ACC)
+        if NEED_V:
+            acc_v += tl.sum((p * keep)[:, :, None] * gi, 0)
+        if NEED_K:
+            di = tl.load(D + ih, mask=v2, other=0)
+            ds = tl.where(v2, p * (keep * tl.sum(gi * vj[None, :, :], 2) - di), 0.0)
+            if GATV2:
+                u = qv + kj[None, :, :]
+                acc_k += tl.sum(ds[:, :, None] * a[None, :, :] * tl.where(u > 0, 1.0, slope), 0)
+            else:
+                acc_k += tl.sum(ds[:, :, None] * qv, 0) * qk_scale
+    whole = (part + 0 * heads < 0)[:, None]  # the row is one piece
+    offs = heads[:, None] * F + feats[None, :]
+    if NEED_K:
+        tl.store(g_k + j * H * F + offs, acc_k.to(g_k.dtype.element_ty), mask=hf & whole)
+        tl.store(p_k + part * H * F + offs, acc_k, mask=hf & ~whole)
+    if NEED_V:
+        tl.store(g_v + j * H * F + offs, acc_v.to(g_v.dtype.element_ty), mask=hf & whole)
+        tl.store(p_v + part * H * F + offs, acc_v, mask=hf & ~whole)

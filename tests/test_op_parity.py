@@ -1,0 +1,161 @@
+"""Every op x backend x route gives the same result, bitwise on CPU.
+
+Routes: "eager" (the public function in plain eager mode: the eager route of ops/_opdef.py),
+"op" (a dispatch mode forces the registered torch.library op), "fenced" (the eager route's gate
+switched off, as on an untested torch version: every call takes the registered op) and "compile"
+(torch.compile(fullgraph=True) of the public call). Backends: "cpu" (C++), "reference" (plain torch)
+and "triton" (under TRITON_INTERPRET=1 on CPU tensors, which the dispatcher cannot route, so all its
+routes run the eager route; it is not compiled). On CUDA, kernels with atomics may differ in the last
+bits between runs, so there the comparison is to a tight tolerance.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse import reference
+from gnnfuse.ops import _opdef
+from gnnfuse.ops.coo_to_csr import coo_to_csr
+from gnnfuse.testing import random_graph, through_registered_op
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRETED = DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+BACKENDS = ["cpu", "reference", "triton"] if DEVICE == "cpu" else ["reference", "triton"]
+ROUTES = ["eager", "op", "fenced", "compile"]
+# (op, backend) pairs torch.compile cannot trace, and why
+NOT_COMPILED = {("structured_scatter_add", "reference"): "the reference's bounds check reads the indices on the host"}
+
+
+def _gather_scatter(reduce):
+    def make(g):
+        ei = random_graph(7, 6, 20, seed=1).to(DEVICE)
+        return [torch.randn(7, 3, dtype=torch.float64, generator=g).to(DEVICE),
+                torch.rand(20, dtype=torch.float64, generator=g).to(DEVICE)], dict(ei=ei)
+
+    def call(x, w, *, ei, backend):
+        return gnnfuse.fused_gather_scatter(x, ei, reduce, edge_weight=w, num_nodes=6, backend=backend)
+
+    return make, call
+
+
+def _planarity():
+    def make(g):
+        xyz = torch.randn(12, 3, dtype=torch.float64, generator=g).to(DEVICE)
+        idx = [torch.randperm(12, generator=g)[:9].reshape(3, 3).to(DEVICE),
+               torch.randperm(12, generator=g)[:8].reshape(2, 4).to(DEVICE)]
+        return [xyz, (torch.rand(3, dtype=torch.float64, generator=g) + 0.5).to(DEVICE),
+                (torch.rand(2, dtype=torch.float64, generator=g) + 0.5).to(DEVICE)], dict(idx=idx)
+
+    def call(xyz, s0, s1, *, idx, backend):
+        return gnnfuse.planarity_nll(xyz, [(idx[0], s0), (idx[1], s1)], backend=backend)
+
+    return make, call
+
+
+def _structured_scatter():
+    def make(g):
+        C, nx, ny, nz, M = 3, 2, 2, 3, 40
+        wa = torch.randint(0, 20, (C, nx), generator=g, dtype=torch.int32).to(DEVICE)
+        wbwc = torch.randint(0, 20, (C, ny, nz), generator=g, dtype=torch.int32).to(DEVICE)
+        return [torch.randn(C, nx, ny, nz, dtype=torch.float64, generator=g).to(DEVICE)], dict(wa=wa, wbwc=wbwc, M=M)
+
+    def call(cube, *, wa, wbwc, M, backend):
+        return gnnfuse.structured_scatter_add(cube, wa, wbwc, M, backend=backend)
+
+    return make, call
+
+
+def _edge_softmax():
+    def make(g):
+        ei = random_graph(6, 6, 18, seed=2).to(DEVICE)
+        return [torch.randn(18, 2, dtype=torch.float64, generator=g).to(DEVICE)], dict(ei=ei)
+
+    def call(logits, *, ei, backend):
+        return gnnfuse.edge_softmax(logits, ei, num_nodes=6, backend=backend)
+
+    return make, call
+
+
+OPS = {
+    "gather_scatter_sum": _gather_scatter("sum"),
+    "gather_scatter_max": _gather_scatter("max"),
+    "gather_scatter_mean": _gather_scatter("mean"),
+    "planarity_nll": _planarity(),
+    "structured_scatter_add": _structured_scatter(),
+    "edge_softmax": _edge_softmax(),
+}
+
+
+def _run(op: str, backend: str, route: str, monkeypatch):
+    make, call = OPS[op]
+    inputs, fixed = make(torch.Generator().manual_seed(0))
+    inputs = [t.clone().requires_grad_() for t in inputs]
+    fn = lambda *args: call(*args, **fixed, backend=backend)  # noqa: E731
+    if route == "compile":
+        torch._dynamo.reset()
+        out = torch.compile(fn, fullgraph=True, backend="aot_eager")(*inputs)
+    elif route == "op":
+        with through_registered_op():
+            out = fn(*inputs)
+    else:
+        if route == "fenced":
+            monkeypatch.setattr(_opdef, "_gate", None)
+        out = fn(*inputs)
+    weights = torch.linspace(-1, 2, out.numel(), dtype=out.dtype, device=out.device).reshape(out.shape)
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    return [out.detach(), *grads]
+
+
+@pytest.mark.parametrize("route", ROUTES[1:])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", list(OPS))
+def test_routes_agree(op, backend, route, monkeypatch):
+    if backend == "triton" and DEVICE == "cpu" and not INTERPRETED:
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
+    if backend == "triton" and route == "compile" and DEVICE == "cpu":
+        pytest.skip("the Triton interpreter is not traced by torch.compile")
+    if route == "compile" and (op, backend) in NOT_COMPILED:
+        pytest.skip(NOT_COMPILED[op, backend])
+    expected = _run(op, backend, "eager", monkeypatch)
+    got = _run(op, backend, route, monkeypatch)
+    for a, b in zip(expected, got):
+        if DEVICE == "cpu":
+            assert torch.equal(a, b), (op, backend, route)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_backends_agree(op, monkeypatch):
+    """The kernels of every backend against the reference (float64, to rounding)."""
+    want = _run(op, "reference", "eager", monkeypatch)
+    for backend in BACKENDS:
+        if backend == "reference" or (backend == "triton" and DEVICE == "cpu" and not INTERPRETED):
+            continue
+        for a, b in zip(want, _run(op, backend, "eager", monkeypatch)):
+            torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-9)
+
+
+def test_coo_to_csr_routes_agree():
+    ei = random_graph(9, 7, 30, seed=4).to(DEVICE)
+    eager = coo_to_csr(ei[1], ei[0], 7, 9)
+    with through_registered_op():
+        op = coo_to_csr(ei[1], ei[0], 7, 9)
+    compiled = torch.compile(coo_to_csr, fullgraph=True, backend="aot_eager")(ei[1], ei[0], 7, 9)
+    ref = reference.coo_to_csr(ei[1], ei[0], 7, 9, None)
+    for parts in (op, compiled, ref):
+        for a, b in zip(eager, parts):
+            assert torch.equal(a, b)
+
+
+def test_the_gate_follows_the_tested_torch_range(monkeypatch):
+    """Outside the tested torch versions the eager route is off (every call takes the op)."""
+    assert _opdef._private_gate() is not None  # this torch is in the tested range
+    monkeypatch.setattr(_opdef, "TESTED_TORCH", ((1, 0), (1, 99)))
+    assert _opdef._private_gate() is None
+    x = torch.randn(3, 2)
+    monkeypatch.setattr(_opdef, "_gate", None)
+    assert not _opdef.eager_route_ok([x])

@@ -1,0 +1,159 @@
+"""gnnfuse.gatv2_attention and gnnfuse.dot_attention (the gnnfuse::pair_attention op): C++ and Triton
+kernels against the reference (outputs and every gradient), hub-row splitting, registration
+(opcheck, gradcheck, compile), argument errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gnnfuse import CSR
+from gnnfuse.ops.pair_attention import dot_attention, gatv2_attention
+from gnnfuse.testing import TOLERANCES
+
+from test_attention import BACKENDS, N, graph, on
+
+H, F = 3, 4
+MODES = ["gatv2", "dot"]
+
+
+def inputs(mode, dtype=torch.float64, num_src=N, num_dst=N, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_()  # noqa: E731
+    if mode == "gatv2":
+        return dict(x_src=make(num_src, H, F), x_dst=make(num_dst, H, F), att=make(H, F))
+    return dict(query=make(num_dst, H, F), key=make(num_src, H, F), value=make(num_src, H, F))
+
+
+def call(mode, ins, graph_, **kw):
+    if mode == "gatv2":
+        return gatv2_attention(ins["x_src"], ins["x_dst"], ins["att"], graph_, negative_slope=0.15, **kw)
+    return dot_attention(ins["query"], ins["key"], ins["value"], graph_, **kw)
+
+
+def run(mode, ins, graph_, backend, **kw):
+    dev = on(backend)
+    ins = {k: v.detach().to(dev).requires_grad_() for k, v in ins.items()}
+    out = call(mode, ins, graph_.to(dev), backend=backend, **kw)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=dev).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), list(ins.values()))
+    return out.cpu(), [g.cpu() for g in grads]
+
+
+def assert_matches_reference(mode, ins, graph_, backend, dtype=torch.float64, **kw):
+    out, grads = run(mode, ins, graph_, backend, **kw)
+    ref_out, ref_grads = run(mode, {k: v.detach().double() for k, v in ins.items()}, graph_, "reference", **kw)
+    atol, rtol = TOLERANCES[dtype]
+    if dtype == torch.float64 and backend == "triton":
+        atol = rtol = 1e-6  # Triton passes the slope, scale and dropout scale as float32 scalars
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double(), r, atol=atol * 4, rtol=rtol * 4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("self_loops,dropout", [(False, 0.0), (True, 0.0), (True, 0.4)])
+def test_matches_reference(backend, mode, self_loops, dropout):
+    assert_matches_reference(mode, inputs(mode), graph(), backend, add_self_loops=self_loops, dropout=dropout,
+                             seed=321)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES)
+def test_bipartite_empty_rows_and_half_types(backend, mode):
+    ei = graph(num_src=N, num_dst=6)
+    ei = ei[:, ei[1] < 4]  # rows 4 and 5 empty
+    assert_matches_reference(mode, inputs(mode, num_dst=6), ei, backend, add_self_loops=True, dropout=0.2, seed=4)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert_matches_reference(mode, inputs(mode, dtype), graph(torch.int32), backend, dtype, add_self_loops=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_triton_splits_hub_rows(monkeypatch, mode):
+    from gnnfuse.triton import attention as kernels
+
+    monkeypatch.setattr(kernels, "SPLIT_EDGES", 2)
+    hub = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 3], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]])
+    csr = CSR.from_edge_index(torch.cat([graph(), hub, hub.flip(0)], 1), N)
+    assert kernels._work(csr.rowptr).split_rows.numel() > 1
+    assert_matches_reference(mode, inputs(mode), csr, "triton", add_self_loops=True, dropout=0.3, seed=8)
+
+
+def test_cpu_and_triton_agree_on_the_dropout_mask():
+    ins = inputs("gatv2", torch.float32)
+    outs = [run("gatv2", ins, graph(), b, add_self_loops=True, dropout=0.5, seed=77)[0] for b in BACKENDS]
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradcheck(mode):
+    ins = inputs(mode)
+    names = list(ins)
+
+    def fn(*tensors):
+        return call(mode, dict(zip(names, tensors)), graph(), add_self_loops=True, dropout=0.3, seed=5)
+
+    assert torch.autograd.gradcheck(fn, tuple(ins.values()), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_opcheck(mode):
+    ins = inputs(mode, torch.float32)
+    csr = CSR.from_edge_index(graph(), N)
+    if mode == "gatv2":
+        q, k, v, att = ins["x_dst"], ins["x_src"], ins["x_src"], ins["att"]
+    else:
+        q, k, v, att = ins["query"], ins["key"], ins["value"], None
+    args = (q, k, v, att, csr.rowptr, csr.col, *csr.transpose_parts(), True, mode == "gatv2", 0.2, 0.5, 0.25, 3)
+    torch.library.opcheck(torch.ops.gnnfuse.pair_attention, args)
+
+
+def test_torch_compile_fullgraph_dynamic():
+    ins = inputs("dot", torch.float32)
+    csr = CSR.from_edge_index(graph(), N)
+
+    @torch.compile(fullgraph=True, dynamic=True)
+    def f(q, k, v):
+        return dot_attention(q, k, v, csr, seed=1, dropout=0.1).sum()
+
+    expected = dot_attention(ins["query"], ins["key"], ins["value"], csr, seed=1, dropout=0.1).sum()
+    torch.testing.assert_close(f(ins["query"], ins["key"], ins["value"]), expected)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(att=torch.zeros(2, F)), "att"),
+    (dict(x_dst=torch.zeros(N, H, F + 1)), "x_dst"),
+    (dict(dropout=1.0), "dropout"),
+    (dict(seed=-1), "seed"),
+])
+def test_errors_name_the_argument(bad, match):
+    ins = {k: v.detach() for k, v in inputs("gatv2", torch.float32).items()}
+    kw = {k: bad.pop(k) for k in ("dropout", "seed") if k in bad}
+    ins.update(bad)
+    with pytest.raises((ValueError, TypeError), match=match):
+        gatv2_attention(ins["x_src"], ins["x_dst"], ins["att"], graph(), **kw)
+
+
+@pytest.mark.parametrize("mode", MODES + ["gat"])
+def test_eager_route_and_registered_op_agree_bitwise(mode):
+    """The OpDef eager route and the registered torch.library op (forced by a dispatch mode) give
+    the same outputs and gradients, bit for bit, on the CPU kernels."""
+    from gnnfuse.ops.attention import gat_attention
+    from gnnfuse.testing import through_registered_op
+    from test_attention import inputs as gat_inputs
+
+    def once():
+        if mode == "gat":
+            ins = {k: v for k, v in gat_inputs(edge=True, loop=True).items()}
+            out = gat_attention(ins["x"], ins["alpha_src"], ins["alpha_dst"], graph(), alpha_edge=ins["alpha_edge"],
+                                alpha_loop=ins["alpha_loop"], add_self_loops=True, dropout=0.3, seed=2)
+        else:
+            ins = inputs(mode)
+            out = call(mode, ins, graph(), add_self_loops=True, dropout=0.3, seed=2)
+        return [out.detach(), *torch.autograd.grad(out.square().sum(), list(ins.values()))]
+
+    eager = once()
+    with through_registered_op():
+        op = once()
+    for a, b in zip(eager, op):
+        assert torch.equal(a, b)

@@ -1,0 +1,135 @@
+"""gnnfuse.nn.GATv2Conv and gnnfuse.nn.TransformerConv against PyG's layers: outputs and the gradients
+of the input and every parameter, bipartite inputs, dropout (the kernels' mask, via the reference),
+fallbacks, fuse() with state_dict, torch.compile."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+
+import gnnfuse.nn as G
+from gnnfuse import CSR
+from test_attention import BACKENDS, E, N, graph, on
+
+
+def layer_run(layer, x, ei, ea=None):
+    """(out, gradients of the inputs and every parameter; None for an unused one, e.g. lin_skip
+    under root_weight=False)."""
+    out = layer(x, ei, ea)
+    inputs = [x] if isinstance(x, torch.Tensor) else list(x)
+    leaves = [t for t in inputs if t.requires_grad] + list(layer.parameters())
+    return out, torch.autograd.grad((out * out.detach().cos()).sum(), leaves, allow_unused=True)
+
+CONFIGS = {
+    "gatv2-default": (pyg_nn.GATv2Conv, G.GATv2Conv, dict(heads=2)),
+    "gatv2-mean-noloops-shared": (pyg_nn.GATv2Conv, G.GATv2Conv,
+                                  dict(heads=3, concat=False, add_self_loops=False, share_weights=True,
+                                       negative_slope=0.1)),
+    "gatv2-residual-nobias": (pyg_nn.GATv2Conv, G.GATv2Conv, dict(heads=2, residual=True, bias=False)),
+    "transformer-default": (pyg_nn.TransformerConv, G.TransformerConv, dict(heads=2)),
+    "transformer-beta-mean": (pyg_nn.TransformerConv, G.TransformerConv, dict(heads=3, beta=True, concat=False)),
+    "transformer-noroot": (pyg_nn.TransformerConv, G.TransformerConv, dict(heads=2, root_weight=False)),
+}
+
+
+def make_pair(name, in_channels, out_channels=4, dtype=torch.float64, **extra):
+    pyg_cls, our_cls, kw = CONFIGS[name]
+    torch.manual_seed(1)
+    stock = pyg_cls(in_channels, out_channels, **kw, **extra).to(dtype)
+    ours = our_cls(in_channels, out_channels, **kw, **extra).to(dtype)
+    ours.load_state_dict(stock.state_dict())
+    return stock, ours
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", CONFIGS)
+def test_matches_pyg(name, backend):
+    if backend == "triton" and not name.endswith("default"):
+        pytest.skip("the interpreter is slow: Triton runs the default configurations")
+    stock, ours = make_pair(name, 6)
+    dev = on(backend)
+    stock, ours = stock.to(dev), ours.to(dev)
+    ours.gnnfuse_backend = backend
+    x = torch.randn(N, 6, dtype=torch.float64, device=dev, requires_grad=True)
+    ei = graph().to(dev)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fused path, no fallback
+        out, grads = layer_run(ours, x, ei)
+    ref, ref_grads = layer_run(stock, x, ei)
+    tol = dict(atol=1e-8, rtol=1e-8) if backend == "cpu" else dict(atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out, ref, **tol)
+    assert [g is None for g in grads] == [r is None for r in ref_grads]
+    for g, r in zip(grads, ref_grads):
+        if r is not None:
+            torch.testing.assert_close(g, r, **tol)
+
+
+@pytest.mark.parametrize("name", ["gatv2-default", "transformer-beta-mean"])
+def test_bipartite_matches_pyg(name):
+    stock, ours = make_pair(name, (5, 6))
+    xs = torch.randn(10, 5, dtype=torch.float64, requires_grad=True)
+    xd = torch.randn(7, 6, dtype=torch.float64, requires_grad=True)
+    ei = torch.stack([torch.randint(0, 10, (30,)), torch.randint(0, 5, (30,))])  # targets 5, 6 without edges
+    (out, grads), (ref, ref_grads) = layer_run(ours, (xs, xd), ei), layer_run(stock, (xs, xd), ei)
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("name", ["gatv2-default", "transformer-default"])
+def test_dropout_matches_reference_with_the_same_mask(name):
+    _, ours = make_pair(name, 6, dropout=0.5)
+    ours.train()
+    x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
+    results = []
+    for backend in ("cpu", "reference"):
+        ours.gnnfuse_backend = backend
+        torch.manual_seed(21)
+        results.append(layer_run(ours, x, graph()))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for g, r in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(g, r)
+
+
+def test_fallbacks_warn_once_naming_the_argument_and_match():
+    stock, ours = make_pair("transformer-default", 6, edge_dim=3)
+    x, ea = torch.randn(N, 6, dtype=torch.float64), torch.randn(E, 3, dtype=torch.float64)
+    with pytest.warns(UserWarning, match="edge_dim"):
+        out = ours(x, graph(), ea)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours(x, graph(), ea)  # second time: silent
+    torch.testing.assert_close(out, stock(x, graph(), ea))
+    stock, ours = make_pair("gatv2-default", 6, edge_dim=3)
+    with pytest.warns(UserWarning, match="edge_attr"):
+        torch.testing.assert_close(ours(x, graph(), ea), stock(x, graph(), ea))
+    with pytest.warns(UserWarning, match="return_attention_weights"):
+        out, (_, alpha) = ours(x, graph(), return_attention_weights=True)
+    ref, (_, ref_alpha) = stock(x, graph(), return_attention_weights=True)
+    torch.testing.assert_close(alpha, ref_alpha)
+
+
+def test_fuse_converts_and_keeps_state_dict():
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": pyg_nn.GATv2Conv(6, 4, heads=2), "b": pyg_nn.TransformerConv(8, 3)})
+    keys = model.state_dict().keys()
+    x = torch.randn(N, 6)
+    before = model["b"](model["a"](x, graph()), graph())
+    G.fuse(model)
+    assert sorted(model.gnnfuse_fused) == ["a", "b"]
+    assert type(model["a"]) is G.GATv2Conv and type(model["b"]) is G.TransformerConv
+    assert model.state_dict().keys() == keys
+    torch.testing.assert_close(model["b"](model["a"](x, graph()), graph()), before)
+
+
+def test_compiles_fullgraph():
+    csr = CSR.from_edge_index(graph(), N)
+    for name in ("gatv2-default", "transformer-default"):
+        _, conv = make_pair(name, 6, dtype=torch.float32)
+        conv.eval()
+        x = torch.randn(N, 6, requires_grad=True)
+        out, eager = torch.compile(conv, fullgraph=True)(x, csr), conv(x, csr)
+        torch.testing.assert_close(out, eager)
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(eager.sum(), x)[0])

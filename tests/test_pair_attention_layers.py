@@ -133,3 +133,35 @@ def test_compiles_fullgraph():
         out, eager = torch.compile(conv, fullgraph=True)(x, csr), conv(x, csr)
         torch.testing.assert_close(out, eager)
         torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(eager.sum(), x)[0])
+
+
+@pytest.mark.filterwarnings("ignore:gnnfuse.nn")
+@pytest.mark.parametrize("pyg_cls,our_cls", [(pyg_nn.GATConv, G.GATConv), (pyg_nn.GATv2Conv, G.GATv2Conv),
+                                             (pyg_nn.TransformerConv, G.TransformerConv)])
+def test_explainer_gets_edge_masks_after_a_stock_layer(pyg_cls, our_cls):
+    """A stock layer of the same class built first must not leave the fused class with PyG's
+    generated propagate template (no explain support): GNNExplainer gets the same edge mask."""
+    from torch_geometric.explain import Explainer, GNNExplainer
+
+    class Net(torch.nn.Module):
+        def __init__(self, conv):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index).log_softmax(dim=-1)
+
+    torch.manual_seed(1)
+    stock = pyg_cls(6, 4, heads=2).double()
+    ours = our_cls(6, 4, heads=2).double()
+    ours.load_state_dict(stock.state_dict())
+    x, ei = torch.randn(N, 6, dtype=torch.float64), graph()
+    masks = []
+    for conv in (stock, ours):
+        torch.manual_seed(2)
+        explainer = Explainer(Net(conv), algorithm=GNNExplainer(epochs=3), explanation_type="model",
+                              edge_mask_type="object", model_config=dict(
+                                  mode="multiclass_classification", task_level="node", return_type="log_probs"))
+        masks.append(explainer(x, ei, index=1).edge_mask)
+    torch.testing.assert_close(masks[1], masks[0])
+    assert masks[1].abs().sum() > 0

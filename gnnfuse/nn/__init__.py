@@ -3,6 +3,7 @@
 Change one import line::
 
     from gnnfuse.nn import GCNConv, SAGEConv, GINConv, GraphConv   # was: torch_geometric.nn
+    from gnnfuse.nn import GATConv, GINEConv                       # fused attention / edge messages
 
 or convert a built model in place::
 
@@ -31,6 +32,7 @@ _EXPORTS = {
     "GraphConv": "._layers",
     "gcn_norm_weights": "._layers",
     "GATConv": "._attention",
+    "GINEConv": "._gine",
     "GATv2Conv": "._pair_attention",
     "TransformerConv": "._pair_attention",
     "fuse": "._fuse",

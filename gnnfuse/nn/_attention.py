@@ -23,6 +23,7 @@ import warnings
 
 import torch
 import torch_geometric.nn as pyg_nn
+from torch_geometric.nn import MessagePassing
 from torch import Tensor
 from torch_geometric.utils import scatter
 
@@ -49,6 +50,10 @@ class GATConv(pyg_nn.GATConv):
     # PyG builds the fallback's propagate/edge_updater templates from these comments in the class source:
     # propagate_type: (x: OptPairTensor, alpha: Tensor)
     # edge_updater_type: (alpha: OptPairTensor, edge_attr: OptTensor)
+    # PyG records `cls.propagate` as the class's original propagate (used in explain mode and for
+    # decomposed_layers) on first instantiation; inherited, that would be the stock class's generated
+    # template, which supports neither. Naming the generic one here keeps explainers working.
+    propagate = MessagePassing.propagate
 
     def forward(self, x, edge_index, edge_attr=None, size=None, return_attention_weights=None):
         reason = self._why_not_fused(x, edge_index, size, return_attention_weights)

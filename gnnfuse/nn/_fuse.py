@@ -9,6 +9,7 @@ import torch
 from torch_geometric.nn.conv import MessagePassing
 
 from . import _attention  # noqa: F401  (adds the attention layers to FUSED_CLASSES)
+from . import _gine  # noqa: F401  (adds GINEConv to FUSED_CLASSES)
 from ._layers import FUSED_CLASSES
 from ._mixin import FusedMessagePassing, message_form, why_not_fused
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from ..csr import CSR, csr_for_edge_index
+from ._message_form import message_form
 from ._mixin import REDUCE_OF_AGGR, FusedMessagePassing, csr_to_edge_index, edge_endpoints
 
 __all__ = ["GCNConv", "GINConv", "GraphConv", "SAGEConv", "gcn_norm_weights"]
@@ -66,6 +67,9 @@ def gcn_norm_weights(graph: Tensor | CSR, edge_weight: Tensor | None, num_nodes:
     return norm, loop_norm
 
 
+_PYG_GCN_FORM = message_form(pyg_nn.GCNConv)
+
+
 class GCNConv(FusedMessagePassing, pyg_nn.GCNConv):
     """:class:`torch_geometric.nn.GCNConv` with fused aggregation (same arguments and results).
 
@@ -104,12 +108,14 @@ class GCNConv(FusedMessagePassing, pyg_nn.GCNConv):
         return out
 
     def _fused_norm_applies(self, x, edge_index) -> bool:
-        if not self.normalize or self.explain or self.flow != "source_to_target":
-            return False
-        if isinstance(x, (tuple, list)) or self._cached_edge_index is not None:
+        """The self-loop term is added outside message(): only valid when the message is PyG's
+        GCN message and nothing (explain, hooks, decomposition, tracing, ...) observes the messages."""
+        if not self.normalize or isinstance(x, (tuple, list)) or self._cached_edge_index is not None:
             return False  # PyG raises for pairs; a stock cache is honoured by PyG's forward
         if type(self.aggr_module) is not pyg_nn.aggr.SumAggregation:
             return False  # gcn_norm + a non-sum aggregation: PyG's forward, fused propagate
+        if self._gnnfuse_form != _PYG_GCN_FORM or self._gnnfuse_why_pyg() is not None:
+            return False  # PyG's forward; its propagate call says why (once)
         return isinstance(edge_index, CSR) or (isinstance(edge_index, Tensor) and edge_index.layout == torch.strided)
 
 
@@ -154,7 +160,7 @@ class _LinearFirst(_LinearFirstBase):  # type: ignore[misc,valid-type]
         x_src = x[0]
         if not isinstance(x_src, Tensor) or x_src.dim() != 2 or not self._linear_first_pays(lin, x_src, weight.shape[0]):
             return None
-        if self._gnnfuse_plan(edge_index, size, dict(extra, x=x)) is None:
+        if isinstance(self._gnnfuse_plan(edge_index, size, dict(extra, x=x)), str):
             return None  # PyG's propagate runs: keep its order, so its hooks see what they expect
         return weight
 

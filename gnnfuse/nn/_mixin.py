@@ -1,14 +1,19 @@
 """``FusedMessagePassing``: routes PyG's propagate through :func:`gnnfuse.fused_gather_scatter`.
 
 The fused path runs when all of these hold (otherwise PyG's own ``propagate`` runs, unchanged):
-  * the layer's ``message`` is ``x_j`` or ``x_j * edge_weight`` (see :func:`message_form`);
+  * the layer's ``message`` is ``x_j`` or ``x_j * edge_weight`` in one of its common spellings
+    (see :func:`message_form`);
   * its aggregation is exactly PyG's Sum/Mean/Max/Min/MulAggregation and ``aggregate`` is not
-    overridden; ``flow="source_to_target"``; no explain mode, no ``decomposed_layers``, no
-    propagate/message/aggregate hooks;
+    overridden; ``flow="source_to_target"``; none of the PyG features that live in its message
+    path is active (explain mode, ``decomposed_layers``, propagate/message/aggregate hooks,
+    forward hooks on ``aggr_module``, message/aggregate/update replaced on the instance), and the
+    call is not being captured by ``torch.jit.trace`` or ONNX export (see gnnfuse/nn/_pyg_path.py);
   * ``edge_index`` is a plain [2, E] tensor, a PyG ``EdgeIndex`` or a :class:`gnnfuse.CSR`, and
     the node features are a tensor (or an ``(x_src, x_dst)`` pair) with nodes in dim 0.
 A ``gnnfuse.CSR`` on the PyG path is turned back into an ``edge_index`` (original edge order), so
-every layer accepts it. ``update`` is called as in PyG.
+every layer accepts it. ``update`` is called as in PyG. Each (layer, reason) for taking PyG's path
+is announced once with a ``UserWarning``. ``torch.jit.script`` of a fused layer scripts the stock
+PyG layer it derives from (same parameters).
 
 Semantics differences from stock PyG (documented, not bugs): max/min send each (row, feature)'s
 gradient to one winning edge (the first in edge order among ties) where PyG's ``scatter_reduce``
@@ -17,9 +22,6 @@ by rounding only.
 """
 from __future__ import annotations
 
-import ast
-import inspect
-import textwrap
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,6 +32,9 @@ from torch_geometric.nn.conv import MessagePassing
 
 from ..csr import CSR, csr_for_edge_index
 from ..ops.gather_scatter import fused_gather_scatter
+from ._message_form import message_form
+from ._pyg_path import _HOOK_DICTS  # noqa: F401  (re-exported: the attention layers check the same hooks)
+from ._pyg_path import _is_template, instance_reason, pyg_propagate, scriptable_stock_copy, warn_pyg_path
 
 REDUCE_OF_AGGR = {
     SumAggregation: "sum",
@@ -38,98 +43,6 @@ REDUCE_OF_AGGR = {
     MinAggregation: "min",
     MulAggregation: "mul",
 }
-_HOOK_DICTS = (
-    "_propagate_forward_pre_hooks", "_propagate_forward_hooks", "_message_forward_pre_hooks",
-    "_message_forward_hooks", "_aggregate_forward_pre_hooks", "_aggregate_forward_hooks",
-    "_message_and_aggregate_forward_pre_hooks", "_message_and_aggregate_forward_hooks",
-)
-
-
-# ---- which message is it? ----------------------------------------------------------------------
-# A message is recognised from its source: one `return` of one of these expressions, with X the
-# `*_j` parameter and W the weight parameter. Anything else is "not recognised" and runs PyG's path.
-_WEIGHT_VIEWS = ("W.view(-1, 1)", "W.reshape(-1, 1)", "W.unsqueeze(1)", "W[:, None]",
-                 "W.view(-1, 1).to(X.dtype)")
-_WEIGHTED = [f"{w} * X" for w in _WEIGHT_VIEWS] + [f"X * {w}" for w in _WEIGHT_VIEWS]
-_OPTIONAL = [f"X if W is None else {e}" for e in _WEIGHTED] + [f"{e} if W is not None else X" for e in _WEIGHTED]
-
-
-def _dump(expr: str) -> str:
-    return ast.dump(ast.parse(expr, mode="eval").body, annotate_fields=False, include_attributes=False)
-
-
-_TEMPLATES: dict[str, str] | None = None
-
-
-def _templates() -> dict[str, str]:
-    global _TEMPLATES
-    if _TEMPLATES is None:
-        t = {_dump("X"): "x_j"}
-        t.update({_dump(e): "x_j*w" for e in _WEIGHTED})
-        t.update({_dump(e): "x_j*w?" for e in _OPTIONAL})
-        _TEMPLATES = t
-    return _TEMPLATES
-
-
-class _Rename(ast.NodeTransformer):
-    def __init__(self, names: dict[str, str]):
-        self.names = names
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        return ast.copy_location(ast.Name(id=self.names.get(node.id, "_" + node.id), ctx=node.ctx), node)
-
-
-def message_form(cls: type) -> tuple[str, str, str | None] | None:
-    """How ``cls.message`` can be fused: ``(kind, x_param, weight_param)`` or None.
-
-    kind is "x_j" (message = x_j), "x_j*w" (x_j times a per-edge weight, which must be given) or
-    "x_j*w?" (x_j, times the weight when it is not None). A class may declare it instead of relying
-    on source inspection: ``gnnfuse_message = ("x_j*w?", "x_j", "edge_weight")`` (or None to opt out).
-    """
-    declared = cls.__dict__.get("gnnfuse_message", inspect.Parameter.empty)
-    for klass in cls.__mro__:  # an explicit declaration anywhere up the MRO wins, if message is not redefined below it
-        if "gnnfuse_message" in klass.__dict__:
-            declared = klass.__dict__["gnnfuse_message"]
-            break
-        if "message" in klass.__dict__:
-            break
-    if declared is not inspect.Parameter.empty:
-        return declared
-    fn = getattr(cls, "message", None)
-    if fn is None:
-        return None
-    if fn is MessagePassing.message:
-        return ("x_j", "x_j", None)
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError, ValueError):
-        return None
-    if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params) or not 1 <= len(params) <= 2:
-        return None
-    x_names = [p.name for p in params if p.name.endswith("_j")]
-    w_names = [p.name for p in params if not p.name.endswith(("_i", "_j")) and p.name not in MessagePassing.special_args]
-    if len(x_names) != 1 or len(x_names) + len(w_names) != len(params):
-        return None
-    func = tree.body[0] if tree.body else None
-    if not isinstance(func, ast.FunctionDef):
-        return None
-    body = [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
-        return None
-    names = {x_names[0]: "X"}
-    if w_names:
-        names[w_names[0]] = "W"
-    expr = _Rename(names).visit(body[0].value)
-    kind = _templates().get(ast.dump(expr, annotate_fields=False, include_attributes=False))
-    if kind is None or (kind != "x_j" and not w_names):
-        return None
-    return (kind, x_names[0], w_names[0] if w_names else None)
-
-
-def _is_pyg_template(klass: type, fn: object) -> bool:
-    """True for the propagate PyG generated from its jinja template for ``klass``."""
-    return klass.__dict__.get("_jinja_propagate") is fn and klass.__dict__.get("_orig_propagate") is not fn
 
 
 def _custom_propagate(cls: type) -> bool:
@@ -138,7 +51,7 @@ def _custom_propagate(cls: type) -> bool:
         if klass is MessagePassing:
             return False
         fn = klass.__dict__.get("propagate")
-        if fn is not None and fn is not FusedMessagePassing.propagate and not _is_pyg_template(klass, fn):
+        if fn is not None and fn is not FusedMessagePassing.propagate and not _is_template(klass, fn):
             return True
     return False
 
@@ -154,6 +67,10 @@ def why_not_fused(module: MessagePassing) -> str | None:
         return "custom aggregate()"
     if _custom_propagate(cls):
         return "custom propagate()"
+    if cls.edge_update is not MessagePassing.edge_update:
+        # attention-style layers compute the message weight per edge and head in edge_updater;
+        # the fused op takes one weight per edge
+        return "message weights from edge_updater (attention-style)"
     if module.flow != "source_to_target":
         return "flow='target_to_source'"
     return None
@@ -179,15 +96,21 @@ class FusedMessagePassing(_MixinBase):  # type: ignore[misc,valid-type]
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # PyG replaces a class's `propagate` by a generated template unless the class defines its
-        # own; define ours on every subclass so that our propagate is the one that runs.
+        # own; define ours on every subclass so that our propagate is the one that runs. PyG's
+        # explain/decomposed_layers setters bind `_orig_propagate` / `_jinja_propagate` on the
+        # instance: both must be ours too (a class converted by fuse() is never instantiated, and
+        # would otherwise inherit the stock class's template, which ignores explain and decomposition).
         if "propagate" not in cls.__dict__:
             cls.propagate = FusedMessagePassing.propagate  # type: ignore[method-assign]
+            cls._orig_propagate = cls._jinja_propagate = FusedMessagePassing.propagate
         cls._gnnfuse_form = message_form(cls)
         cls._gnnfuse_custom_update = cls.update is not MessagePassing.update
 
     def propagate(self, edge_index, size=None, **kwargs):
         plan = self._gnnfuse_plan(edge_index, size, kwargs)
-        if plan is None:
+        if isinstance(plan, str):
+            if plan:
+                warn_pyg_path(type(self).__name__, plan)
             return self._gnnfuse_fallback(edge_index, size, kwargs)
         x_src, weight, num_dst, reduce = plan
         out = fused_gather_scatter(x_src, edge_index, reduce, edge_weight=weight, num_nodes=num_dst,
@@ -200,66 +123,75 @@ class FusedMessagePassing(_MixinBase):  # type: ignore[misc,valid-type]
             out = self._gnnfuse_update(out, edge_index, size, kwargs)
         return out
 
+    def __prepare_scriptable__(self):
+        """``torch.jit.script`` scripts the stock PyG layer (same parameters; see scriptable_stock_copy)."""
+        return scriptable_stock_copy(self)
+
     # ---- decisions ------------------------------------------------------------------------
-    def _gnnfuse_plan(self, edge_index, size, kwargs) -> tuple[Tensor, Tensor | None, int, str] | None:
-        form = self._gnnfuse_form
-        reduce = REDUCE_OF_AGGR.get(type(self.aggr_module))
-        if form is None or reduce is None or self.flow != "source_to_target":
-            return None
-        if self.explain or self.decomposed_layers != 1 or type(self).aggregate is not MessagePassing.aggregate:
-            return None
-        if any(len(getattr(self, name)) for name in _HOOK_DICTS):
-            return None
+    def _gnnfuse_why_pyg(self) -> str | None:
+        """Why the layer, in its current state, runs PyG's propagate whatever the inputs (None: it need not)."""
+        if self._gnnfuse_form is None:
+            return "message is not x_j or x_j * edge_weight"
+        if type(self.aggr_module) not in REDUCE_OF_AGGR:
+            return f"aggregation {self.aggr!r} is not sum/mean/max/min/mul"
+        if type(self).aggregate is not MessagePassing.aggregate:
+            return "custom aggregate()"
+        if self.flow != "source_to_target":
+            return "flow='target_to_source'"
+        return instance_reason(self)
+
+    def _gnnfuse_plan(self, edge_index, size, kwargs) -> tuple[Tensor, Tensor | None, int, str] | str:
+        """The fused call's (x_src, weight, num_dst, reduce), or why PyG's propagate runs instead
+        ("" where PyG raises its own error for these inputs: no warning then)."""
+        why = self._gnnfuse_why_pyg()
+        if why is not None:
+            return why
         if isinstance(edge_index, Tensor) and edge_index.layout != torch.strided:
-            return None  # torch.sparse adjacency: PyG's spmm path
+            return "a torch.sparse adjacency (PyG's spmm path)"
         if not isinstance(edge_index, (Tensor, CSR)):
-            return None
-        kind, x_name, w_name = form
+            return f"edge_index is a {type(edge_index).__name__}"
+        kind, x_name, w_name = self._gnnfuse_form  # type: ignore[misc]  # not None: checked by _gnnfuse_why_pyg
         x = kwargs.get(x_name[:-2])
         x_src, x_dst = x if isinstance(x, (tuple, list)) and len(x) == 2 else (x, None)
         if not isinstance(x_src, Tensor) or not x_src.is_floating_point() or x_src.dim() < 1:
-            return None
+            return f"{x_name[:-2]} is not a floating-point tensor"
         if self.node_dim % x_src.dim() != 0:
-            return None
+            return "nodes are not in dim 0 of x (node_dim)"
         weight = kwargs.get(w_name) if w_name else None
         if kind == "x_j":
             weight = None
         elif weight is None:
             if kind == "x_j*w":
-                return None  # PyG raises its own error
+                return ""  # PyG raises its own error
         elif not isinstance(weight, Tensor) or weight.dim() != 1 or weight.dtype != x_src.dtype or x_src.dim() != 2:
-            return None  # broadcasting / type promotion the fused op does not reproduce
+            return f"{w_name} is not a 1-D weight of x's dtype, or x is not 2-D"  # broadcasting / type promotion
         num_src = x_src.shape[0]
         size_src, size_dst = size if size is not None else (None, None)
         if size_src is not None and size_src != num_src:
-            return None  # PyG raises its size error
+            return ""  # PyG raises its size error
         if isinstance(x_dst, Tensor):
             if size_dst is not None and size_dst != x_dst.shape[self.node_dim % x_dst.dim()]:
-                return None
+                return ""
             size_dst = x_dst.shape[self.node_dim % x_dst.dim()]
         if isinstance(edge_index, CSR):
             if size_dst is not None and size_dst != edge_index.num_dst:
                 raise ValueError(f"{type(self).__name__}: size/x_dst give {size_dst} target nodes but the "
                                  f"gnnfuse.CSR has {edge_index.num_dst} rows")
-            return x_src, weight, edge_index.num_dst, reduce
+            return x_src, weight, edge_index.num_dst, reduce_of(self)
         if isinstance(edge_index, EdgeIndex):
             rows, cols = edge_index.sparse_size()
             if rows is not None and rows != num_src:
-                return None
+                return ""
             if size_dst is None:
                 size_dst = cols
-        return x_src, weight, num_src if size_dst is None else size_dst, reduce
+        return x_src, weight, num_src if size_dst is None else size_dst, reduce_of(self)
 
     def _gnnfuse_fallback(self, edge_index, size, kwargs):
         if isinstance(edge_index, CSR):
             if size is None:
                 size = (edge_index.num_src, edge_index.num_dst)
             edge_index = csr_to_edge_index(edge_index)
-        for klass in type(self).__mro__:  # the next propagate after the mixin's (PyG's template or original)
-            fn = klass.__dict__.get("propagate")
-            if fn is not None and fn is not FusedMessagePassing.propagate:
-                return fn(self, edge_index, size=size, **kwargs)
-        raise AssertionError("unreachable: MessagePassing defines propagate")
+        return pyg_propagate(self, FusedMessagePassing.propagate)(self, edge_index, size=size, **kwargs)
 
     def _gnnfuse_update(self, out, edge_index, size, kwargs):
         if isinstance(edge_index, CSR):
@@ -270,6 +202,10 @@ class FusedMessagePassing(_MixinBase):  # type: ignore[misc,valid-type]
             return self.update(out)
         coll = self._collect(names, edge_index, self._check_input(edge_index, size), kwargs)
         return self.update(out, **self.inspector.collect_param_data("update", coll))
+
+
+def reduce_of(module: MessagePassing) -> str:
+    return REDUCE_OF_AGGR[type(module.aggr_module)]
 
 
 def _csr_of(edge_index: Tensor, num_src: int, num_dst: int) -> CSR:

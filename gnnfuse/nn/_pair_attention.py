@@ -18,6 +18,7 @@ import math
 
 import torch
 import torch_geometric.nn as pyg_nn
+from torch_geometric.nn import MessagePassing
 from torch import Tensor
 
 from ..csr import CSR
@@ -45,6 +46,10 @@ class GATv2Conv(pyg_nn.GATv2Conv):
     # PyG builds the fallback's propagate/edge_updater templates from these comments in the class source:
     # propagate_type: (x: PairTensor, alpha: Tensor)
     # edge_updater_type: (x: PairTensor, edge_attr: OptTensor)
+    # PyG records `cls.propagate` as the class's original propagate (used in explain mode and for
+    # decomposed_layers) on first instantiation; inherited, that would be the stock class's generated
+    # template, which supports neither. Naming the generic one here keeps explainers working.
+    propagate = MessagePassing.propagate
 
     def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
         reason = why_not_fused(self, x, edge_index, None, return_attention_weights)
@@ -74,6 +79,10 @@ class TransformerConv(pyg_nn.TransformerConv):
     gnnfuse_backend: str = "auto"
     gnnfuse_checks_per_call = True
     # propagate_type: (query: Tensor, key:Tensor, value: Tensor, edge_attr: OptTensor)
+    # PyG records `cls.propagate` as the class's original propagate (used in explain mode and for
+    # decomposed_layers) on first instantiation; inherited, that would be the stock class's generated
+    # template, which supports neither. Naming the generic one here keeps explainers working.
+    propagate = MessagePassing.propagate
 
     def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
         reason = why_not_fused(self, x, edge_index, None, return_attention_weights)

@@ -16,8 +16,11 @@ Suites (each is also runnable alone as ``python -m benchmarks.bench_<name>``):
   gpu         benchmarks/bench_gpu.py                Triton kernels vs cuSPARSE, index_add_, torch.compile
   e2e         benchmarks/bench_e2e.py                training epoch of GCN/SAGE, gnnfuse.nn vs stock PyG
   reorder     benchmarks/bench_reorder.py            gnnfuse.reorder: cost, saving per forward / epoch, break-even
+  minibatch   benchmarks/bench_minibatch.py          sampled-batch SAGE: sampler, graph prep, fused vs stock step
   structured  benchmarks/bench_structured_scatter.py structured_scatter_add vs index_add_
   planarity   benchmarks/bench_planarity.py          planarity_nll vs the pure-torch reference
+  aggregation benchmarks/bench_aggregation.py        several reductions in one pass, gnnfuse.scatter vs
+                                                     scatter_reduce (and torch_scatter), PNAConv vs PyG
   all         cpu, e2e, structured, planarity on the chosen device (+ gpu when CUDA is available)
 
 ``--out DIR`` chooses where results go. Without it they go into the source tree's record of results,
@@ -43,8 +46,10 @@ SUITES = {
     "gpu": "benchmarks.bench_gpu",
     "e2e": "benchmarks.bench_e2e",
     "reorder": "benchmarks.bench_reorder",
+    "minibatch": "benchmarks.bench_minibatch",
     "structured": "benchmarks.bench_structured_scatter",
     "planarity": "benchmarks.bench_planarity",
+    "aggregation": "benchmarks.bench_aggregation",
 }
 # --quick for each suite: (flag, value) pairs, matching the scripts' parsers; a flag the script does not
 # know (read from its source) is left out, so a script that changes its CLI still gets a valid command.
@@ -53,8 +58,10 @@ QUICK_ARGS = {
     "gpu": [("--graphs", "rfc-uniform,arxiv-like"), ("--widths", "32,128"), ("--budget-s", "60")],
     "e2e": [("--quick", None), ("--max-seconds", "0.3")],
     "reorder": [("--quick", None)],
+    "minibatch": [("--scale", "0.002"), ("--batches", "2"), ("--rounds", "2")],
     "structured": [("--configs", "2000x8x128"), ("--threads", "1"), ("--repeat", "3"), ("--max-seconds", "0.3")],
     "planarity": [("--sizes", "5000"), ("--dtypes", "float32"), ("--no-compile", None)],
+    "aggregation": [("--quick", None)],
 }
 
 
@@ -68,7 +75,7 @@ def _accepts(module, flag: str) -> bool:
 
 def suite_argv(suite: str, out: Path, device: str, quick: bool, extra: list[str], module) -> list[str]:
     argv = ["--out", str(out)]
-    if suite in ("e2e", "reorder", "structured", "planarity"):
+    if suite in ("e2e", "reorder", "structured", "planarity", "minibatch", "aggregation"):
         argv += ["--device", device]
     if quick:
         pairs = [("--quick", None)] if suite == "gpu" and _accepts(module, "--quick") else QUICK_ARGS[suite]

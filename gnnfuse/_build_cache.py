@@ -53,6 +53,8 @@ EXTENSIONS: dict[str, list[str]] = {
     "density": ["density_scatter.cpp"],
     "attention": ["attention.cpp", "edge_softmax.cpp", "pair_attention.cpp"],
     "edge_message": ["edge_message.cpp"],
+    "sampler": ["sampler.cpp"],
+    "aggregate": ["multi_aggregate.cpp"],
 }
 # No -std flag: cpp_extension picks the standard torch was built with (C++20 for torch >= 2.9).
 # Forcing another one mixes inline libstdc++/c10 code compiled under two standards, which

@@ -23,6 +23,7 @@ from ._tensor_cache import PLAIN, cached, clear, fingerprint_view
 from ._validate import (
     INDEX_DTYPES,
     INT32_MAX,
+    device_assert,
     require_fits_index,
     require_index,
     require_node_count,
@@ -98,6 +99,52 @@ class CSR:
             edge_index = edge_index.long()  # widening is safe before the check
         rowptr, col, perm = coo_to_csr(edge_index[1], edge_index[0], num_dst, num_src, index_dtype)
         return cls._built(rowptr, col, perm, num_src)
+
+    @classmethod
+    def from_sorted_edge_index(cls, edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = None, *,
+                               index_dtype: torch.dtype | None = None) -> CSR:
+        """From an ``edge_index`` already sorted by target (row 1), as a neighbour sampler emits
+        it: O(E) with no sort (rowptr by a binary search per row), and no host sync on CUDA.
+
+        Edge ids stay in the given order (``perm`` is the identity). On CUDA, that the targets
+        are non-decreasing and all ids in range is checked by device-side assertions, which report
+        at the next synchronisation. On CPU the C++ counting sort (one multithreaded O(E) pass with
+        the range checks) is no dearer than a check, so it runs: sorted input keeps its order, and
+        unsorted input is simply sorted. ``num_nodes`` and ``index_dtype`` as in
+        :meth:`from_edge_index`.
+        """
+        check_edge_index(edge_index)
+        num_src, num_dst = _sizes(edge_index, num_nodes)
+        index_dtype = _index_dtype(index_dtype, num_src, num_dst, edge_index.shape[1])
+        plain = edge_index.as_subclass(torch.Tensor) if type(edge_index) is not torch.Tensor else edge_index
+        if plain.is_cpu:
+            return cls.from_edge_index(plain, (num_src, num_dst), index_dtype=index_dtype)
+        src, dst = plain[0], plain[1]
+        check_sorted_by_target(src, dst, num_src, num_dst)
+        bounds = torch.arange(num_dst + 1, device=dst.device, dtype=dst.dtype)
+        rowptr = torch.searchsorted(dst, bounds, out_int32=index_dtype == torch.int32)
+        perm = torch.arange(src.shape[0], device=src.device, dtype=index_dtype)
+        return cls._built(rowptr, src.to(index_dtype), perm, num_src)
+
+    def hop_prefix(self, num_dst: int, num_src: int, num_edges: int) -> CSR:
+        """The bipartite sub-graph of the first ``num_dst`` rows, their ``num_edges`` edges and the
+        first ``num_src`` source nodes, as views (no copy). Valid for a CSR whose first
+        ``num_dst`` rows hold exactly ``num_edges`` edges, all from sources below ``num_src``, and
+        whose ``perm`` is the identity: a neighbour-sampled batch's CSR from
+        :meth:`from_sorted_edge_index`, where a GNN layer's targets, sources and edges are
+        prefixes (see :func:`gnnfuse.loader.layer_csrs`). The conditions are checked like
+        :meth:`from_sorted_edge_index`'s (device-side on CUDA)."""
+        if not (0 <= num_dst <= self.num_dst and 0 <= num_edges <= self.num_edges and num_src >= 0):
+            raise ValueError(f"hop_prefix(num_dst={num_dst}, num_src={num_src}, num_edges={num_edges}) does not fit "
+                             f"a CSR with {self.num_dst} rows and {self.num_edges} edges")
+        self.checked()
+        rowptr, col, perm = self.rowptr[: num_dst + 1], self.col[:num_edges], self.perm[:num_edges]
+        ok = rowptr[-1] == num_edges  # the prefix's rows end at num_edges; sources below num_src; perm identity
+        if num_edges:
+            ok = ok & (col.max() < num_src) & (perm == torch.arange(num_edges, device=perm.device, dtype=perm.dtype)).all()
+        _check(ok, rowptr.is_cpu, f"hop_prefix: the first {num_dst} rows do not hold exactly the first "
+               f"{num_edges} edges from sources below {num_src} (is this a neighbour-sampled, target-sorted batch?)")
+        return CSR._built(rowptr, col, perm, num_src)
 
     @classmethod
     def from_scipy(cls, matrix, *, index_dtype: torch.dtype | None = None) -> CSR:
@@ -272,6 +319,23 @@ def transpose_parts_of(rowptr: torch.Tensor, col: torch.Tensor, num_src: int):
     return coo_to_csr(col, expand_rowptr(rowptr, col.shape[0]), num_src, rowptr.shape[0] - 1)
 
 
+def check_sorted_by_target(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int) -> None:
+    """Targets non-decreasing and all ids in range, as device-side assertions (no host sync)."""
+    if not dst.numel():
+        return
+    device_assert(~(dst[1:] < dst[:-1]).any(), "edge_index is not sorted by target")
+    device_assert((dst[0] >= 0) & (dst[-1] < num_dst), "edge_index[1] (targets) has a node id outside [0, num_dst)")
+    device_assert(((src >= 0) & (src < num_src)).all(), "edge_index[0] (sources) has a node id outside [0, num_src)")
+
+
+def _check(ok: torch.Tensor, on_cpu: bool, message: str) -> None:
+    if on_cpu:
+        if not bool(ok):
+            raise ValueError(message)
+    else:
+        device_assert(ok, message)
+
+
 def check_edge_index(edge_index: object) -> torch.Tensor:
     edge_index = require_tensor("edge_index", edge_index)
     require_index("edge_index", edge_index)
@@ -315,6 +379,10 @@ def _from_pyg_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -
     if not isinstance(edge_index, EdgeIndex) or edge_index.sort_order is None:
         return None
     (colptr, row), perm = edge_index.get_csc()
+    if edge_index.sort_order == "col" and not edge_index.is_cpu:  # a sampled batch: no sort, no host sync
+        if colptr.numel() != num_dst + 1:
+            return CSR.from_sorted_edge_index(edge_index.as_tensor(), (num_src, num_dst))
+        return _col_sorted_csr(colptr, row, edge_index.as_tensor()[1], num_src, num_dst)
     if colptr.numel() != num_dst + 1:
         return None  # EdgeIndex's own size disagrees with the requested one: sort ourselves
     colptr, row = colptr.as_subclass(torch.Tensor), row.as_subclass(torch.Tensor)
@@ -322,6 +390,15 @@ def _from_pyg_edge_index(edge_index: torch.Tensor, num_src: int, num_dst: int) -
         perm = torch.arange(row.numel(), device=row.device, dtype=row.dtype)
     # the EdgeIndex's data is not validated by PyG unless asked: check it like a hand-built CSR
     return CSR(colptr.to(row.dtype), row, perm.as_subclass(torch.Tensor).to(row.dtype), num_src).checked()
+
+
+def _col_sorted_csr(colptr: torch.Tensor, row: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int) -> CSR:
+    """A col-sorted EdgeIndex's CSC as a CSR, checked by device-side assertions (no host sync)."""
+    row = row.as_subclass(torch.Tensor)
+    check_sorted_by_target(row, dst, num_src, num_dst)
+    device_assert(colptr[-1] == row.numel(), "EdgeIndex: its CSC pointer does not end at the edge count")
+    perm = torch.arange(row.numel(), device=row.device, dtype=row.dtype)
+    return CSR._built(colptr.as_subclass(torch.Tensor).to(row.dtype), row, perm, num_src)
 
 
 # ---- CSRs built from raw edge_index tensors, cached on the tensor's memory ------------------------

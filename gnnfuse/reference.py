@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 
 from ._validate import IndexOutOfRange, device_assert
-
-_SCATTER_REDUCE = {"sum": "sum", "mean": "mean", "max": "amax", "min": "amin", "mul": "prod"}
+from .reductions import TORCH_NAME as _SCATTER_REDUCE
 
 
 def coo_to_csr(key: torch.Tensor, other: torch.Tensor, num_rows: int, num_other: int,
@@ -105,6 +104,25 @@ def gather_scatter(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_ds
     else:
         out = zeros.scatter_reduce(0, index, msg, _SCATTER_REDUCE[reduce], include_self=False)
     return out.to(x.dtype).reshape(num_dst, *feat)
+
+
+def multi_aggregate(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_dst: int, aggrs: list[str],
+                    edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """[num_dst, len(aggrs) * F]: block k is aggrs[k] of the messages (see gather_scatter);
+    var = mean(m^2) - mean(m)^2, std = sqrt(max(var, 1e-5)) set to 0 where <= sqrt(1e-5) (as PyG)."""
+    blocks = []
+    for name in aggrs:
+        if name in ("var", "std"):
+            mean = gather_scatter(x, src, dst, num_dst, "mean", edge_weight)
+            w2 = None if edge_weight is None else edge_weight.to(x.dtype) ** 2
+            var = gather_scatter(x * x, src, dst, num_dst, "mean", w2) - mean * mean
+            if name == "std":
+                var = var.clamp(min=1e-5).sqrt()
+                var = var.masked_fill(var <= 1e-5 ** 0.5, 0.0)
+            blocks.append(var)
+        else:
+            blocks.append(gather_scatter(x, src, dst, num_dst, name, edge_weight))
+    return torch.cat(blocks, dim=1)
 
 
 # ---- structured density scatter ----

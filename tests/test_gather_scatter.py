@@ -342,7 +342,7 @@ BAD_INPUTS = {
     "weight integer": (lambda x, ei: dict(edge_weight=torch.ones(ei.shape[1], dtype=torch.long)), TypeError,
                        "edge_weight must have a floating dtype"),
     "weight 2-D": (lambda x, ei: dict(edge_weight=torch.rand(ei.shape[1], 1)), ValueError, "edge_weight must have"),
-    "unknown reduce": (lambda x, ei: dict(reduce="prod"), ValueError, "reduce must be one of"),
+    "unknown reduce": (lambda x, ei: dict(reduce="median"), ValueError, "reduce must be one of"),
     "unknown backend": (lambda x, ei: dict(backend="gpu"), ValueError, "backend must be one of"),
     "x integer": (lambda x, ei: dict(x=x.long()), TypeError, "x must have a floating dtype"),
     "x 0-d": (lambda x, ei: dict(x=x[0, 0]), ValueError, r"x must have shape \[N, \*feat\]"),

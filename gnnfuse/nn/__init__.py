@@ -37,12 +37,15 @@ _EXPORTS = {
     "TransformerConv": "._pair_attention",
     "fuse": "._fuse",
     "fusable": "._fuse",
+    "PNAConv": "._pna",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
+    if name == "aggr":  # the submodule gnnfuse.nn.aggr: PyG's aggregation modules on gnnfuse kernels
+        return importlib.import_module(".aggr", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'gnnfuse.nn' has no attribute {name!r}")

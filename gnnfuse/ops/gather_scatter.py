@@ -19,7 +19,6 @@ from .. import reference
 from .._build import load_extension
 from .._tensor_cache import cached
 from .._validate import (
-    require_choice,
     require_floating,
     require_node_count,
     require_same_device,
@@ -27,11 +26,12 @@ from .._validate import (
     require_tensor,
 )
 from ..csr import CSR, check_edge_index, csr_for_edge_index, transpose_parts_of
+from ..reductions import ARG as ARG_REDUCTIONS  # reductions whose forward records the winning edge
+from ..reductions import SINGLE as REDUCTIONS
+from ..reductions import canonical_reduce
 from ._library import resolve_backend
 from ._opdef import OpDef
 
-REDUCTIONS = ("sum", "mean", "max", "min", "mul")
-ARG_REDUCTIONS = ("max", "min")  # reductions whose forward records the winning edge
 # The forward op: x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order with x's
 # dtype; t_* the cached transpose, passed exactly when gradients are wanted. Returns out
 # [N_dst, F] and arg: for max/min with the transpose given, [N_dst, F] winning CSR positions
@@ -124,7 +124,7 @@ BACKWARD = OpDef(  # its own derivative is not implemented: double backward rais
 def fused_gather_scatter(
     x: torch.Tensor,
     edge_index_or_csr: torch.Tensor | CSR,
-    reduce: str = "sum",
+    reduce: str | list[str] = "sum",
     *,
     edge_weight: torch.Tensor | None = None,
     num_nodes: int | None = None,
@@ -138,7 +138,10 @@ def fused_gather_scatter(
             int64), a PyG ``EdgeIndex``, or a :class:`gnnfuse.CSR`. A raw tensor is sorted
             once and cached on its memory (see gnnfuse._tensor_cache); a hand-built CSR is
             validated on first use. Out-of-range ids raise :class:`gnnfuse.IndexOutOfRange`.
-        reduce: "sum" | "mean" | "max" | "min" | "mul". Empty target rows give 0.
+        reduce: "sum" | "mean" | "max" | "min" | "mul" (aliases "add", "amax", "amin", "prod"; see
+            gnnfuse.reductions), "var" or "std" (as PyG's VarAggregation and StdAggregation).
+            Empty target rows give 0. A list of these names computes them all in one pass and
+            returns [N_dst, len(reduce) * F], block k = reduce[k] (gnnfuse.ops.multi_aggregate).
         edge_weight: optional [E] weights in edge_index order, cast to x's dtype; differentiable.
         num_nodes: number of target nodes, any integer type (default: ``x.size(0)``, or the CSR's
             row count).
@@ -155,6 +158,11 @@ def fused_gather_scatter(
         out = gnnfuse.fused_gather_scatter(x, edge_index, "mean")  # [3, 16]; row 1 = (x[0] + x[2]) / 2
         out.sum().backward()
     """
+    if not isinstance(reduce, str) or reduce in ("var", "std"):  # (var/std exist only as multi-aggregations)
+        out = _multi_aggregate(x, edge_index_or_csr, [reduce] if isinstance(reduce, str) else reduce,
+                               edge_weight=edge_weight, num_nodes=num_nodes, backend=backend)
+        return out.reshape(out.shape[0], *x.shape[1:]) if isinstance(reduce, str) else out
+    reduce = canonical_reduce(reduce)
     csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
     flat = x.dim() == 2  # the common case skips two reshapes (a few us a call on small graphs)
@@ -177,7 +185,7 @@ def check_call(x: torch.Tensor, graph: torch.Tensor | CSR, reduce: str, edge_wei
     require_floating("x", x)
     if x.dim() < 1:
         require_shape("x", x, "[N, *feat]", False)
-    require_choice("reduce", reduce, REDUCTIONS)
+    canonical_reduce(reduce)
     if edge_weight is not None:
         require_tensor("edge_weight", edge_weight)
         require_floating("edge_weight", edge_weight)
@@ -218,3 +226,6 @@ def _weight_in_csr_order(edge_weight: torch.Tensor | None, csr: CSR, dtype: torc
     # CSR order once per (weight, graph) and reused, not gathered on every call
     return cached("csr_order_weight", (edge_weight, csr.perm), (dtype,),
                   lambda: edge_weight.to(dtype).index_select(0, csr.perm))
+
+
+from .multi_aggregate import multi_aggregate as _multi_aggregate  # noqa: E402  (it builds on this module)

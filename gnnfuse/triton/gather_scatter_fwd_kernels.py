@@ -2,17 +2,17 @@
 backward kernels (reductions, NaN-propagating max/min, winner tracking, the work-list piece prologue).
 Host code (plans, work lists, launches) lives in gather_scatter.py, which describes each kernel.
 
-Reduce codes (``REDUCE: tl.constexpr``): sum 0, mean 1, max 2, min 3, mul 4 (``_CODES``).
+Reduce codes (``REDUCE: tl.constexpr``): sum 0, mean 1, max 2, min 3, mul 4 (gnnfuse/reductions.py).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from ..reductions import CODES as _CODES
+from ..reductions import MAX, MEAN, MIN, MUL, SUM  # noqa: F401  (the kernels' REDUCE constants)
 from ._launch import fast_kernel
 
-_CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "mul": 4}
-SUM, MEAN, MAX, MIN, MUL = 0, 1, 2, 3, 4
 _BIG = tl.constexpr(2**62)
 _COMBINE_K = 32  # partials folded per step by the second pass
 

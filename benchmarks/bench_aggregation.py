@@ -1,0 +1,230 @@
+"""Aggregation breadth: several reductions in one pass, the torch_scatter-compatible API, PNAConv.
+
+    python -m benchmarks.bench_aggregation --device cpu  --out benchmarks/results   # Cora, Facebook, synthetic
+    python -m benchmarks.bench_aggregation --device cuda --out "$OUT"               # synthetic, built on the device
+
+Three tables, every variant of a row timed in the same process, interleaved
+(benchmarks.common.bench_interleaved), median (and min) over rounds:
+
+* ``multi``: ``fused_gather_scatter(x, csr, ["mean", "min", "max", "std"])`` (one pass) against one
+  "sum" pass and against four single-reduction passes (mean, min, max and the two passes std
+  would need), forward only and forward + backward (gradient of x). Goal: one pass of four <= 1.5x
+  one sum pass.
+* ``scatter``: ``gnnfuse.scatter(msg, dst, 0, dim_size=N, reduce=r)`` on messages [E, F] against
+  ``torch.Tensor.scatter_reduce`` (include_self=False) and, for sum, ``index_add_``; torch_scatter
+  too when it is installed. The gnnfuse call sorts the index every time (a fair one-off call).
+* ``pna``: a PNAConv training step (forward, loss, gradients of every parameter), gnnfuse.nn vs
+  torch_geometric.nn with the same weights; peak memory above the inputs on CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from benchmarks.common import bench_interleaved, device_label, geomean, machine, save_results
+from gnnfuse.testing import random_graph
+
+AGGRS = ["mean", "min", "max", "std"]
+REDUCES = ["sum", "mean", "max", "min"]
+
+
+def cpu_graphs():
+    from gnnfuse.datasets import load_facebook_edge_index, load_planetoid
+
+    graphs = {}
+    cora = load_planetoid("Cora")
+    if cora is not None:
+        graphs["Cora"] = (cora.edge_index, cora.num_nodes)
+    fb = load_facebook_edge_index()
+    if fb is not None:
+        graphs["Facebook"] = fb
+    graphs["synthetic power-law 60k/1.2M"] = (random_graph(60_000, 60_000, 1_200_000, seed=0, power_law=True), 60_000)
+    return graphs
+
+
+def cuda_graphs(device):
+    def power_law(nodes, edges, seed):
+        g = torch.Generator(device=device).manual_seed(seed)
+        src = torch.randint(0, nodes, (edges,), generator=g, device=device)
+        ranks = torch.arange(1, nodes + 1, dtype=torch.float32, device=device)
+        dst = torch.multinomial(1.0 / ranks, edges, replacement=True, generator=g)
+        return torch.stack([src, torch.randperm(nodes, generator=g, device=device)[dst]])
+
+    def uniform(nodes, edges, seed):
+        g = torch.Generator(device=device).manual_seed(seed)
+        return torch.randint(0, nodes, (2, edges), generator=g, device=device)
+
+    return {"arxiv-like (power-law)": (power_law(170_000, 1_170_000, 0), 170_000),
+            "products-like (uniform)": (uniform(1_000_000, 12_000_000, 2), 1_000_000)}
+
+
+def _times(row, prefix, times):
+    for label, t in times.items():
+        row[f"{prefix}{label}_ms"] = t["median_ms"]
+
+
+def multi_row(name, csr, nodes, width, device, rounds):
+    import gnnfuse
+
+    x = torch.randn(nodes, width, device=device)
+    xg = x.clone().requires_grad_()
+    row = {"graph": name, "nodes": nodes, "edges": csr.num_edges, "F": width}
+
+    def passes(t):
+        return [gnnfuse.fused_gather_scatter(t, csr, r) for r in ("mean", "min", "max", "mean")] + \
+               [gnnfuse.fused_gather_scatter(t * t, csr, "mean")]  # std from mean(x^2) - mean^2: 5 passes
+
+    with torch.no_grad():
+        fwd = bench_interleaved({
+            "sum": lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"),
+            "multi4": lambda: gnnfuse.fused_gather_scatter(x, csr, AGGRS),
+            "separate": lambda: passes(x),
+        }, device, rounds=rounds, max_seconds=10.0)
+    _times(row, "fwd_", fwd)
+    train = bench_interleaved({
+        "sum": lambda: torch.autograd.grad(gnnfuse.fused_gather_scatter(xg, csr, "sum").sum(), xg),
+        "multi4": lambda: torch.autograd.grad(gnnfuse.fused_gather_scatter(xg, csr, AGGRS).sum(), xg),
+        "separate": lambda: torch.autograd.grad(sum(p.sum() for p in passes(xg)), xg),
+    }, device, rounds=rounds, max_seconds=10.0)
+    _times(row, "train_", train)
+    row["fwd multi4/sum"] = row["fwd_multi4_ms"] / row["fwd_sum_ms"]
+    row["fwd separate/multi4"] = row["fwd_separate_ms"] / row["fwd_multi4_ms"]
+    row["train multi4/sum"] = row["train_multi4_ms"] / row["train_sum_ms"]
+    row["train separate/multi4"] = row["train_separate_ms"] / row["train_multi4_ms"]
+    return row
+
+
+def scatter_rows(name, edge_index, nodes, width, device, rounds):
+    import gnnfuse
+
+    try:
+        import torch_scatter
+    except ImportError:
+        torch_scatter = None
+    src, dst = edge_index[0], edge_index[1]
+    msg = torch.randn(nodes, width, device=device)[src]
+    rows = []
+    for reduce in REDUCES:
+        torch_name = {"max": "amax", "min": "amin"}.get(reduce, reduce)
+        idx = dst.view(-1, 1).expand(-1, width)
+        fns = {
+            "gnnfuse": lambda: gnnfuse.scatter(msg, dst, 0, dim_size=nodes, reduce=reduce),
+            "scatter_reduce": lambda: msg.new_zeros(nodes, width).scatter_reduce(0, idx, msg, torch_name,
+                                                                                include_self=False),
+        }
+        if reduce == "sum":
+            fns["index_add_"] = lambda: msg.new_zeros(nodes, width).index_add_(0, dst, msg)
+        if torch_scatter is not None:
+            fns["torch_scatter"] = lambda: torch_scatter.scatter(msg, dst, 0, dim_size=nodes, reduce=reduce)
+        with torch.no_grad():
+            times = bench_interleaved(fns, device, rounds=rounds, max_seconds=8.0)
+        row = {"graph": name, "edges": edge_index.shape[1], "F": width, "reduce": reduce}
+        _times(row, "", times)
+        row["scatter_reduce/gnnfuse"] = row["scatter_reduce_ms"] / row["gnnfuse_ms"]
+        if "torch_scatter_ms" in row:
+            row["torch_scatter/gnnfuse"] = row["torch_scatter_ms"] / row["gnnfuse_ms"]
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def pna_row(name, edge_index, nodes, width, device, rounds):
+    import torch_geometric.nn as pyg_nn
+
+    import gnnfuse.nn as G
+    from benchmarks.bench_attention import make_step, peak_mb
+
+    deg = torch.bincount(torch.bincount(edge_index[1], minlength=nodes).cpu())
+    kwargs = dict(aggregators=AGGRS, scalers=["identity", "amplification", "attenuation"], deg=deg, towers=4)
+    torch.manual_seed(0)
+    x = torch.randn(nodes, width, device=device)
+    stock = pyg_nn.PNAConv(width, width, **kwargs).to(device).train()
+    ours = G.PNAConv(width, width, **kwargs).to(device).train()
+    ours.load_state_dict(stock.state_dict())
+    row = {"graph": name, "nodes": nodes, "edges": edge_index.shape[1], "F": width, "towers": 4}
+    steps = {"gnnfuse": make_step(ours, x, edge_index), "pyg": make_step(stock, x, edge_index)}
+    for label, fn in list(steps.items()):
+        try:
+            row[f"{label}_peak_MB"] = peak_mb(fn, device)
+        except torch.OutOfMemoryError:
+            row[f"{label}_peak_MB"] = "OOM"
+            steps.pop(label)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    times = bench_interleaved(steps, device, rounds=rounds, max_seconds=20.0)
+    for label, t in times.items():
+        row[f"{label}_ms"], row[f"{label}_min_ms"] = t["median_ms"], t["min_ms"]
+    if "pyg" in times:
+        row["speedup"] = times["pyg"]["median_ms"] / times["gnnfuse"]["median_ms"]
+    row["output_MB"] = nodes * len(AGGRS) * width * x.element_size() / 2**20  # one [N, aggregators*F]
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU runs)")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--widths", default="64")
+    parser.add_argument("--parts", default="multi,scatter,pna")
+    parser.add_argument("--quick", action="store_true", help="Cora-sized graphs only, 3 rounds (a smoke test)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    graphs = cpu_graphs() if device.type == "cpu" else cuda_graphs(device)
+    if args.quick:
+        graphs = {k: v for k, v in list(graphs.items())[:1]}
+        args.rounds = 3
+    widths = [int(w) for w in args.widths.split(",")]
+    parts = args.parts.split(",")
+    import gnnfuse
+
+    tables = {"multi": [], "scatter": [], "pna": []}
+    for name, (edge_index, nodes) in graphs.items():
+        edge_index = edge_index.to(device)
+        csr = gnnfuse.CSR.from_edge_index(edge_index, num_nodes=nodes)
+        for width in widths:
+            for part, fn in (("multi", lambda: [multi_row(name, csr, nodes, width, device, args.rounds)]),
+                             ("scatter", lambda: scatter_rows(name, edge_index, nodes, width, device, args.rounds)),
+                             ("pna", lambda: [pna_row(name, edge_index, nodes, width, device, args.rounds)])):
+                if part not in parts:
+                    continue
+                try:
+                    tables[part] += fn()
+                except Exception as exc:  # a row, not a crash
+                    tables[part].append({"graph": name, "F": width, "error": f"{type(exc).__name__}: {exc}"[:200]})
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                print(part, tables[part][-1], flush=True)
+    meta = dict(machine(device), load_average_1_5_15min=os.getloadavg())  # other tenants show up here
+    label = device_label(device)
+    columns = {
+        "multi": ["graph", "nodes", "edges", "F", "fwd_sum_ms", "fwd_multi4_ms", "fwd_separate_ms", "fwd multi4/sum",
+                  "fwd separate/multi4", "train_sum_ms", "train_multi4_ms", "train_separate_ms", "train multi4/sum",
+                  "train separate/multi4", "error"],
+        "scatter": ["graph", "edges", "F", "reduce", "gnnfuse_ms", "scatter_reduce_ms", "index_add__ms",
+                    "torch_scatter_ms", "scatter_reduce/gnnfuse", "torch_scatter/gnnfuse", "error"],
+        "pna": ["graph", "nodes", "edges", "F", "towers", "gnnfuse_ms", "gnnfuse_min_ms", "pyg_ms", "pyg_min_ms",
+                "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "output_MB", "error"],
+    }
+    summary = {
+        "multi": lambda rows: {"geomean fwd multi4/sum": geomean([r["fwd multi4/sum"] for r in rows if "F" in r and
+                                                                   "fwd multi4/sum" in r]),
+                               "geomean train multi4/sum": geomean([r.get("train multi4/sum") for r in rows])},
+        "scatter": lambda rows: {"geomean scatter_reduce/gnnfuse": geomean([r.get("scatter_reduce/gnnfuse")
+                                                                            for r in rows])},
+        "pna": lambda rows: {"geomean speedup": geomean([r.get("speedup") for r in rows])},
+    }
+    for part in parts:
+        if tables[part]:
+            md = save_results(f"aggregation-{part}_{label}", {**meta, **summary[part](tables[part])}, tables[part],
+                              columns[part], args.out)
+            print(md.read_text())
+
+
+if __name__ == "__main__":
+    main()

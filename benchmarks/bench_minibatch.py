@@ -1,0 +1,207 @@
+"""Mini-batch training on sampled neighbourhoods: sampler speed, per-batch graph preparation as a
+share of the step, and a fused vs stock PyG SAGE step on the same sampled batches.
+
+    python -m benchmarks.bench_minibatch                                   # CPU, products graph at scale 0.02
+    python -m benchmarks.bench_minibatch --device cuda --scale 1.0 --out "$OUT"
+
+Workload (the products mini-batch setting): community-products (gnnfuse.graphs) at ``--scale`` as the
+node-classification task of examples/train_ddp.py, 3-layer SAGE-mean 100 -> 256 -> 256 -> 47, fan-outs
+[15, 10, 5], 1024 seeds per batch, bipartite layers (each computes only what the next layer reads).
+
+Measured, each table's variants interleaved in one process (median, IQR):
+  * sampling one batch: gnnfuse.loader.NeighborSampler on the device (torch ops on CUDA, C++ on CPU),
+    its C++ kernel on the host CPU, its torch-ops path on CPU; PyG's own NeighborSampler is tried and
+    reported unavailable when it needs pyg-lib / torch-sparse (not installable here);
+  * graph preparation of one batch: ``layer_csrs`` (O(E) from the target-sorted edges, no sort) vs
+    ``CSR.from_edge_index`` per layer (a sort each, what an unsorted edge_index costs);
+  * a training step on pre-sampled batches (graph prep + forward + backward + optimizer): gnnfuse
+    layers on ``layer_csrs`` vs stock PyG SAGEConv on the plain edge_index prefixes (which need no
+    prep); plus the fused step's split, with the device synchronised between phases.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .common import bench_interleaved, device_label, machine, save_results
+
+ROOT = Path(__file__).resolve().parents[1]
+FANOUTS, BATCH, HIDDEN = [15, 10, 5], 1024, 256
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location("train_ddp", ROOT / "examples" / "train_ddp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def pyg_sampler_or_reason(edge_index, num_nodes):
+    """PyG's NeighborSampler if it can sample here, else why not."""
+    try:
+        from torch_geometric.data import Data
+        from torch_geometric.sampler import NeighborSampler, NodeSamplerInput
+
+        sampler = NeighborSampler(Data(edge_index=edge_index.cpu(), num_nodes=num_nodes), FANOUTS)
+        seeds = torch.arange(BATCH)
+        sampler.sample_from_nodes(NodeSamplerInput(None, seeds))
+        return lambda s: sampler.sample_from_nodes(NodeSamplerInput(None, s)), None
+    except Exception as exc:  # noqa: BLE001  (ImportError without pyg-lib/torch-sparse, whatever PyG raises)
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--scale", type=float, default=None, help="default: 1.0 on CUDA, 0.02 on CPU")
+    ap.add_argument("--batches", type=int, default=8, help="pre-sampled batches the steps cycle through")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.02)
+    ex = _example()
+    from gnnfuse import CSR
+    from gnnfuse.loader import NeighborSampler, layer_csrs, layer_sizes
+
+    t0 = time.perf_counter()
+    task = ex.realistic_task(scale, seed=0, device=device)
+    x, y, train = task["x"], task["y"], task["train"]
+    n = task["num_nodes"]
+    print(f"graph {task['name']}: {n} nodes, {task['edge_index'].shape[1]} edges, built in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    rows = []
+
+    # ---- sampling ----------------------------------------------------------------------------------
+    samplers = {"gnnfuse (device)": NeighborSampler(task["edge_index"], FANOUTS, num_nodes=n, seed=0, device=device)}
+    if device.type == "cuda":  # the same graph on the host (copied, not sorted again)
+        samplers["gnnfuse C++ (host CPU)"] = samplers["gnnfuse (device)"].to("cpu")
+    else:  # the CUDA implementation's torch ops, here on CPU (too slow to time at products scale)
+        torch_ops = NeighborSampler(task["edge_index"], FANOUTS, num_nodes=n, seed=0)
+        torch_ops._ext = None
+        samplers["gnnfuse torch ops (CPU)"] = torch_ops
+    pyg, reason = pyg_sampler_or_reason(task["edge_index"] if n < 10**6 else task["edge_index"][:, :BATCH], n)
+    g = torch.Generator().manual_seed(0)
+    seed_sets = [train[torch.randperm(train.numel(), generator=g)[:BATCH].to(train.device)] for _ in range(args.batches)]
+    fns = {name: (lambda s=s: s.sample(seed_sets[0])) for name, s in samplers.items()}
+    if pyg is not None:
+        fns["PyG NeighborSampler"] = lambda: pyg(seed_sets[0].cpu())
+    timing = bench_interleaved(fns, device, rounds=args.rounds)
+    sample = samplers["gnnfuse (device)"].sample(seed_sets[0])
+    for name, t in timing.items():
+        rows.append(dict(table="sampling", variant=name, median_ms=t["median_ms"], iqr_ms=t["iqr_ms"],
+                         note=f"{sum(sample.num_sampled_edges)} edges, {sample.node.numel()} nodes"))
+    if pyg is None:
+        rows.append(dict(table="sampling", variant="PyG NeighborSampler", note=f"unavailable: {reason}"))
+    samplers = {"gnnfuse (device)": samplers["gnnfuse (device)"]}
+
+    # ---- pre-sampled batches -------------------------------------------------------------------------
+    sampler = samplers["gnnfuse (device)"]
+    batches = []
+    for seeds in seed_sets:
+        out = sampler.sample(seeds)
+        batches.append(dict(x=x[out.node], y=y[seeds], edge_index=torch.stack([out.row, out.col]),
+                            nodes=out.num_sampled_nodes, edges=out.num_sampled_edges,
+                            sizes=layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)))
+
+    # ---- graph preparation ---------------------------------------------------------------------------
+    b0 = batches[0]
+
+    def prep_sorted():
+        return layer_csrs(edge_index=b0["edge_index"], num_sampled_nodes=b0["nodes"], num_sampled_edges=b0["edges"])
+
+    def prep_sorting():
+        return [CSR.from_edge_index(b0["edge_index"][:, :e], (s, d)) for d, s, e in b0["sizes"]]
+
+    timing = bench_interleaved({"layer_csrs (sorted input, no sort)": prep_sorted,
+                                "CSR.from_edge_index per layer (sort)": prep_sorting}, device, rounds=args.rounds)
+    for name, t in timing.items():
+        rows.append(dict(table="graph prep", variant=name, median_ms=t["median_ms"], iqr_ms=t["iqr_ms"]))
+
+    # ---- training step: fused vs stock on the same batches ------------------------------------------
+    dims = [x.shape[1], HIDDEN, HIDDEN, task["num_classes"]]
+    torch.manual_seed(0)
+    models = {"gnnfuse": ex.SAGE("gnnfuse", dims, 0.5).to(device), "pyg": ex.SAGE("pyg", dims, 0.5).to(device)}
+    models["pyg"].load_state_dict(models["gnnfuse"].state_dict())
+    optims = {k: torch.optim.Adam(m.parameters(), lr=0.003) for k, m in models.items()}
+    counter = {"gnnfuse": 0, "pyg": 0}
+
+    def step(kind):
+        b = batches[counter[kind] % len(batches)]
+        counter[kind] += 1
+        if kind == "gnnfuse":
+            graphs = layer_csrs(edge_index=b["edge_index"], num_sampled_nodes=b["nodes"], num_sampled_edges=b["edges"])
+        else:
+            graphs = [b["edge_index"][:, :e] for _, _, e in b["sizes"]]
+        loss = F.cross_entropy(models[kind](b["x"], graphs, b["sizes"]), b["y"])
+        optims[kind].zero_grad(set_to_none=True)
+        loss.backward()
+        optims[kind].step()
+
+    for kind in models:  # warm-up: Triton compiles, C++ loads
+        for _ in range(3):
+            step(kind)
+    timing = bench_interleaved({"gnnfuse layers + layer_csrs": lambda: step("gnnfuse"),
+                                "stock PyG SAGEConv": lambda: step("pyg")}, device,
+                               rounds=args.rounds * len(batches), max_seconds=60)
+    fused, stock = timing["gnnfuse layers + layer_csrs"], timing["stock PyG SAGEConv"]
+    for name, t in timing.items():
+        rows.append(dict(table="train step", variant=name, median_ms=t["median_ms"], iqr_ms=t["iqr_ms"],
+                         note=f"speed-up {stock['median_ms'] / fused['median_ms']:.2f}x" if name.startswith("gnnfuse")
+                         else ""))
+
+    # ---- the fused step's split (synchronised phases, a sampled batch each step) -----------------------
+    phases = {k: [] for k in ("sampling", "gather", "graph prep", "forward", "backward", "optimizer")}
+    model, opt = models["gnnfuse"], optims["gnnfuse"]
+    for i in range(args.rounds * 2):
+        seeds = seed_sets[i % len(seed_sets)]
+        marks = [time.perf_counter()]
+
+        def lap():
+            _sync(device)
+            marks.append(time.perf_counter())
+
+        out = sampler.sample(seeds)
+        lap()
+        xb, yb = x[out.node], y[seeds]
+        lap()
+        graphs = layer_csrs(edge_index=torch.stack([out.row, out.col]), num_sampled_nodes=out.num_sampled_nodes,
+                            num_sampled_edges=out.num_sampled_edges)
+        lap()
+        loss = F.cross_entropy(model(xb, graphs, layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)), yb)
+        lap()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        lap()
+        opt.step()
+        lap()
+        for name, a, b in zip(phases, marks, marks[1:]):
+            phases[name].append((b - a) * 1e3)
+    medians = {k: statistics.median(v) for k, v in phases.items()}
+    total = sum(medians.values())
+    for name, ms in medians.items():
+        rows.append(dict(table="fused step split", variant=name, median_ms=ms, share=f"{100 * ms / total:.1f}%"))
+    train_step = medians["graph prep"] + medians["forward"] + medians["backward"] + medians["optimizer"]
+    rows.append(dict(table="fused step split", variant="graph prep / (prep + fwd + bwd + opt)",
+                     share=f"{100 * medians['graph prep'] / train_step:.1f}%"))
+
+    meta = dict(machine(device), graph=task["name"], nodes=n, edges=int(task["edge_index"].shape[1]),
+                fanouts=FANOUTS, batch=BATCH, model=f"SAGE-mean {dims}", batches=len(batches))
+    name = f"minibatch_{device_label(device)}"
+    md = save_results(name, meta, rows, ["table", "variant", "median_ms", "iqr_ms", "share", "note"], args.out)
+    print(md.read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,432 @@
+// Several reductions of the same messages in one pass (CPU): for every CSR row (target) i and
+// every requested reduction k, out[i, k*F:(k+1)*F] = REDUCE_k{e in row i} w[e] * x[col[e]].
+// Each source row is read from memory once per edge; the per-reduction updates then run over the
+// row while it is in L1. Rows are owned by one thread (parallel_over_rows): no atomics, and the
+// result does not depend on the thread count. Codes are those of reduce_codes.h.
+//
+// Forward: sum, sum of squares, max and min (with the winning CSR position when `need_arg`) are
+// kept together in one vectorised loop per edge (cheap next to reading the row); the product only
+// for "mul".
+// var = mean(m^2) - mean(m)^2 (biased, as PyG's VarAggregation); std = sqrt(max(var, 1e-5)),
+// set to 0 where that is <= sqrt(1e-5) (PyG's StdAggregation). Empty rows give 0 everywhere.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "checks.h"
+#include "reduce_codes.h"
+#include "reducer.h"
+#include "row_tiles.h"
+
+namespace gnnfuse {
+namespace {
+
+constexpr int64_t kTile = 256;  // features per tile: the statistics of 256 features stay in L1
+
+struct Needs {
+  bool sum = false, sq = false, max = false, min = false, mul = false;
+};
+
+// PyG's StdAggregation: sqrt(max(var, 1e-5)), and 0 where that is <= sqrt(1e-5).
+template <typename T>
+inline T std_of(T var) {
+  const T sd = std::sqrt(std::max(var, T(1e-5)));
+  return sd <= std::sqrt(T(1e-5)) ? T(0) : sd;
+}
+
+Needs needs_of(const std::vector<int64_t>& codes) {
+  Needs n;
+  for (int64_t c : codes) {
+    TORCH_CHECK_VALUE(c >= reduce_code::kSum && c <= reduce_code::kStd, text("multi_aggregate: unknown reduce code ", c));
+    n.sum |= c == reduce_code::kSum || c == reduce_code::kMean || c == reduce_code::kVar || c == reduce_code::kStd;
+    n.sq |= c == reduce_code::kVar || c == reduce_code::kStd;
+    n.max |= c == reduce_code::kMax;
+    n.min |= c == reduce_code::kMin;
+    n.mul |= c == reduce_code::kMul;
+  }
+  return n;
+}
+
+// One row's statistics over features [f0, f0 + nf), nf <= W: sum, sum of squares, max, min (+ the
+// winners when Track) in one loop per edge. With nf == W (a compile-time width) the accumulators
+// live in registers across the row's edges; the first edge initialises them.
+template <int64_t W, typename scalar_t, typename index_t, bool Track>
+inline void row_stats(const scalar_t* x, const index_t* col, const scalar_t* weight, int64_t e0, int64_t e1,
+                      int64_t f0, int64_t nf, int64_t F, int64_t ahead, int64_t prefetch_end,
+                      at::opmath_type<scalar_t>* s_out, at::opmath_type<scalar_t>* q_out,
+                      at::opmath_type<scalar_t>* mx_out, at::opmath_type<scalar_t>* mn_out, index_t* wmax_out,
+                      index_t* wmin_out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t n = W > 0 ? W : nf;
+  acc_t s[W > 0 ? W : kTile], q[W > 0 ? W : kTile], mx[W > 0 ? W : kTile], mn[W > 0 ? W : kTile];
+  index_t wmax[W > 0 ? W : kTile], wmin[W > 0 ? W : kTile];
+  {
+    const acc_t w = weight ? acc_t(weight[e0]) : acc_t(1);
+    const scalar_t* xr = x + static_cast<int64_t>(col[e0]) * F + f0;
+#pragma omp simd
+    for (int64_t f = 0; f < n; ++f) {
+      const acc_t v = w * acc_t(xr[f]);
+      s[f] = v;
+      q[f] = v * v;
+      mx[f] = v;
+      mn[f] = v;
+      if constexpr (Track) {
+        wmax[f] = static_cast<index_t>(e0);
+        wmin[f] = static_cast<index_t>(e0);
+      }
+    }
+  }
+  for (int64_t e = e0 + 1; e < e1; ++e) {
+    if (e + ahead < prefetch_end) prefetch_bytes(x + static_cast<int64_t>(col[e + ahead]) * F + f0,
+                                                 n * static_cast<int64_t>(sizeof(scalar_t)));
+    const acc_t w = weight ? acc_t(weight[e]) : acc_t(1);
+    const scalar_t* xr = x + static_cast<int64_t>(col[e]) * F + f0;
+    const index_t pos = static_cast<index_t>(e);
+#pragma omp simd
+    for (int64_t f = 0; f < n; ++f) {
+      const acc_t v = w * acc_t(xr[f]);
+      s[f] += v;
+      q[f] += v * v;
+      const bool up = Reducer<Reduce::Max>::wins(v, mx[f]);
+      const bool down = Reducer<Reduce::Min>::wins(v, mn[f]);
+      mx[f] = up ? v : mx[f];
+      mn[f] = down ? v : mn[f];
+      if constexpr (Track) {
+        wmax[f] = up ? pos : wmax[f];
+        wmin[f] = down ? pos : wmin[f];
+      }
+    }
+  }
+  std::copy(s, s + n, s_out);
+  std::copy(q, q + n, q_out);
+  std::copy(mx, mx + n, mx_out);
+  std::copy(mn, mn + n, mn_out);
+  if constexpr (Track) {
+    std::copy(wmax, wmax + n, wmax_out);
+    std::copy(wmin, wmin + n, wmin_out);
+  }
+}
+
+template <typename scalar_t, typename index_t, bool Track>
+void multi_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col, const scalar_t* weight,
+                  const std::vector<int64_t>& codes, const Needs need, scalar_t* out, index_t* arg,
+                  int64_t num_rows, int64_t F) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int64_t W = 128 / static_cast<int64_t>(sizeof(acc_t));  // two 64-byte vectors per statistic
+  const int64_t K = static_cast<int64_t>(codes.size());
+  // arg layout: [A, num_rows, F], max first
+  const int64_t min_slot = need.max ? 1 : 0;
+  const int64_t ahead = prefetch_ahead(F * static_cast<int64_t>(sizeof(scalar_t)));
+  parallel_over_rows(rowptr, num_rows, F, [&](int64_t row_begin, int64_t row_end) {
+    std::vector<acc_t> buf(5 * kTile);
+    acc_t *s = buf.data(), *q = s + kTile, *mx = q + kTile, *mn = mx + kTile, *pr = mn + kTile;
+    std::vector<index_t> wbuf(2 * kTile);
+    index_t *wmax = wbuf.data(), *wmin = wmax + kTile;
+    const int64_t prefetch_end = rowptr[row_end];
+    for (int64_t row = row_begin; row < row_end; ++row) {
+      const int64_t e0 = rowptr[row], e1 = rowptr[row + 1];
+      scalar_t* out_row = out + row * K * F;
+      if (e0 == e1) {
+        std::fill(out_row, out_row + K * F, scalar_t(0));
+        if constexpr (Track) {
+          if (need.max) std::fill(arg + row * F, arg + (row + 1) * F, index_t(-1));
+          if (need.min) std::fill(arg + (min_slot * num_rows + row) * F, arg + (min_slot * num_rows + row + 1) * F,
+                                  index_t(-1));
+        }
+        continue;
+      }
+      for (int64_t f0 = 0; f0 < F; f0 += kTile) {
+        const int64_t nf = std::min(kTile, F - f0);
+        for (int64_t t = 0; t < nf; t += W) {
+          const int64_t nt = std::min(W, nf - t);
+          if (nt == W) {
+            row_stats<W, scalar_t, index_t, Track>(x, col, weight, e0, e1, f0 + t, W, F, ahead, prefetch_end, s + t,
+                                                   q + t, mx + t, mn + t, wmax + t, wmin + t);
+          } else {
+            row_stats<0, scalar_t, index_t, Track>(x, col, weight, e0, e1, f0 + t, nt, F, ahead, prefetch_end, s + t,
+                                                   q + t, mx + t, mn + t, wmax + t, wmin + t);
+          }
+        }
+        if (need.mul) {
+          std::fill(pr, pr + nf, acc_t(1));
+          for (int64_t e = e0; e < e1; ++e) {
+            const acc_t w = weight ? acc_t(weight[e]) : acc_t(1);
+            const scalar_t* xr = x + static_cast<int64_t>(col[e]) * F + f0;
+#pragma omp simd
+            for (int64_t f = 0; f < nf; ++f) pr[f] *= w * acc_t(xr[f]);
+          }
+        }
+        const acc_t inv_deg = acc_t(1) / acc_t(e1 - e0);
+        for (int64_t k = 0; k < K; ++k) {
+          scalar_t* o = out_row + k * F + f0;
+          switch (codes[k]) {
+            case reduce_code::kSum:
+              for (int64_t f = 0; f < nf; ++f) o[f] = scalar_t(s[f]);
+              break;
+            case reduce_code::kMean:
+              for (int64_t f = 0; f < nf; ++f) o[f] = scalar_t(s[f] * inv_deg);
+              break;
+            case reduce_code::kMax:
+              for (int64_t f = 0; f < nf; ++f) o[f] = scalar_t(mx[f]);
+              break;
+            case reduce_code::kMin:
+              for (int64_t f = 0; f < nf; ++f) o[f] = scalar_t(mn[f]);
+              break;
+            case reduce_code::kMul:
+              for (int64_t f = 0; f < nf; ++f) o[f] = scalar_t(pr[f]);
+              break;
+            case reduce_code::kVar:
+            case reduce_code::kStd:
+              for (int64_t f = 0; f < nf; ++f) {
+                const acc_t mean = s[f] * inv_deg;
+                const acc_t var = q[f] * inv_deg - mean * mean;
+                o[f] = scalar_t(codes[k] == reduce_code::kVar ? var : std_of(var));
+              }
+              break;
+          }
+        }
+        if constexpr (Track) {
+          if (need.max) std::copy(wmax, wmax + nf, arg + row * F + f0);
+          if (need.min) std::copy(wmin, wmin + nf, arg + (min_slot * num_rows + row) * F + f0);
+        }
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> multi_aggregate_forward(const at::Tensor& x, const at::Tensor& rowptr,
+                                                           const at::Tensor& col,
+                                                           const c10::optional<at::Tensor>& weight,
+                                                           const std::vector<int64_t>& codes, bool need_arg) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "multi_aggregate: x must be a contiguous 2-D tensor");
+  TORCH_CHECK(rowptr.dim() == 1 && col.dim() == 1 && rowptr.is_contiguous() && col.is_contiguous() &&
+                  rowptr.scalar_type() == col.scalar_type(),
+              "multi_aggregate: rowptr and col must be contiguous 1-D tensors of one dtype");
+  if (weight.has_value()) {
+    TORCH_CHECK(weight->dim() == 1 && weight->is_contiguous() && weight->numel() == col.numel() &&
+                    weight->scalar_type() == x.scalar_type(),
+                "multi_aggregate: weight must be a contiguous [E] tensor with x's dtype");
+  }
+  TORCH_CHECK_VALUE(!codes.empty(), "multi_aggregate: at least one reduction is needed");
+  const Needs need = needs_of(codes);
+  const int64_t num_rows = rowptr.numel() - 1, F = x.size(1), K = static_cast<int64_t>(codes.size());
+  const int64_t num_arg = need_arg ? (need.max ? 1 : 0) + (need.min ? 1 : 0) : 0;
+  auto out = at::empty({num_rows, K * F}, x.options());
+  auto arg = num_arg ? at::empty({num_arg, num_rows, F}, rowptr.options()) : at::empty({0, 0, 0}, rowptr.options());
+  if (num_rows == 0 || F == 0) return {out, arg};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "multi_aggregate_forward", [&] {
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "multi_aggregate_forward_index", [&] {
+      auto run = [&](auto track) {
+        multi_kernel<scalar_t, index_t, decltype(track)::value>(
+            x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(),
+            weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr, codes, need, out.data_ptr<scalar_t>(),
+            num_arg ? arg.data_ptr<index_t>() : nullptr, num_rows, F);
+      };
+      if (num_arg) run(std::true_type{}); else run(std::false_type{});
+    });
+  });
+  return {out, arg};
+}
+
+
+// Backward in one pass over the transpose. The gradient of message m = w[e] x[j] (edge e = j -> i,
+// CSR position p) is
+//   dm = c[i] + d[i] m + [winner of max] g_max[i] + [winner of min] g_min[i] + g_mul[i] prod_{others}
+// where sum/mean/var/std give the per-target terms (c, d: d var / d m = 2 (m - mean) / deg, and
+// d std = d var / (2 std) where std > 0). A first pass over target rows forms c, d (and the row
+// products for mul); the second walks source rows: grad_x[j] = sum_e w dm, grad_w[p] = <dm, x[j]>.
+template <typename scalar_t, typename index_t>
+void multi_backward_kernel(const scalar_t* grad_out, const scalar_t* x, const scalar_t* out, const index_t* rowptr,
+                           const index_t* col, const scalar_t* weight, const index_t* t_rowptr,
+                           const index_t* t_col, const index_t* t_pos, const index_t* arg,
+                           const std::vector<int64_t>& codes, const Needs need, scalar_t* grad_x, scalar_t* grad_w,
+                           int64_t num_rows, int64_t num_src, int64_t F) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t K = static_cast<int64_t>(codes.size());
+  auto find = [&](int64_t code) {
+    for (int64_t k = 0; k < K; ++k) if (codes[k] == code) return k;
+    return int64_t(-1);
+  };
+  const int64_t k_max = find(reduce_code::kMax), k_min = find(reduce_code::kMin), k_mul = find(reduce_code::kMul);
+  const int64_t k_mean = find(reduce_code::kMean);
+  const bool linear = need.sum, quadratic = need.sq;
+  const int64_t min_slot = need.max ? 1 : 0;
+  std::vector<acc_t> c(linear ? num_rows * F : 0), d(quadratic ? num_rows * F : 0);
+  std::vector<acc_t> prod(need.mul ? num_rows * F : 0);
+  std::vector<int32_t> zeros(need.mul ? num_rows * F : 0);
+  parallel_over_rows(rowptr, num_rows, F, [&](int64_t row_begin, int64_t row_end) {
+    std::vector<acc_t> mean_buf(quadratic && k_mean < 0 ? F : 0);
+    for (int64_t i = row_begin; i < row_end; ++i) {
+      const int64_t e0 = rowptr[i], e1 = rowptr[i + 1];
+      const acc_t inv = acc_t(1) / acc_t(std::max<int64_t>(e1 - e0, 1));
+      const scalar_t* g = grad_out + i * K * F;
+      const scalar_t* o = out + i * K * F;
+      if (need.mul) {
+        acc_t* pr = prod.data() + i * F;
+        int32_t* z = zeros.data() + i * F;
+        std::fill(pr, pr + F, acc_t(1));
+        std::fill(z, z + F, 0);
+        for (int64_t e = e0; e < e1; ++e) {
+          const acc_t w = weight ? acc_t(weight[e]) : acc_t(1);
+          const scalar_t* xr = x + static_cast<int64_t>(col[e]) * F;
+          for (int64_t f = 0; f < F; ++f) {
+            const acc_t m = w * acc_t(xr[f]);
+            if (m == acc_t(0)) z[f] += 1; else pr[f] *= m;
+          }
+        }
+      }
+      if (!linear) continue;
+      const acc_t* mean = nullptr;
+      if (quadratic) {
+        if (k_mean >= 0) {
+          mean_buf.resize(F);
+          for (int64_t f = 0; f < F; ++f) mean_buf[f] = acc_t(o[k_mean * F + f]);
+        } else {  // the mean of the messages is not among the outputs: one pass over the row
+          std::fill(mean_buf.begin(), mean_buf.end(), acc_t(0));
+          for (int64_t e = e0; e < e1; ++e) {
+            const acc_t w = weight ? acc_t(weight[e]) : acc_t(1);
+            const scalar_t* xr = x + static_cast<int64_t>(col[e]) * F;
+            for (int64_t f = 0; f < F; ++f) mean_buf[f] += w * acc_t(xr[f]) * inv;
+          }
+        }
+        mean = mean_buf.data();
+      }
+      acc_t* ci = c.data() + i * F;
+      acc_t* di = quadratic ? d.data() + i * F : nullptr;
+      std::fill(ci, ci + F, acc_t(0));
+      if (di) std::fill(di, di + F, acc_t(0));
+      for (int64_t k = 0; k < K; ++k) {
+        const scalar_t* gk = g + k * F;
+        const scalar_t* ok = o + k * F;
+        switch (codes[k]) {
+          case reduce_code::kSum:
+            for (int64_t f = 0; f < F; ++f) ci[f] += acc_t(gk[f]);
+            break;
+          case reduce_code::kMean:
+            for (int64_t f = 0; f < F; ++f) ci[f] += acc_t(gk[f]) * inv;
+            break;
+          case reduce_code::kVar:
+          case reduce_code::kStd:
+            for (int64_t f = 0; f < F; ++f) {
+              acc_t gv = acc_t(gk[f]);
+              if (codes[k] == reduce_code::kStd) gv = acc_t(ok[f]) > acc_t(0) ? gv / (acc_t(2) * acc_t(ok[f])) : acc_t(0);
+              ci[f] -= acc_t(2) * gv * mean[f] * inv;
+              di[f] += acc_t(2) * gv * inv;
+            }
+            break;
+          default:
+            break;
+        }
+      }
+    }
+  });
+  const bool need_w = grad_w != nullptr;
+  parallel_over_rows(t_rowptr, num_src, F, [&](int64_t src_begin, int64_t src_end) {
+    std::vector<acc_t> gx_buf(F), dm_buf(F);
+    acc_t* gx = gx_buf.data();
+    acc_t* dm = dm_buf.data();
+    for (int64_t j = src_begin; j < src_end; ++j) {
+      std::fill(gx, gx + F, acc_t(0));
+      const scalar_t* xj = x + j * F;
+      for (int64_t q = t_rowptr[j]; q < t_rowptr[j + 1]; ++q) {
+        const int64_t i = t_col[q];
+        const int64_t p = t_pos[q];
+        const acc_t w = weight ? acc_t(weight[p]) : acc_t(1);
+        const scalar_t* g = grad_out + i * K * F;
+        const index_t pos = static_cast<index_t>(p);
+        // one simple loop per term, each vectorised
+        if (linear) {
+          const acc_t* ci = c.data() + i * F;
+#pragma omp simd
+          for (int64_t f = 0; f < F; ++f) dm[f] = ci[f];
+        } else {
+          std::fill(dm, dm + F, acc_t(0));
+        }
+        if (quadratic) {
+          const acc_t* di = d.data() + i * F;
+#pragma omp simd
+          for (int64_t f = 0; f < F; ++f) dm[f] += di[f] * w * acc_t(xj[f]);
+        }
+        if (k_max >= 0) {
+          const index_t* win = arg + i * F;
+          const scalar_t* gk = g + k_max * F;
+#pragma omp simd
+          for (int64_t f = 0; f < F; ++f) dm[f] += win[f] == pos ? acc_t(gk[f]) : acc_t(0);
+        }
+        if (k_min >= 0) {
+          const index_t* win = arg + (min_slot * num_rows + i) * F;
+          const scalar_t* gk = g + k_min * F;
+#pragma omp simd
+          for (int64_t f = 0; f < F; ++f) dm[f] += win[f] == pos ? acc_t(gk[f]) : acc_t(0);
+        }
+        if (k_mul >= 0) {
+          const acc_t* pr = prod.data() + i * F;
+          const int32_t* z = zeros.data() + i * F;
+          const scalar_t* gk = g + k_mul * F;
+          for (int64_t f = 0; f < F; ++f) {
+            const acc_t m = w * acc_t(xj[f]);
+            const acc_t others = z[f] == 0 ? pr[f] / m : (z[f] == 1 && m == acc_t(0) ? pr[f] : acc_t(0));
+            dm[f] += acc_t(gk[f]) * others;
+          }
+        }
+        acc_t dot = 0;
+        if (need_w) {
+#pragma omp simd reduction(+ : dot)
+          for (int64_t f = 0; f < F; ++f) {
+            gx[f] += dm[f] * w;
+            dot += dm[f] * acc_t(xj[f]);
+          }
+          grad_w[p] = scalar_t(dot);
+        } else {
+#pragma omp simd
+          for (int64_t f = 0; f < F; ++f) gx[f] += dm[f] * w;
+        }
+      }
+      if (grad_x) {
+        for (int64_t f = 0; f < F; ++f) grad_x[j * F + f] = scalar_t(gx[f]);
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> multi_aggregate_backward(
+    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& out, const at::Tensor& rowptr,
+    const at::Tensor& col, const c10::optional<at::Tensor>& weight, const at::Tensor& t_rowptr,
+    const at::Tensor& t_col, const at::Tensor& t_pos, const at::Tensor& arg, const std::vector<int64_t>& codes,
+    bool need_x_grad, bool need_weight_grad) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && grad_out.is_contiguous() && out.is_contiguous() &&
+                  grad_out.sizes() == out.sizes(),
+              "multi_aggregate_backward: x, grad_out and out must be contiguous, grad_out shaped like out");
+  const Needs need = needs_of(codes);
+  const int64_t num_rows = rowptr.numel() - 1, F = x.size(1), num_src = t_rowptr.numel() - 1;
+  TORCH_CHECK(num_src <= x.size(0), "multi_aggregate_backward: transpose has more rows than x");
+  TORCH_CHECK(!(need.max || need.min) || arg.dim() == 3, "multi_aggregate_backward: max/min need their winners");
+  auto grad_x = need_x_grad ? at::zeros_like(x) : at::empty({0}, x.options());
+  const bool need_w = need_weight_grad && weight.has_value();
+  auto grad_w = need_w ? at::zeros({col.numel()}, x.options()) : at::empty({0}, x.options());
+  if (F == 0 || col.numel() == 0 || (!need_x_grad && !need_w)) return {grad_x, grad_w};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "multi_aggregate_backward", [&] {
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "multi_aggregate_backward_index", [&] {
+      multi_backward_kernel<scalar_t, index_t>(
+          grad_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+          rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(),
+          weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr, t_rowptr.data_ptr<index_t>(),
+          t_col.data_ptr<index_t>(), t_pos.data_ptr<index_t>(), arg.numel() ? arg.data_ptr<index_t>() : nullptr,
+          codes, need, need_x_grad ? grad_x.data_ptr<scalar_t>() : nullptr,
+          need_w ? grad_w.data_ptr<scalar_t>() : nullptr, num_rows, num_src, F);
+    });
+  });
+  return {grad_x, grad_w};
+}
+
+}  // namespace
+}  // namespace gnnfuse
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("multi_aggregate_forward", &gnnfuse::multi_aggregate_forward);
+  m.def("multi_aggregate_backward", &gnnfuse::multi_aggregate_backward);
+}

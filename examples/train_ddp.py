@@ -1,0 +1,348 @@
+"""Mini-batch GraphSAGE on sampled neighbourhoods, data-parallel over GPUs (or CPU processes).
+
+    torchrun --nproc-per-node 2 examples/train_ddp.py --scale 1.0 --out results/ddp     # 2 GPUs, NCCL
+    python examples/train_ddp.py --nproc 2 --device cpu --scale 0.002 --epochs 1          # 2 CPU processes, gloo
+    python examples/train_ddp.py --dataset Facebook --nproc 1 --device cuda --epochs 5    # a real graph
+    python examples/train_ddp.py --backend pyg ...                                        # stock PyG layers
+
+One process per GPU (``torchrun``, or ``--nproc N`` to spawn them here), torch.distributed's
+``DistributedDataParallel``: NCCL on GPUs, gloo on CPU. Several hosts: launch ``torchrun --nnodes H
+--nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT`` on each; nothing here assumes one host
+except the default ``--device cuda:LOCAL_RANK`` placement.
+
+Data: the products-scale realistic graph of :mod:`gnnfuse.graphs` (``community-products``: planted
+communities, 2.45M nodes, 61.9M edges at ``--scale 1``) as a node-classification task (47 classes =
+community id mod 47; 100 features = the class's centroid plus Gaussian noise, so the graph helps),
+or a real graph (``--dataset Cora|CiteSeer|PubMed|Facebook`` from :mod:`gnnfuse.datasets`).
+
+Where the graph lives: every rank holds its own copy of the graph (by target, int32: 4 bytes per
+edge) and of the features on its GPU, and samples there (``gnnfuse.loader.NeighborSampler`` on the
+device). With ``--device cpu`` and ``--nproc``, the processes share one copy in host shared memory
+(torch.multiprocessing passes the tensors by handle) and sample with the C++ sampler.
+
+Schedule: each epoch, one permutation of the training nodes (the same on every rank, from --seed
+and the epoch) cut into global batches of ``--batch-size`` seeds; rank r takes its r-th share of
+each. The loss is the mean over a rank's seeds and DDP averages gradients over ranks, so N ranks
+follow the schedule of one process with the same global batch. Each layer is bipartite: it computes
+only the nodes the next layer reads (``gnnfuse.loader.layer_csrs``).
+
+Measured per step (device synchronised between phases): sampling, feature gather, graph prep (the
+per-layer CSRs), forward (with the loss), backward, all-reduce and optimizer. To time the
+all-reduce apart, a DDP communication hook runs each bucket's all-reduce synchronously (no overlap
+with the backward; ``--overlap`` keeps DDP's overlap and reports backward + all-reduce together).
+Reported by rank 0 (JSON and markdown under ``--out``): seeds/s, epoch time, the split, test accuracy
+after the fixed number of epochs (test seeds sampled like training ones, shared out over ranks),
+peak GPU memory per rank. Rank 0 saves a checkpoint (``--checkpoint``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+if __name__ in ("__main__", "__mp_main__"):  # run from a checkout without installing (spawned ranks too)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PHASES = ("sampling", "gather", "graph_prep", "forward", "backward", "allreduce", "optimizer")
+
+
+# ---- the task -------------------------------------------------------------------------------------
+def realistic_task(scale: float, seed: int = 0, device="cpu", num_classes: int = 47, num_features: int = 100,
+                   noise: float = 8.0, train_fraction: float = 0.08) -> dict:
+    """community-products (gnnfuse.graphs.SUITE) at ``scale`` as node classification."""
+    from gnnfuse import graphs
+
+    spec = graphs.SUITE["community-products"]
+    n, e = max(64, round(spec.nodes * scale)), max(256, round(spec.edges * scale))
+    lo, hi = spec.params["community_size"]
+    size = (lo, hi) if n >= 4 * hi else (max(1, n // 16), max(1, n // 8))
+    edge_index, community = graphs.planted_communities(n, e, community_size=size, seed=seed, device=device,
+                                                       max_degree=max(spec.params["max_degree"], -(-e // n)))
+    g = torch.Generator(device).manual_seed(seed + 1)
+    y = community % num_classes
+    centroids = torch.randn(num_classes, num_features, generator=g, device=device)
+    x = centroids[y] + noise * torch.randn(n, num_features, generator=g, device=device)
+    order = torch.randperm(n, generator=g, device=device)
+    n_train = max(1, int(train_fraction * n))
+    return dict(name=f"community-products@{scale:g}", edge_index=edge_index, num_nodes=n, x=x, y=y,
+                train=order[:n_train].sort().values, test=order[n_train:].sort().values, num_classes=num_classes)
+
+
+def dataset_task(name: str, seed: int = 0) -> dict:
+    from gnnfuse import datasets
+
+    data = datasets.load_facebook(seed=seed, sparse_features=False) if name == "Facebook" \
+        else datasets.load_planetoid(name)
+    if data is None:
+        raise SystemExit(datasets.missing_message(name))
+    return dict(name=name, edge_index=data.edge_index, num_nodes=data.num_nodes, x=data.x.float(), y=data.y,
+                train=data.train_mask.nonzero().view(-1), test=data.test_mask.nonzero().view(-1),
+                num_classes=int(data.y.max()) + 1)
+
+
+# ---- the model ------------------------------------------------------------------------------------
+class SAGE(torch.nn.Module):
+    """GraphSAGE (mean) over bipartite layers: layer l maps the nodes of hops 0..L-l to those of hops 0..L-l-1."""
+
+    def __init__(self, backend: str, dims: list[int], dropout: float):
+        super().__init__()
+        if backend == "gnnfuse":
+            from gnnfuse.nn import SAGEConv
+        else:
+            from torch_geometric.nn import SAGEConv
+        self.convs = torch.nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(dims, dims[1:]))
+        self.dropout = dropout
+
+    def forward(self, x, graphs, sizes):
+        for i, (conv, graph, (num_dst, num_src, _)) in enumerate(zip(self.convs, graphs, sizes)):
+            x = conv((x, x[:num_dst]), graph, size=(num_src, num_dst))
+            if i < len(self.convs) - 1:
+                x = F.dropout(x.relu(), self.dropout, self.training)
+        return x
+
+
+def layer_graphs(backend: str, out, device) -> tuple[list, list]:
+    """Per-layer graphs of a sampled batch: gnnfuse CSRs (views of one O(E) build, no sort), or plain
+    edge_index prefixes for stock PyG (which needs no preparation)."""
+    from gnnfuse.loader import layer_csrs, layer_sizes
+
+    sizes = layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)
+    edge_index = torch.stack([out.row, out.col]).to(device, non_blocking=True)
+    if backend == "gnnfuse":
+        return layer_csrs(edge_index=edge_index, num_sampled_nodes=out.num_sampled_nodes,
+                          num_sampled_edges=out.num_sampled_edges), sizes
+    return [edge_index[:, :num_edges] for _, _, num_edges in sizes], sizes
+
+
+# ---- one rank -------------------------------------------------------------------------------------
+class Clock:
+    """Wall time per phase, the device synchronised at each boundary."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self.t = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.totals[phase] += now - self.t
+        self.t = now
+
+
+def timed_allreduce_hook(clock: Clock):
+    """DDP comm hook: average each gradient bucket now (synchronously), adding the time to the clock."""
+    def hook(state, bucket):
+        if clock.cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        buffer = bucket.buffer().div_(dist.get_world_size())
+        dist.all_reduce(buffer)
+        if clock.cuda:
+            torch.cuda.synchronize()
+        clock.totals["allreduce"] += time.perf_counter() - start
+        fut = torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
+    return hook
+
+
+def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gnnfuse.loader import NeighborSampler
+
+    cuda = args.device.startswith("cuda")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+                            **({"device_id": device} if cuda else {}))
+    try:
+        if task is None:
+            task = build_task(args, device)
+        x, y = task["x"].to(device), task["y"].to(device)
+        sampler = NeighborSampler(task["edge_index"].to(device), args.fanouts, num_nodes=task["num_nodes"],
+                                  seed=args.seed * 1000 + rank, device=device)
+        torch.manual_seed(args.seed)  # identical initial weights on every rank (DDP also broadcasts them)
+        dims = [x.shape[1]] + [args.hidden] * (len(args.fanouts) - 1) + [task["num_classes"]]
+        model = SAGE(args.backend, dims, args.dropout).to(device)
+        ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+        clock = Clock(device)
+        if not args.overlap:
+            ddp.register_comm_hook(None, timed_allreduce_hook(clock))
+        optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+        train = task["train"].to(device)
+        per_rank = args.batch_size // world
+        epochs, losses = [], []
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        for epoch in range(args.epochs):
+            order = train[torch.randperm(train.numel(), generator=torch.Generator().manual_seed(args.seed + epoch))
+                          .to(device)]
+            steps = order.numel() // args.batch_size
+            if args.max_steps:
+                steps = min(steps, args.max_steps)
+            clock.totals = dict.fromkeys(PHASES, 0.0)
+            ddp.train()
+            start = clock.t = time.perf_counter()
+            for step in range(steps):
+                seeds = order[step * args.batch_size + rank * per_rank:][:per_rank]
+                out = sampler.sample(seeds)
+                clock.lap("sampling")
+                xb, yb = x[out.node], y[seeds]
+                clock.lap("gather")
+                graphs, sizes = layer_graphs(args.backend, out, device)
+                clock.lap("graph_prep")
+                loss = F.cross_entropy(ddp(xb, graphs, sizes), yb)
+                clock.lap("forward")
+                optimizer.zero_grad(set_to_none=True)
+                before = clock.totals["allreduce"]
+                loss.backward()
+                clock.lap("backward")
+                clock.totals["backward"] -= clock.totals["allreduce"] - before  # the hook's share
+                optimizer.step()
+                clock.lap("optimizer")
+                mean_loss = loss.detach().clone()
+                dist.all_reduce(mean_loss)
+                losses.append(float(mean_loss) / world)
+                clock.t = time.perf_counter()  # the loss bookkeeping is not part of the step
+            seconds = time.perf_counter() - start
+            epochs.append(dict(epoch=epoch, steps=steps, seconds=seconds,
+                               seeds_per_s=steps * args.batch_size / seconds,
+                               split_ms={k: 1000 * v / max(steps, 1) for k, v in clock.totals.items()}))
+        accuracy = evaluate(ddp.module, sampler, x, y, task["test"].to(device), args, rank, world, device)
+        memory = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+        memories = [None] * world
+        dist.all_gather_object(memories, memory)
+        if rank == 0 and args.checkpoint:
+            torch.save(ddp.module.state_dict(), args.checkpoint)
+        if rank != 0:
+            return None
+        return dict(graph=task["name"], num_nodes=task["num_nodes"], num_edges=int(task["edge_index"].shape[1]),
+                    world_size=world, backend=args.backend, device=args.device,
+                    gpu=torch.cuda.get_device_name(device) if cuda else None, fanouts=args.fanouts,
+                    global_batch=args.batch_size, epochs=epochs, losses=losses, test_accuracy=accuracy,
+                    peak_memory_gib_per_rank=memories, overlap=args.overlap, torch=torch.__version__,
+                    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    finally:
+        dist.destroy_process_group()
+
+
+@torch.no_grad()
+def evaluate(model, sampler, x, y, test, args, rank, world, device) -> float:
+    model.eval()
+    test = test[: args.eval_nodes] if args.eval_nodes else test
+    correct = torch.zeros(2, device=device)
+    for seeds in test[rank::world].split(args.batch_size):
+        out = sampler.sample(seeds)
+        graphs, sizes = layer_graphs(args.backend, out, device)
+        pred = model(x[out.node], graphs, sizes).argmax(-1)
+        correct += torch.stack([(pred == y[seeds]).sum(), torch.tensor(seeds.numel(), device=device)]).float()
+    dist.all_reduce(correct)
+    return float(correct[0] / correct[1])
+
+
+# ---- launch ---------------------------------------------------------------------------------------
+def build_task(args, device="cpu") -> dict:
+    if args.dataset:
+        return dataset_task(args.dataset, args.seed)
+    return realistic_task(args.scale, args.seed, device=device, noise=args.noise)
+
+
+def _spawned(rank, world, args, task_file, port, result_file):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    task = torch.load(task_file, mmap=True) if task_file else None  # one copy, in the shared page cache
+    result = worker(rank, world, args, task)
+    if result is not None:  # rank 0: hand the result to the launching process through a file
+        Path(result_file).write_text(json.dumps(result))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", choices=["Cora", "CiteSeer", "PubMed", "Facebook"], help="a real graph instead")
+    ap.add_argument("--scale", type=float, default=1.0, help="of the products-scale realistic graph")
+    ap.add_argument("--noise", type=float, default=8.0, help="feature noise of the realistic task (harder: larger)")
+    ap.add_argument("--nproc", type=int, default=1, help="processes to spawn when not under torchrun")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--backend", choices=["gnnfuse", "pyg"], default="gnnfuse")
+    ap.add_argument("--fanouts", type=lambda s: [int(k) for k in s.split(",")], default=[15, 10, 5])
+    ap.add_argument("--batch-size", type=int, default=1024, help="global: seeds per step over all ranks")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--dropout", type=float, default=0.5)
+    ap.add_argument("--lr", type=float, default=0.003)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--max-steps", type=int, default=0, help="per epoch (0: the whole training set)")
+    ap.add_argument("--eval-nodes", type=int, default=20_000, help="test nodes evaluated (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--overlap", action="store_true", help="keep DDP's all-reduce overlap (no separate timing)")
+    ap.add_argument("--checkpoint", help="rank 0 saves the model's state_dict here")
+    ap.add_argument("--out", help="directory for the JSON and markdown results")
+    args = ap.parse_args(argv)
+    if args.batch_size % max(args.nproc, int(os.environ.get("WORLD_SIZE", 1))):
+        ap.error("--batch-size must be a multiple of the number of processes")
+    return args
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    if "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
+        result = worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None)
+    else:
+        import tempfile
+
+        import torch.multiprocessing as mp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.TemporaryDirectory(dir=shm) as tmp:
+            # CPU: the graph is built once here and memory-mapped by every rank (one copy in shared
+            # memory); GPU: each rank builds it on its own device
+            task_file = ""
+            if not args.device.startswith("cuda"):
+                task_file = str(Path(tmp) / "task.pt")
+                torch.save(build_task(args), task_file)
+            result_file = Path(tmp) / "result.json"
+            mp.start_processes(_spawned, args=(args.nproc, args, task_file, port, str(result_file)),
+                               nprocs=args.nproc, start_method="spawn")
+            result = json.loads(result_file.read_text())
+    if result is not None:
+        report(result, args.out)
+    return result
+
+
+def report(result: dict, out: str | None) -> None:
+    last = result["epochs"][-1]
+    lines = [f"# DDP mini-batch SAGE: {result['graph']}, {result['world_size']} x {result['gpu'] or 'CPU'}",
+             "", f"{result['date']}, torch {result['torch']}, backend {result['backend']}, fan-outs "
+             f"{result['fanouts']}, global batch {result['global_batch']}", "",
+             "| epoch | steps | seconds | seeds/s |", "|---|---|---|---|"]
+    lines += [f"| {e['epoch']} | {e['steps']} | {e['seconds']:.2f} | {e['seeds_per_s']:.0f} |" for e in result["epochs"]]
+    lines += ["", "Step split (ms, last epoch): " + ", ".join(f"{k} {v:.2f}" for k, v in last["split_ms"].items()),
+              f"Test accuracy after {len(result['epochs'])} epochs of {last['steps']} steps: "
+              f"{result['test_accuracy']:.4f}",
+              f"Peak GPU memory per rank (GiB): {result['peak_memory_gib_per_rank']}"]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        stem = f"ddp_{result['backend']}_{result['world_size']}x"
+        (Path(out) / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        (Path(out) / f"{stem}.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Uniform neighbour sampling with torch ops: the GPU implementation, and the disjoint mode.
+
+Same contract as the C++ sampler (csrc/sampler.cpp): the graph is given by target (``colptr``
+over targets, ``row`` = the source of each in-edge); each hop keeps up to ``fanout`` in-neighbours
+of every frontier node, without replacement by Floyd's algorithm (vectorised over targets, k
+rounds of k comparisons), and emits its edges target by target, so the batch's edges come out
+sorted by target. New nodes get local ids in order of first appearance. A few host syncs per hop
+(the hop's edge and node counts, which PyG's batch format needs as Python ints).
+"""
+from __future__ import annotations
+
+import torch
+
+UNSEEN = torch.iinfo(torch.int64).max
+
+
+def pick_positions(degree: torch.Tensor, fanout: int, replace: bool, generator: torch.Generator | None):
+    """(target index into ``degree``, position in [0, degree)) of every sampled edge, target-major."""
+    T, device = degree.shape[0], degree.device
+    if fanout < 0 or T == 0:  # every neighbour
+        count = degree
+        total = int(count.sum()) if T else 0
+        target = torch.repeat_interleave(torch.arange(T, device=device), count, output_size=total)
+        starts = torch.cumsum(count, 0) - count
+        return target, torch.arange(total, device=device) - starts[target]
+    slots = torch.arange(fanout, device=device)
+    if replace:
+        draws = torch.rand((T, fanout), generator=generator, device=device, dtype=torch.float64)
+        picks = (draws * degree.unsqueeze(1)).long()
+        valid = (degree > 0).unsqueeze(1).expand(T, fanout)
+    else:
+        picks = slots.expand(T, fanout).clone()  # rows with degree <= fanout take every neighbour
+        big = degree > fanout
+        draws = torch.rand((T, fanout), generator=generator, device=device, dtype=torch.float64)
+        for i in range(fanout):  # Floyd: j = degree - fanout + i; r uniform in [0, j]; r if new, else j
+            j = (degree - fanout + i).clamp(min=0)
+            r = (draws[:, i] * (j + 1)).long().clamp(max=j)
+            taken = (picks[:, :i] == r.unsqueeze(1)).any(1) if i else torch.zeros_like(big)
+            picks[:, i] = torch.where(big, torch.where(taken, j, r), picks[:, i])
+        valid = slots.unsqueeze(0) < degree.unsqueeze(1)
+    target = torch.arange(T, device=device).unsqueeze(1).expand(T, fanout)
+    return target[valid], picks[valid]
+
+
+def sample(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, fanouts: list[int], replace: bool,
+           generator: torch.Generator | None, local: torch.Tensor, first: torch.Tensor):
+    """Non-disjoint sampling with dense scratch maps ``local`` [N] (all -1) and ``first`` [N + 1]
+    (all UNSEEN; slot N is a sink), both left as they came. Returns (node, row, col, edge = CSC
+    position, nodes per hop, edges per hop)."""
+    device = seeds.device
+    N = local.shape[0]
+    nodes = [seeds]
+    num_nodes = seeds.shape[0]
+    local[seeds] = torch.arange(num_nodes, device=device)
+    rows, cols, edges = [], [], []
+    nodes_per_hop, edges_per_hop = [num_nodes], []
+    frontier, frontier_begin = seeds, 0
+    for fanout in fanouts:
+        start = colptr[frontier]
+        target, pos = pick_positions(colptr[frontier + 1] - start, fanout, replace, generator)
+        edge = start[target] + pos
+        u = row[edge].long()
+        E = u.shape[0]
+        is_unknown = local[u] < 0
+        p = torch.arange(E, device=device)
+        first.scatter_reduce_(0, torch.where(is_unknown, u, N), p, "amin")
+        is_first = is_unknown & (first[u] == p)
+        new_nodes = u[is_first]  # in order of first appearance
+        num_new = new_nodes.shape[0]
+        local[new_nodes] = torch.arange(num_nodes, num_nodes + num_new, device=device)
+        first[new_nodes] = UNSEEN
+        first[N] = UNSEEN
+        rows.append(local[u])
+        cols.append(target + frontier_begin)
+        edges.append(edge)
+        nodes.append(new_nodes)
+        nodes_per_hop.append(num_new)
+        edges_per_hop.append(E)
+        frontier, frontier_begin = new_nodes, num_nodes
+        num_nodes += num_new
+    node = torch.cat(nodes)
+    local[node] = -1
+    return node, torch.cat(rows), torch.cat(cols), torch.cat(edges), nodes_per_hop, edges_per_hop
+
+
+def sample_disjoint(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, fanouts: list[int], replace: bool,
+                    generator: torch.Generator | None, num_nodes_total: int):
+    """Disjoint sampling: one tree per seed, a node repeated across seeds' trees (merged within one).
+    Node identity is (seed index, node); returns the sample tuple plus ``batch`` (seed of each node)."""
+    device = seeds.device
+    B = seeds.shape[0]
+    batch = torch.arange(B, device=device)
+    known_keys = batch * num_nodes_total + seeds  # sorted by key, with their local ids
+    known_keys, order = torch.sort(known_keys)
+    known_ids = order
+    nodes, batches = [seeds], [batch]
+    rows, cols, edges = [], [], []
+    nodes_per_hop, edges_per_hop = [B], []
+    frontier, frontier_batch, frontier_begin, num_nodes = seeds, batch, 0, B
+    for fanout in fanouts:
+        start = colptr[frontier]
+        target, pos = pick_positions(colptr[frontier + 1] - start, fanout, replace, generator)
+        edge = start[target] + pos
+        u = row[edge].long()
+        b = frontier_batch[target]
+        keys = b * num_nodes_total + u
+        at = torch.searchsorted(known_keys, keys).clamp(max=max(known_keys.shape[0] - 1, 0))
+        known = known_keys[at] == keys if known_keys.numel() else torch.zeros_like(keys, dtype=torch.bool)
+        unique, inverse = torch.unique(torch.where(known, -1, keys), return_inverse=True)
+        first = torch.full((unique.shape[0],), UNSEEN, device=device).scatter_reduce_(
+            0, inverse, torch.arange(keys.shape[0], device=device), "amin")
+        fresh = unique >= 0
+        new_first = first[fresh]
+        order = torch.argsort(new_first)  # new nodes in order of first appearance
+        new_keys = unique[fresh][order]
+        new_ids = torch.empty_like(order)
+        new_ids[order] = torch.arange(num_nodes, num_nodes + order.shape[0], device=device)
+        slot_id = torch.full((unique.shape[0],), -1, device=device, dtype=torch.long)
+        slot_id[fresh] = new_ids
+        row_local = torch.where(known, known_ids[at], slot_id[inverse])
+        new_nodes, new_batch = new_keys % num_nodes_total, new_keys // num_nodes_total
+        rows.append(row_local)
+        cols.append(target + frontier_begin)
+        edges.append(edge)
+        nodes.append(new_nodes)
+        batches.append(new_batch)
+        nodes_per_hop.append(new_nodes.shape[0])
+        edges_per_hop.append(keys.shape[0])
+        known_keys, order = torch.sort(torch.cat([known_keys, new_keys]))
+        known_ids = torch.cat([known_ids, torch.arange(num_nodes, num_nodes + new_keys.shape[0], device=device)])[order]
+        frontier, frontier_batch, frontier_begin = new_nodes, new_batch, num_nodes
+        num_nodes += new_nodes.shape[0]
+    return (torch.cat(nodes), torch.cat(rows), torch.cat(cols), torch.cat(edges), nodes_per_hop, edges_per_hop,
+            torch.cat(batches))

@@ -1,0 +1,135 @@
+"""gnnfuse.nn.aggr modules (in PyG layers and on gnnfuse's fused path) and gnnfuse.nn.PNAConv
+against PyG: outputs and every parameter's gradient."""
+import copy
+
+import pytest
+import torch
+
+pyg = pytest.importorskip("torch_geometric")
+import torch_geometric.nn as pyg_nn  # noqa: E402
+from torch_geometric.nn import aggr as pyg_aggr  # noqa: E402
+
+import gnnfuse  # noqa: E402
+from gnnfuse.nn import aggr  # noqa: E402
+
+
+# PyG builds a layer class's propagate from a template once, at its first instance, and that
+# instance's aggregation decides whether the template fuses: a stock GraphConv first built here with
+# an aggregation module would make every later GraphConv in the process take the unfused template.
+# Local subclasses keep these tests from changing the classes other test files use.
+class StockSAGE(pyg_nn.SAGEConv):
+    pass
+
+
+class StockGraph(pyg_nn.GraphConv):
+    pass
+
+
+class FusedSAGE(gnnfuse.nn.SAGEConv):
+    pass
+
+
+class FusedGraph(gnnfuse.nn.GraphConv):
+    pass
+
+
+def _graph(n=12, e=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=g)
+    ei[1][ei[1] == n - 1] = 0  # node n-1 has no incoming edge
+    return torch.randn(n, 6, generator=g, dtype=torch.float64), ei
+
+
+def _grads(module):
+    return {k: p.grad.clone() for k, p in module.named_parameters() if p.grad is not None}
+
+
+def _compare(ours, theirs, *inputs):
+    out_ours, out_theirs = ours(*inputs), theirs(*inputs)
+    torch.testing.assert_close(out_ours, out_theirs)
+    go = torch.randn_like(out_ours)
+    (out_ours * go).sum().backward()
+    (out_theirs * go).sum().backward()
+    g_ours, g_theirs = _grads(ours), _grads(theirs)
+    assert g_ours.keys() == g_theirs.keys() and g_ours
+    for k in g_ours:
+        torch.testing.assert_close(g_ours[k], g_theirs[k], msg=k)
+
+
+CLASSES = [(aggr.SumAggregation, pyg_aggr.SumAggregation), (aggr.MeanAggregation, pyg_aggr.MeanAggregation),
+           (aggr.MaxAggregation, pyg_aggr.MaxAggregation), (aggr.MinAggregation, pyg_aggr.MinAggregation),
+           (aggr.VarAggregation, pyg_aggr.VarAggregation), (aggr.StdAggregation, pyg_aggr.StdAggregation)]
+
+
+@pytest.mark.parametrize("ours,theirs", CLASSES, ids=lambda c: c.__name__)
+def test_aggregation_modules_in_pyg_layers(ours, theirs):
+    x, ei = _graph()
+    torch.manual_seed(0)
+    conv = StockSAGE(6, 4, aggr=ours()).double()
+    ref = copy.deepcopy(conv)
+    ref.aggr_module = theirs()
+    _compare(conv, ref, x, ei)
+
+
+@pytest.mark.parametrize("ours,theirs", CLASSES, ids=lambda c: c.__name__)
+def test_aggregation_modules_take_the_fused_path(ours, theirs, monkeypatch):
+    x, ei = _graph()
+    torch.manual_seed(0)
+    conv = FusedGraph(6, 4, aggr=ours()).double()
+    ref = StockGraph(6, 4, aggr=theirs()).double()
+    ref.load_state_dict(conv.state_dict())
+    monkeypatch.setattr(type(conv), "message", lambda *a: pytest.fail("messages were built"))
+    _compare(conv, ref, x, ei)
+
+
+def test_multi_aggregation_one_pass_matches_pyg():
+    x, ei = _graph()
+    names = ["mean", "min", "max", "std", "var", "sum"]
+    for conv_cls in (StockSAGE, FusedSAGE):
+        torch.manual_seed(0)
+        conv = conv_cls(6, 4, aggr=aggr.MultiAggregation(names)).double()
+        ref = StockSAGE(6, 4, aggr=pyg_aggr.MultiAggregation(names)).double()
+        ref.load_state_dict(conv.state_dict())
+        _compare(conv, ref, x, ei)
+    assert aggr.MultiAggregation(names).gnnfuse_reduce == names
+    assert aggr.MultiAggregation(names, mode="sum").gnnfuse_reduce is None
+    assert aggr.reduce_of(pyg_aggr.MultiAggregation(["mean", aggr.MaxAggregation()])) == ["mean", "max"]
+
+
+def test_semi_grad_is_refused_clearly():
+    with pytest.raises(ValueError, match="semi_grad"):
+        aggr.StdAggregation(semi_grad=True)
+
+
+DEG = torch.tensor([1, 3, 4, 2, 1])
+PNA_CASES = [
+    dict(aggregators=["mean", "min", "max", "std"], scalers=["identity", "amplification", "attenuation"], towers=1),
+    dict(aggregators=["sum", "var", "max"], scalers=["identity", "linear", "inverse_linear"], towers=2),
+    dict(aggregators=["mean", "min"], scalers=["identity"], towers=3, divide_input=True, train_norm=True),
+    dict(aggregators=["mean", "std"], scalers=["identity"], towers=1, pre_layers=2),  # PyG's path
+    dict(aggregators=["mean", "max"], scalers=["identity", "amplification"], towers=1, edge_dim=3),  # PyG's path
+]
+
+
+@pytest.mark.parametrize("kwargs", PNA_CASES)
+def test_pna_conv_matches_pyg(kwargs):
+    x, ei = _graph()
+    torch.manual_seed(0)
+    conv = gnnfuse.nn.PNAConv(6, 6, deg=DEG, post_layers=2, **kwargs).double()
+    ref = pyg_nn.PNAConv(6, 6, deg=DEG, post_layers=2, **kwargs).double()
+    ref.load_state_dict(conv.state_dict())
+    assert list(conv.state_dict()) == list(ref.state_dict())
+    fused = "edge_dim" not in kwargs and "pre_layers" not in kwargs
+    assert (conv._fused_aggregators(x, ei, None) is not None) == fused
+    inputs = (x, ei) if "edge_dim" not in kwargs else (x, ei, torch.randn(ei.shape[1], 3, dtype=torch.float64))
+    _compare(conv, ref, *inputs)
+
+
+def test_pna_conv_with_csr_and_compile():
+    x, ei = _graph()
+    x = x.float()
+    torch.manual_seed(0)
+    conv = gnnfuse.nn.PNAConv(6, 6, ["mean", "min", "max", "std"], ["identity", "amplification"], DEG)
+    want = conv(x, ei)
+    torch.testing.assert_close(conv(x, gnnfuse.CSR.from_edge_index(ei, num_nodes=12)), want)
+    torch.testing.assert_close(torch.compile(conv, fullgraph=True, dynamic=True)(x, ei), want, atol=1e-5, rtol=1e-5)

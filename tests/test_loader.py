@@ -1,0 +1,370 @@
+"""Mini-batch training: the sorted-input CSR, the neighbour sampler's invariants and distribution,
+and fused layers on sampled batches against PyG's layers on the same batches."""
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+from torch_geometric.data import Data  # noqa: E402
+
+import gnnfuse  # noqa: E402
+from gnnfuse import CSR  # noqa: E402
+from gnnfuse.loader import NeighborLoader, NeighborSampler, layer_csrs, layer_sizes  # noqa: E402
+
+N, E = 300, 3000
+
+
+def graph(seed=0, n=N, e=E):
+    g = torch.Generator().manual_seed(seed)
+    edge_index = torch.randint(0, n, (2, e), generator=g)
+    return Data(edge_index=edge_index, num_nodes=n, x=torch.randn(n, 6, generator=g), y=torch.randint(0, 3, (n,), generator=g))
+
+
+def samplers(data, fanouts, **kwargs):
+    """The C++ kernel and the torch-ops implementation (the CUDA one), both on CPU."""
+    cpp = NeighborSampler(data, fanouts, **kwargs)
+    assert cpp._ext is not None
+    torch_ops = NeighborSampler(data, fanouts, **kwargs)
+    torch_ops._ext = None
+    return {"cpp": cpp, "torch": torch_ops}
+
+
+# ---- CSR from a target-sorted edge_index ----------------------------------------------------------
+def test_from_sorted_edge_index_matches_the_sorting_build():
+    ei = graph().edge_index
+    ei = ei[:, torch.argsort(ei[1], stable=True)]
+    a, b = CSR.from_sorted_edge_index(ei, (N, N)), CSR.from_edge_index(ei, (N, N))
+    for name in ("rowptr", "col", "perm"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+    bipartite = CSR.from_sorted_edge_index(ei[:, ei[1] < 40], (N, 40))
+    assert bipartite.num_dst == 40 and bipartite.num_src == N and bipartite.num_edges == int((ei[1] < 40).sum())
+
+
+def test_from_sorted_edge_index_on_cpu_sorts_unsorted_input_and_checks_ranges():
+    ei = torch.tensor([[0, 1, 2], [1, 0, 2]])
+    csr = CSR.from_sorted_edge_index(ei, 3)  # CPU: the counting sort runs anyway, so this is still right
+    assert csr.rowptr.tolist() == [0, 1, 2, 3] and csr.perm.tolist() == [1, 0, 2]
+    with pytest.raises(gnnfuse.IndexOutOfRange, match="sources"):
+        CSR.from_sorted_edge_index(torch.tensor([[0, 5], [0, 1]]), (3, 3))
+    with pytest.raises(gnnfuse.IndexOutOfRange, match="targets"):
+        CSR.from_sorted_edge_index(torch.tensor([[0, 1], [0, 3]]), (3, 3))
+    assert CSR.from_sorted_edge_index(torch.empty(2, 0, dtype=torch.long), (3, 2)).rowptr.tolist() == [0, 0, 0]
+
+
+def test_sorted_edge_index_is_not_modified_and_edge_index_type_is_reused():
+    from torch_geometric import EdgeIndex
+
+    ei = torch.tensor([[2, 0, 1, 2], [0, 1, 1, 2]])
+    before = ei.clone()
+    x = torch.randn(3, 4, requires_grad=True)
+    wrapped = EdgeIndex(ei, sparse_size=(3, 3), sort_order="col")
+    out = gnnfuse.fused_gather_scatter(x, wrapped, "mean")
+    ref = gnnfuse.fused_gather_scatter(x, ei, "mean", backend="reference")
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()
+    assert torch.equal(ei, before)
+
+
+# ---- the sampler ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("impl", ["cpp", "torch"])
+def test_sampler_invariants(impl, replace):
+    data = graph()
+    fanouts = [4, 3, -1] if not replace else [4, 3]
+    sampler = samplers(data, fanouts, replace=replace, seed=3)[impl]
+    seeds = torch.randperm(N)[:20]
+    out = sampler.sample(seeds)
+    node, row, col, edge = out.node, out.row, out.col, out.edge
+    assert torch.equal(node[:20], seeds)
+    assert node.unique().numel() == node.numel()  # non-disjoint: each node once
+    assert sum(out.num_sampled_nodes) == node.numel() and sum(out.num_sampled_edges) == row.numel()
+    assert (col[1:] >= col[:-1]).all()  # target-sorted as a whole
+    ei = data.edge_index
+    original = sampler.edge_permutation[edge]  # every sampled edge exists, with its original id
+    assert torch.equal(ei[0][original], node[row]) and torch.equal(ei[1][original], node[col])
+    in_degree = torch.bincount(ei[1], minlength=N)
+    start = 0
+    begin, end = 0, out.num_sampled_nodes[0]
+    for hop, (fanout, count) in enumerate(zip(fanouts, out.num_sampled_edges)):
+        hop_col, hop_edge = col[start:start + count], edge[start:start + count]
+        assert ((hop_col >= begin) & (hop_col < end)).all()  # hop k targets = nodes hop k - 1 added
+        per_target = torch.bincount(hop_col - begin, minlength=end - begin)
+        degree = in_degree[node[begin:end]]
+        if fanout < 0:
+            expected = degree
+        elif replace:
+            expected = torch.where(degree > 0, fanout, 0)
+        else:
+            expected = degree.clamp(max=fanout)
+        assert torch.equal(per_target, expected)
+        if not replace:  # no edge twice
+            assert hop_edge.unique().numel() == hop_edge.numel()
+        # the sources of hop k are known nodes or the nodes hop k adds
+        assert (row[start:start + count] < end + out.num_sampled_nodes[hop + 1]).all()
+        start += count
+        begin, end = end, end + out.num_sampled_nodes[hop + 1]
+
+
+@pytest.mark.parametrize("impl", ["cpp", "torch"])
+def test_sampler_is_reproducible(impl):
+    data = graph()
+    seeds = torch.arange(30)
+    a = samplers(data, [5, 5], seed=7)[impl]
+    b = samplers(data, [5, 5], seed=7)[impl]
+    c = samplers(data, [5, 5], seed=8)[impl]
+    first = [a.sample(seeds) for _ in range(2)]
+    second = [b.sample(seeds) for _ in range(2)]
+    for x, y in zip(first, second):
+        assert torch.equal(x.node, y.node) and torch.equal(x.row, y.row) and torch.equal(x.edge, y.edge)
+    assert not torch.equal(first[0].edge, first[1].edge)  # successive batches differ
+    assert not torch.equal(first[0].edge, c.sample(seeds).edge)
+
+
+def test_cpp_sampler_does_not_depend_on_thread_count():
+    data = graph(n=3000, e=60_000)
+    seeds = torch.arange(0, 3000, 7)
+    outs = []
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            outs.append(NeighborSampler(data, [10, 10], seed=1).sample(seeds))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0].node, outs[1].node) and torch.equal(outs[0].row, outs[1].row)
+
+
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("impl", ["cpp", "torch"])
+def test_sampler_is_uniform(impl, replace):
+    """A star: node 0 has 10 in-neighbours; fan-out 3, 4000 draws: each neighbour is taken with
+    probability 0.3 (without replacement) or 3 / 10 per draw slot on average (with)."""
+    ei = torch.stack([torch.arange(1, 11), torch.zeros(10, dtype=torch.long)])
+    sampler = samplers(Data(edge_index=ei, num_nodes=11), [3], replace=replace, seed=0)[impl]
+    counts = torch.zeros(11)
+    draws = 4000
+    seeds = torch.zeros(1, dtype=torch.long)
+    for _ in range(draws):
+        out = sampler.sample(seeds)
+        counts.index_add_(0, out.node[out.row], torch.ones(out.row.numel()))
+    freq = counts[1:] / draws
+    assert (freq - 0.3).abs().max() < 0.04, freq  # about 5 standard deviations
+
+
+def test_disjoint_sampling():
+    data = graph()
+    sampler = NeighborSampler(data, [4, 3], disjoint=True, seed=0)
+    seeds = torch.tensor([5, 5, 17])  # a repeated seed gets its own tree
+    out = sampler.sample(seeds)
+    assert torch.equal(out.batch[:3], torch.arange(3))
+    assert (out.batch[out.row] == out.batch[out.col]).all()  # no edge between trees
+    pairs = out.batch * N + out.node
+    assert pairs.unique().numel() == pairs.numel()  # each (tree, node) once
+    assert (out.col[1:] >= out.col[:-1]).all()
+    original = sampler.edge_permutation[out.edge]
+    assert torch.equal(data.edge_index[0][original], out.node[out.row])
+    assert torch.equal(data.edge_index[1][original], out.node[out.col])
+
+
+def test_sampler_rejects_bad_arguments():
+    data = graph()
+    with pytest.raises(NotImplementedError, match="subgraph_type"):
+        NeighborSampler(data, [2], subgraph_type="induced")
+    with pytest.raises(ValueError, match="num_neighbors"):
+        NeighborSampler(data, [-2])
+    with pytest.raises(ValueError, match="seed nodes"):
+        NeighborSampler(data, [2]).sample(torch.tensor([N]))
+
+
+def test_loader_covers_every_seed_once_per_epoch():
+    data = graph()
+    train = torch.arange(0, N, 3)
+    loader = NeighborLoader(data, [3, 2], input_nodes=train, batch_size=32, shuffle=True, seed=0)
+    seen = torch.cat([b.n_id[:b.batch_size] for b in loader])
+    assert torch.equal(seen.sort().values, train)
+    batch = next(iter(loader))
+    from torch_geometric import EdgeIndex
+    assert isinstance(batch.edge_index, EdgeIndex) and batch.edge_index.sort_order == "col"
+    torch.testing.assert_close(batch.x, data.x[batch.n_id])
+
+
+# ---- layers on sampled batches ----------------------------------------------------------------------
+def test_layer_sizes_follow_the_hops():
+    assert layer_sizes([2, 5, 9], [6, 12]) == [(7, 16, 18), (2, 7, 6)]
+
+
+@pytest.mark.parametrize("aggr", ["mean", "max", "sum"])
+def test_sage_on_sampled_batches_matches_pyg(aggr):
+    from torch_geometric.nn import SAGEConv as PygSAGE
+
+    from gnnfuse.nn import SAGEConv
+
+    data = graph()
+    loader = NeighborLoader(data, [4, 3], batch_size=24, seed=1, shuffle=True, as_edge_index=False)
+    batch = next(iter(loader))
+    torch.manual_seed(0)
+    ours = torch.nn.ModuleList([SAGEConv(6, 8, aggr=aggr), SAGEConv(8, 3, aggr=aggr)])
+    theirs = torch.nn.ModuleList([PygSAGE(6, 8, aggr=aggr), PygSAGE(8, 3, aggr=aggr)])
+    theirs.load_state_dict(ours.state_dict())
+
+    def run(model, graphs, sizes):
+        x = batch.x
+        for conv, g, (num_dst, num_src, _) in zip(model, graphs, sizes):
+            x = conv((x, x[:num_dst]), g, size=(num_src, num_dst)).relu()
+        return x
+
+    sizes = layer_sizes(batch.num_sampled_nodes, batch.num_sampled_edges)
+    csrs = layer_csrs(batch)
+    plain = [batch.edge_index[:, :num_edges] for _, _, num_edges in sizes]
+    out_ours, out_theirs = run(ours, csrs, sizes), run(theirs, plain, sizes)
+    assert out_ours.shape == (24, 3)
+    torch.testing.assert_close(out_ours, out_theirs)
+    out_ours.square().sum().backward()
+    out_theirs.square().sum().backward()
+    for p, q in zip(ours.parameters(), theirs.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert csrs[1]._derived.get("transpose") is not None  # the second layer's input needs a gradient
+    assert csrs[0]._derived.get("transpose") is None  # the first layer's (raw features) does not
+
+
+def test_trim_to_layer_with_sorted_edge_index_takes_the_fused_path(monkeypatch):
+    from torch_geometric.nn import SAGEConv as PygSAGE
+    from torch_geometric.utils import trim_to_layer
+
+    from gnnfuse import csr as csr_module
+    from gnnfuse.nn import SAGEConv
+
+    data = graph()
+    batch = next(iter(NeighborLoader(data, [4, 3], batch_size=16, seed=2)))
+    torch.manual_seed(0)
+    ours = torch.nn.ModuleList([SAGEConv(6, 8), SAGEConv(8, 3)])
+    theirs = torch.nn.ModuleList([PygSAGE(6, 8), PygSAGE(8, 3)])
+    theirs.load_state_dict(ours.state_dict())
+    from gnnfuse.ops.coo_to_csr import coo_to_csr as real
+    sorts = []
+    monkeypatch.setattr(csr_module, "coo_to_csr", lambda *a, **k: sorts.append(1) or real(*a, **k))
+
+    def run(model, edge_index):
+        x = batch.x
+        for layer, conv in enumerate(model):
+            x, edge_index, _ = trim_to_layer(layer, batch.num_sampled_nodes, batch.num_sampled_edges, x, edge_index)
+            x = conv(x, edge_index)
+        return x[:16]
+
+    with torch.no_grad():  # (with gradients, the second layer's transpose is a sort by source)
+        out = run(ours, batch.edge_index)
+    assert not sorts  # sorted by target already: no sort by target
+    ref = run(theirs, batch.edge_index.as_tensor())
+    torch.testing.assert_close(out, ref)
+
+
+# ---- the DDP example ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ddp_example_two_gloo_processes_match_one(tmp_path):
+    """2 CPU processes (gloo, launched as torchrun would: RANK / WORLD_SIZE / MASTER_* in the
+    environment) follow the loss curve of 1 process over the same global batches: full
+    neighbourhoods (fan-out -1) and no dropout make each seed's prediction independent of how the
+    batch is shared out, so only the summation order differs."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    losses = {}
+    for world in (1, 2):
+        out = tmp_path / str(world)
+        cmd = [sys.executable, str(root / "examples" / "train_ddp.py"), "--device", "cpu", "--scale", "0.0005",
+               "--fanouts=-1,-1", "--hidden", "16", "--dropout", "0", "--batch-size", "32", "--epochs", "1",
+               "--max-steps", "3", "--eval-nodes", "64", "--out", str(out)]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ranks = []
+        for rank in range(world):
+            env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank),
+                       WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            log = open(tmp_path / f"rank{rank}_of_{world}.log", "w")
+            ranks.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        for proc, log in ranks:
+            try:
+                rc = proc.wait(timeout=240)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                log.close()
+            assert rc == 0, Path(log.name).read_text()[-3000:]
+        result = json.loads((out / f"ddp_gnnfuse_{world}x.json").read_text())
+        assert result["world_size"] == world and len(result["losses"]) == 3
+        assert set(result["epochs"][0]["split_ms"]) >= {"sampling", "gather", "graph_prep", "forward", "backward",
+                                                         "allreduce", "optimizer"}
+        losses[world] = result["losses"]
+    torch.testing.assert_close(torch.tensor(losses[2]), torch.tensor(losses[1]), rtol=1e-4, atol=1e-5)
+
+
+# ---- CUDA (run on a GPU host) ---------------------------------------------------------------------------
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_sampler_and_fused_sage_on_sampled_batch():
+    from torch_geometric.nn import SAGEConv as PygSAGE
+
+    from gnnfuse.nn import SAGEConv
+
+    data = graph(n=5000, e=80_000)
+    sampler = NeighborSampler(data.edge_index.cuda(), [6, 4], num_nodes=5000, seed=0, device="cuda")
+    seeds = torch.randperm(5000)[:128].cuda()
+    out = sampler.sample(seeds)
+    assert out.node.is_cuda and torch.equal(out.node[:128], seeds)
+    assert (out.col[1:] >= out.col[:-1]).all() and out.node.unique().numel() == out.node.numel()
+    original = sampler.edge_permutation[out.edge]
+    ei = data.edge_index.cuda()
+    assert torch.equal(ei[0][original], out.node[out.row]) and torch.equal(ei[1][original], out.node[out.col])
+    host = sampler.to("cpu").sample(seeds.cpu())  # the same graph on the host, C++ kernel
+    assert (host.col[1:] >= host.col[:-1]).all()
+    x = data.x.cuda()[out.node]
+    sizes = layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)
+    csrs = layer_csrs(edge_index=torch.stack([out.row, out.col]), num_sampled_nodes=out.num_sampled_nodes,
+                      num_sampled_edges=out.num_sampled_edges)
+    torch.manual_seed(0)
+    ours = torch.nn.ModuleList([SAGEConv(6, 16), SAGEConv(16, 3)]).cuda()
+    theirs = torch.nn.ModuleList([PygSAGE(6, 16), PygSAGE(16, 3)]).cuda()
+    theirs.load_state_dict(ours.state_dict())
+    results = []
+    for model, graphs in ((ours, csrs), (theirs, [torch.stack([out.row, out.col])[:, :e] for _, _, e in sizes])):
+        h = x
+        for conv, g, (d, s, _) in zip(model, graphs, sizes):
+            h = conv((h, h[:d]), g, size=(s, d)).relu()
+        h.square().sum().backward()
+        results.append((h, [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-4)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_hop_prefix_rejects_a_prefix_that_is_not_one():
+    ei = torch.tensor([[1, 2, 0, 2], [0, 0, 1, 2]])
+    csr = CSR.from_sorted_edge_index(ei, 3)
+    assert csr.hop_prefix(2, 3, 3).num_edges == 3
+    with pytest.raises(ValueError, match="hop_prefix"):
+        csr.hop_prefix(1, 3, 3)  # row 0 holds 2 edges, not 3
+    with pytest.raises(ValueError, match="hop_prefix"):
+        csr.hop_prefix(1, 2, 2)  # a source (2) beyond num_src
+    with pytest.raises(ValueError, match="hop_prefix"):
+        CSR.from_edge_index(torch.tensor([[1, 0], [1, 0]]), 2).hop_prefix(1, 2, 1)  # perm not the identity
+
+
+def test_device_paths_of_the_sorted_build_checked_on_cpu_tensors():
+    """The CUDA-only code (device-side assertions, binary-search rowptr) run on CPU tensors."""
+    from gnnfuse import csr as csr_module
+    from torch_geometric import EdgeIndex
+
+    ei = torch.tensor([[2, 0, 1, 2], [0, 1, 1, 2]])
+    wrapped = EdgeIndex(ei, sparse_size=(3, 3), sort_order="col")
+    (colptr, row), _ = wrapped.get_csc()
+    csr = csr_module._col_sorted_csr(colptr, row, ei[1], 3, 3)
+    ref = CSR.from_edge_index(ei, 3)
+    assert csr.rowptr.tolist() == ref.rowptr.tolist() and csr.col.tolist() == ref.col.tolist()
+    with pytest.raises(RuntimeError, match="not sorted"):
+        csr_module.check_sorted_by_target(ei[0], ei[1].flip(0), 3, 3)
+    with pytest.raises(RuntimeError, match="sources"):
+        csr_module.check_sorted_by_target(ei[0] + 5, ei[1], 3, 3)

@@ -1,0 +1,141 @@
+"""gnnfuse::multi_aggregate (several reductions in one pass) against the reference: values,
+gradients (gradcheck in float64, x and edge weights), opcheck, torch.compile incl. dynamic shapes."""
+import itertools
+import os
+
+import pytest
+import torch
+
+import gnnfuse
+from gnnfuse import reference
+from gnnfuse.ops.multi_aggregate import multi_aggregate
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the C++ kernels on CPU and the Triton ones in the interpreter; on a GPU machine, Triton on CUDA
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+BACKENDS = ["triton"] if DEVICE == "cuda" else ["cpu"] + (["triton"] if INTERPRETER else [])
+LISTS = [["mean", "min", "max", "std"], ["sum", "var"], ["std"], ["mul", "max", "sum"], ["min", "mean"],
+         ["add", "amax", "prod", "var", "std", "mean", "amin"], ["max", "max"]]
+
+
+def _graph(num_nodes=9, num_edges=30, seed=0, device=DEVICE):
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, num_nodes, (2, num_edges), generator=g)
+    ei[1, :3] = 0  # a row of degree >= 3; node num_nodes - 1 likely empty
+    ei[1][ei[1] == num_nodes - 1] = 1
+    return ei.to(device)
+
+
+def _ref(x, ei, aggrs, w=None):
+    return gnnfuse.fused_gather_scatter(x, ei, aggrs, edge_weight=w, backend="reference")
+
+
+@pytest.mark.parametrize("aggrs,backend,weighted", list(itertools.product(LISTS, BACKENDS, [False, True])))
+def test_forward_matches_reference(aggrs, backend, weighted):
+    ei = _graph()
+    x = torch.randn(9, 5, device=DEVICE)
+    w = torch.rand(ei.shape[1], device=DEVICE) + 0.5 if weighted else None
+    got = gnnfuse.fused_gather_scatter(x, ei, aggrs, edge_weight=w, backend=backend)
+    assert got.shape == (9, len(aggrs) * 5)
+    torch.testing.assert_close(got, _ref(x, ei, aggrs, w), atol=1e-4, rtol=1e-4)  # var: cancellation
+    assert (got[8] == 0).all()  # the empty row
+
+
+@pytest.mark.parametrize("aggrs,backend", list(itertools.product(LISTS[:6], BACKENDS)))
+def test_gradcheck_float64(aggrs, backend):
+    ei = _graph(num_nodes=6, num_edges=14, seed=1)
+    x = (torch.randn(6, 3, dtype=torch.float64, device=DEVICE) * 2).requires_grad_()
+    w = (torch.rand(14, dtype=torch.float64, device=DEVICE) + 0.5).requires_grad_()
+    fn = lambda x, w: multi_aggregate(x, ei, aggrs, edge_weight=w, backend=backend)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, w))
+
+
+@pytest.mark.parametrize("aggrs", LISTS[:4])
+def test_gradients_match_reference(aggrs):
+    ei = _graph()
+    x = torch.randn(9, 4, device=DEVICE, requires_grad=True)
+    w = (torch.rand(ei.shape[1], device=DEVICE) + 0.5).requires_grad_()
+    go = torch.randn(9, 4 * len(aggrs), device=DEVICE)
+    got = torch.autograd.grad((gnnfuse.fused_gather_scatter(x, ei, aggrs, edge_weight=w) * go).sum(), (x, w))
+    want = torch.autograd.grad((_ref(x, ei, aggrs, w) * go).sum(), (x, w))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
+
+
+def test_half_precision_and_multi_dim_features():
+    ei = _graph()
+    x = torch.randn(9, 2, 3, device=DEVICE)
+    got = gnnfuse.fused_gather_scatter(x.half(), ei, ["mean", "max", "std"])
+    torch.testing.assert_close(got.float(), _ref(x, ei, ["mean", "max", "std"]), atol=2e-2, rtol=2e-2)
+    assert got.shape == (9, 18)
+
+
+def test_errors_name_the_argument():
+    x, ei = torch.randn(4, 2), torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="aggrs must be one of"):
+        gnnfuse.fused_gather_scatter(x, ei, ["mean", "median"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        gnnfuse.fused_gather_scatter(x, ei, [])
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        gnnfuse.fused_gather_scatter(x, ei, "median")
+
+
+def test_single_var_and_std_names():
+    ei, x = _graph(), torch.randn(9, 2, 3, device=DEVICE)
+    for name in ("var", "std"):
+        got = gnnfuse.fused_gather_scatter(x, ei, name)
+        assert got.shape == x.shape
+        torch.testing.assert_close(got.reshape(9, 6), _ref(x.reshape(9, 6), ei, [name]))
+
+
+def test_inputs_not_modified():
+    ei, x = _graph(), torch.randn(9, 3)
+    before = x.clone(), ei.clone()
+    gnnfuse.fused_gather_scatter(x.requires_grad_(), ei, ["std", "max"]).sum().backward()
+    assert torch.equal(x.detach(), before[0]) and torch.equal(ei, before[1])
+
+
+@pytest.mark.parametrize("aggrs", [["mean", "min", "max", "std"], ["mul", "var"]])
+def test_opcheck(aggrs):
+    csr = gnnfuse.CSR.from_edge_index(_graph(), num_nodes=9)
+    codes = ",".join(aggrs)
+    x = torch.randn(9, 3, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    w = torch.rand(csr.num_edges, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    for t in (csr.transpose_parts(), (None, None, None)):
+        torch.library.opcheck(torch.ops.gnnfuse.multi_aggregate.default, (x, csr.rowptr, csr.col, w, *t, codes))
+
+
+def test_compile_fullgraph_dynamic():
+    aggrs = ["mean", "min", "max", "std"]
+
+    def f(x, ei):
+        return gnnfuse.fused_gather_scatter(x, ei, aggrs)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    for n in (9, 12):
+        ei = _graph(num_nodes=n, device="cpu")
+        x = torch.randn(n, 4, requires_grad=True)
+        got = compiled(x, ei)
+        torch.testing.assert_close(got, f(x, ei))
+        (gx,) = torch.autograd.grad(got.sum(), x)
+        (rx,) = torch.autograd.grad(_ref(x, ei, aggrs).sum(), x)
+        torch.testing.assert_close(gx, rx, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hub_rows_longer_than_a_piece(backend):
+    """A row of 300 edges (the Triton kernel cuts rows into pieces of 128) with tied maxima across
+    pieces: values, the winners' gradients and empty rows."""
+    n, hub = 6, 300
+    src = torch.arange(hub) % n
+    ei = torch.stack([torch.cat([src, torch.tensor([1, 2])]), torch.cat([torch.zeros(hub, dtype=torch.long),
+                                                                          torch.tensor([3, 3])])]).to(DEVICE)
+    x = torch.randn(n, 5, dtype=torch.float64, device=DEVICE)
+    x[4] = 10.0  # the max of row 0, reached by 50 edges spread over every piece
+    aggrs = ["mean", "min", "max", "std", "sum"]
+    x.requires_grad_()
+    got = gnnfuse.fused_gather_scatter(x, ei, aggrs, backend=backend)
+    want = _ref(x, ei, aggrs)
+    torch.testing.assert_close(got, want)
+    go = torch.randn_like(got)
+    torch.testing.assert_close(torch.autograd.grad((got * go).sum(), x)[0], torch.autograd.grad((want * go).sum(), x)[0])

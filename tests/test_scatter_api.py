@@ -1,0 +1,281 @@
+"""gnnfuse.scatter / segment_csr / segment_coo / scatter_max / scatter_min against torch_scatter's
+own tables of cases (its test_scatter, test_segment, test_zero_tensors and test_broadcasting,
+restated here) and against torch.scatter_reduce.
+
+Intended differences from torch_scatter, checked below: out-of-range indices raise; ties in
+max/min pick the smallest index; integer src runs on torch.scatter_reduce.
+"""
+import importlib
+import itertools
+import os
+
+import pytest
+import torch
+
+import gnnfuse
+
+S = importlib.import_module("gnnfuse.scatter")  # the module (gnnfuse.scatter itself is the function)
+
+REDUCES = ["sum", "add", "mean", "min", "max", "mul"]
+FLOAT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INT_DTYPES = [torch.int64]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the C++ kernels on CPU and the Triton ones in the interpreter; on a GPU machine, Triton on CUDA
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+BACKENDS = ["triton"] if DEVICE == "cuda" else ["cpu"] + (["triton"] if INTERPRETER else [])
+
+# ---- scatter: (src, index, dim, {reduce: expected}, {arg_reduce: expected}) --------------------
+SCATTER_CASES = [
+    ([1, 3, 2, 4, 5, 6], [0, 1, 0, 1, 1, 3], -1,
+     {"sum": [3, 12, 0, 6], "mul": [2, 60, 1, 6], "mean": [1.5, 4, 0, 6], "min": [1, 3, 0, 6], "max": [2, 5, 0, 6]},
+     {"min": [0, 1, 6, 5], "max": [2, 4, 6, 5]}),
+    ([[1, 2], [5, 6], [3, 4], [7, 8], [9, 10], [11, 12]], [0, 1, 0, 1, 1, 3], 0,
+     {"sum": [[4, 6], [21, 24], [0, 0], [11, 12]], "mul": [[3, 8], [315, 480], [1, 1], [11, 12]],
+      "mean": [[2, 3], [7, 8], [0, 0], [11, 12]], "min": [[1, 2], [5, 6], [0, 0], [11, 12]],
+      "max": [[3, 4], [9, 10], [0, 0], [11, 12]]},
+     {"min": [[0, 0], [1, 1], [6, 6], [5, 5]], "max": [[2, 2], [4, 4], [6, 6], [5, 5]]}),
+    ([[1, 5, 3, 7, 9, 11], [2, 4, 8, 6, 10, 12]], [[0, 1, 0, 1, 1, 3], [0, 0, 1, 0, 1, 2]], 1,
+     {"sum": [[4, 21, 0, 11], [12, 18, 12, 0]], "mul": [[3, 315, 1, 11], [48, 80, 12, 1]],
+      "mean": [[2, 7, 0, 11], [4, 9, 12, 0]], "min": [[1, 5, 0, 11], [2, 8, 12, 0]],
+      "max": [[3, 9, 0, 11], [6, 10, 12, 0]]},
+     {"min": [[0, 1, 6, 5], [0, 2, 5, 6]], "max": [[2, 4, 6, 5], [3, 4, 5, 6]]}),
+    ([[[1, 2], [5, 6], [3, 4]], [[10, 11], [7, 9], [12, 13]]], [[0, 1, 0], [2, 0, 2]], 1,
+     {"sum": [[[4, 6], [5, 6], [0, 0]], [[7, 9], [0, 0], [22, 24]]],
+      "mul": [[[3, 8], [5, 6], [1, 1]], [[7, 9], [1, 1], [120, 143]]],
+      "mean": [[[2, 3], [5, 6], [0, 0]], [[7, 9], [0, 0], [11, 12]]],
+      "min": [[[1, 2], [5, 6], [0, 0]], [[7, 9], [0, 0], [10, 11]]],
+      "max": [[[3, 4], [5, 6], [0, 0]], [[7, 9], [0, 0], [12, 13]]]},
+     {"min": [[[0, 0], [1, 1], [3, 3]], [[1, 1], [3, 3], [0, 0]]],
+      "max": [[[2, 2], [1, 1], [3, 3]], [[1, 1], [3, 3], [2, 2]]]}),
+    ([[1, 3], [2, 4]], [[0, 0], [0, 0]], 1,
+     {"sum": [[4], [6]], "mul": [[3], [8]], "mean": [[2], [3]], "min": [[1], [2]], "max": [[3], [4]]},
+     {"min": [[0], [0]], "max": [[1], [1]]}),
+    ([[[1, 1], [3, 3]], [[2, 2], [4, 4]]], [[0, 0], [0, 0]], 1,
+     {"sum": [[[4, 4]], [[6, 6]]], "mul": [[[3, 3]], [[8, 8]]], "mean": [[[2, 2]], [[3, 3]]],
+      "min": [[[1, 1]], [[2, 2]]], "max": [[[3, 3]], [[4, 4]]]},
+     {"min": [[[0, 0]], [[0, 0]]], "max": [[[1, 1]], [[1, 1]]]}),
+]
+
+# ---- segments: (src, sorted index, indptr, {reduce: expected}, {arg_reduce: expected}) ----------
+SEGMENT_CASES = [
+    ([1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 3], [0, 2, 5, 5, 6],
+     {"sum": [3, 12, 0, 6], "mean": [1.5, 4, 0, 6], "min": [1, 3, 0, 6], "max": [2, 5, 0, 6]},
+     {"min": [0, 2, 6, 5], "max": [1, 4, 6, 5]}),
+    ([[1, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12]], [0, 0, 1, 1, 1, 3], [0, 2, 5, 5, 6],
+     {"sum": [[4, 6], [21, 24], [0, 0], [11, 12]], "mean": [[2, 3], [7, 8], [0, 0], [11, 12]],
+      "min": [[1, 2], [5, 6], [0, 0], [11, 12]], "max": [[3, 4], [9, 10], [0, 0], [11, 12]]},
+     {"min": [[0, 0], [2, 2], [6, 6], [5, 5]], "max": [[1, 1], [4, 4], [6, 6], [5, 5]]}),
+    ([[1, 3, 5, 7, 9, 11], [2, 4, 6, 8, 10, 12]], [[0, 0, 1, 1, 1, 3], [0, 0, 0, 1, 1, 2]],
+     [[0, 2, 5, 5, 6], [0, 3, 5, 6, 6]],
+     {"sum": [[4, 21, 0, 11], [12, 18, 12, 0]], "mean": [[2, 7, 0, 11], [4, 9, 12, 0]],
+      "min": [[1, 5, 0, 11], [2, 8, 12, 0]], "max": [[3, 9, 0, 11], [6, 10, 12, 0]]},
+     {"min": [[0, 2, 6, 5], [0, 3, 5, 6]], "max": [[1, 4, 6, 5], [2, 4, 5, 6]]}),
+    ([[[1, 2], [3, 4], [5, 6]], [[7, 9], [10, 11], [12, 13]]], [[0, 0, 1], [0, 2, 2]], [[0, 2, 3, 3], [0, 1, 1, 3]],
+     {"sum": [[[4, 6], [5, 6], [0, 0]], [[7, 9], [0, 0], [22, 24]]],
+      "mean": [[[2, 3], [5, 6], [0, 0]], [[7, 9], [0, 0], [11, 12]]],
+      "min": [[[1, 2], [5, 6], [0, 0]], [[7, 9], [0, 0], [10, 11]]],
+      "max": [[[3, 4], [5, 6], [0, 0]], [[7, 9], [0, 0], [12, 13]]]},
+     {"min": [[[0, 0], [2, 2], [3, 3]], [[0, 0], [3, 3], [1, 1]]],
+      "max": [[[1, 1], [2, 2], [3, 3]], [[0, 0], [3, 3], [2, 2]]]}),
+    ([[1, 3], [2, 4]], [[0, 0], [0, 0]], [[0, 2], [0, 2]],
+     {"sum": [[4], [6]], "mean": [[2], [3]], "min": [[1], [2]], "max": [[3], [4]]},
+     {"min": [[0], [0]], "max": [[1], [1]]}),
+    ([[[1, 1], [3, 3]], [[2, 2], [4, 4]]], [[0, 0], [0, 0]], [[0, 2], [0, 2]],
+     {"sum": [[[4, 4]], [[6, 6]]], "mean": [[[2, 2]], [[3, 3]]], "min": [[[1, 1]], [[2, 2]]],
+      "max": [[[3, 3]], [[4, 4]]]},
+     {"min": [[[0, 0]], [[0, 0]]], "max": [[[1, 1]], [[1, 1]]]}),
+]
+
+
+def _t(values, dtype):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+
+def _canon(reduce):
+    return {"add": "sum"}.get(reduce, reduce)
+
+
+def _non_contiguous(t):
+    return t.transpose(0, 1).contiguous().transpose(0, 1) if t.dim() > 1 else t
+
+
+@pytest.mark.parametrize("case,reduce,dtype,backend", [
+    (c, r, d, b) for c, r, d, b in itertools.product(range(len(SCATTER_CASES)), REDUCES,
+                                                     FLOAT_DTYPES + INT_DTYPES, BACKENDS)
+    if b == BACKENDS[0] or d == torch.float32])
+def test_scatter_table(case, reduce, dtype, backend):
+    src, index, dim, expected, args = SCATTER_CASES[case]
+    src, index = _t(src, dtype), _t(index, torch.long)
+    want = _t(expected[_canon(reduce)], dtype)
+    fn = getattr(S, f"scatter_{reduce}")
+    for s, i in ((src, index), (_non_contiguous(src), _non_contiguous(index))):
+        got = fn(s, i, dim, backend=backend)
+        if _canon(reduce) in ("min", "max"):
+            got, arg = got
+            assert arg.tolist() == args[reduce]
+        assert got.dtype == dtype and got.tolist() == want.tolist()
+        assert S.scatter(s, i, dim, reduce=reduce, backend=backend).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("case,reduce", list(itertools.product(range(len(SCATTER_CASES)), REDUCES)))
+def test_scatter_table_backward(case, reduce):
+    src, index, dim, _, _ = SCATTER_CASES[case]
+    src = _t(src, torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda s: S.scatter(s, _t(index, torch.long), dim, None, None, reduce), (src,))
+
+
+@pytest.mark.parametrize("case,reduce", list(itertools.product(range(len(SCATTER_CASES)), REDUCES)))
+def test_scatter_table_out(case, reduce):
+    src, index, dim, expected, _ = SCATTER_CASES[case]
+    src, index = _t(src, torch.float32), _t(index, torch.long)
+    want = _t(expected[_canon(reduce)], torch.float32)
+    out = torch.full_like(want, -2)
+    returned = getattr(S, f"scatter_{reduce}")(src, index, dim, out)
+    returned = returned[0] if isinstance(returned, tuple) else returned
+    assert returned is out
+    if _canon(reduce) == "sum":
+        assert out.tolist() == (want - 2).tolist()
+    elif reduce == "min":
+        assert (out == -2).all()
+    elif reduce == "max":
+        want[want == 0] = -2
+        assert out.tolist() == want.tolist()
+    elif reduce == "mul":  # folded in: -2 times the product (empty segments leave -2)
+        assert out.tolist() == (want * -2).tolist()
+
+
+@pytest.mark.parametrize("case,reduce,backend", list(itertools.product(range(len(SEGMENT_CASES)),
+                                                                  ["sum", "add", "mean", "min", "max"], BACKENDS)))
+def test_segment_table(case, reduce, backend):
+    src, index, indptr, expected, args = SEGMENT_CASES[case]
+    src, index, indptr = _t(src, torch.float32), _t(index, torch.long), _t(indptr, torch.long)
+    want = _t(expected[_canon(reduce)], torch.float32)
+    for s, i, p in ((src, index, indptr), tuple(map(_non_contiguous, (src, index, indptr)))):
+        for fn, arg in ((S.segment_coo, i), (S.segment_csr, p)):
+            got = fn(s, arg, reduce=reduce, backend=backend)
+            if _canon(reduce) in ("min", "max"):
+                got, where = got
+                assert where.tolist() == args[reduce]
+            assert got.tolist() == want.tolist(), fn.__name__
+
+
+@pytest.mark.parametrize("case,reduce",
+                         list(itertools.product(range(len(SEGMENT_CASES)), ["sum", "mean", "min", "max"])))
+def test_segment_table_backward_and_out(case, reduce):
+    src, index, indptr, expected, _ = SEGMENT_CASES[case]
+    index, indptr = _t(index, torch.long), _t(indptr, torch.long)
+    s = _t(src, torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda s: S.segment_coo(s, index, None, None, reduce)[0]
+                                    if reduce in ("min", "max") else S.segment_coo(s, index, None, None, reduce), (s,))
+    assert torch.autograd.gradcheck(lambda s: S.segment_csr(s, indptr, None, reduce)[0]
+                                    if reduce in ("min", "max") else S.segment_csr(s, indptr, None, reduce), (s,))
+    want = _t(expected[reduce], torch.float32)
+    out = torch.full_like(want, -2)
+    S.segment_csr(_t(src, torch.float32), indptr, out, reduce=reduce)  # overwrites
+    assert out.tolist() == want.tolist()
+    out.fill_(-2)
+    S.segment_coo(_t(src, torch.float32), index, out, reduce=reduce)  # folds in, as scatter does
+    if reduce == "sum":
+        assert out.tolist() == (want - 2).tolist()
+    elif reduce == "min":
+        assert (out == -2).all()
+    elif reduce == "max":
+        want[want == 0] = -2
+        assert out.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("reduce,dtype", list(itertools.product(["sum", "mean", "min", "max", "mul"],
+                                                           [torch.float32, torch.float64])))
+def test_zero_elements(reduce, dtype):
+    x = torch.randn(0, 0, 0, 16, dtype=dtype, device=DEVICE, requires_grad=True)
+    index = torch.tensor([], dtype=torch.long, device=DEVICE)
+    for out in (S.scatter(x, index, dim=0, dim_size=0, reduce=reduce),
+                S.segment_coo(x, index, dim_size=0, reduce=reduce),
+                S.segment_csr(x, index, reduce=reduce)):
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(torch.randn_like(out))
+        assert out.size() == (0, 0, 0, 16)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "min", "max", "mul"])
+def test_broadcasting(reduce):
+    B, C, H, W = 4, 3, 8, 8
+    src = torch.randn(B, C, H, W, device=DEVICE)
+    for index in (torch.randint(0, H, (H,), device=DEVICE), torch.randint(0, H, (B, 1, H, W), device=DEVICE)):
+        out = S.scatter(src, index, dim=2, dim_size=H, reduce=reduce)
+        assert out.size() == (B, C, H, W)
+        full = index.view(1, 1, H, 1) if index.dim() == 1 else index
+        want = torch.zeros_like(src).scatter_reduce(2, full.expand_as(src), src, {"sum": "sum", "mean": "mean",
+                                                    "min": "amin", "max": "amax", "mul": "prod"}[reduce],
+                                                    include_self=False)
+        if reduce == "mul":
+            counts = torch.zeros_like(src).scatter_add(2, full.expand_as(src), torch.ones_like(src))
+            want = torch.where(counts == 0, 1.0, want)
+        torch.testing.assert_close(out, want)
+
+
+# ---- beyond torch_scatter's tables ---------------------------------------------------------------
+@pytest.mark.parametrize("reduce,backend", list(itertools.product(["sum", "mean", "min", "max", "mul"], BACKENDS)))
+def test_random_against_scatter_reduce(reduce, backend):
+    g = torch.Generator().manual_seed(0)
+    src = torch.randn(50, 5, generator=g).to(DEVICE)
+    index = torch.randint(0, 12, (50,), generator=g).to(DEVICE)
+    got = S.scatter(src, index, 0, dim_size=15, reduce=reduce, backend=backend)
+    want = S.scatter(src, index, 0, dim_size=15, reduce=reduce, backend="reference")
+    torch.testing.assert_close(got, want)
+
+
+def test_ties_pick_smallest_index_and_take_the_gradient():
+    src = torch.tensor([2.0, 5.0, 5.0, 1.0, 1.0], dtype=torch.float64, requires_grad=True)
+    index = torch.tensor([0, 0, 0, 1, 1])
+    values, arg = S.scatter_max(src, index)
+    assert arg.tolist() == [1, 3]
+    values.sum().backward()
+    assert src.grad.tolist() == [0, 1, 0, 1, 0]
+    assert S.scatter_min(src.detach(), index)[1].tolist() == [0, 3]
+
+
+def test_errors_name_the_argument():
+    src = torch.randn(4, 2)
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        S.scatter(src, torch.zeros(4, dtype=torch.long), 0, reduce="median")
+    with pytest.raises(TypeError, match="index must be an int32 or int64"):
+        S.scatter(src, torch.zeros(4), 0)
+    with pytest.raises(RuntimeError, match="outside"):
+        S.scatter(src, torch.tensor([0, 1, 5, 1]), 0, dim_size=3)
+    with pytest.raises(IndexError, match="dim=3"):
+        S.scatter(src, torch.zeros(4, dtype=torch.long), 3)
+
+
+def test_inputs_not_modified():
+    src = torch.randn(6, 3)
+    index = torch.tensor([2, 0, 1, 0, 2, 2])
+    before = src.clone(), index.clone()
+    for reduce in ("sum", "max"):
+        S.scatter(src, index, 0, reduce=reduce)
+        S.segment_csr(src, torch.tensor([0, 2, 6]), reduce=reduce)
+    assert torch.equal(src, before[0]) and torch.equal(index, before[1])
+
+
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_compile_fullgraph_dynamic(reduce):
+    def f(src, index, indptr):
+        a = S.scatter(src, index, 0, dim_size=7, reduce=reduce)
+        b = S.segment_csr(src, indptr, reduce=reduce)
+        b = b[0] if isinstance(b, tuple) else b
+        return a, b
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    for E in (9, 13):
+        src = torch.randn(E, 4, requires_grad=True)
+        index = torch.randint(0, 7, (E,))
+        indptr = torch.tensor([0, 3, 3, E])
+        got, want = compiled(src, index, indptr), f(src, index, indptr)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        sum(g.sum() for g in got).backward()
+        assert src.grad is not None
+
+
+def test_exported_at_top_level():
+    assert gnnfuse.scatter is S.scatter and gnnfuse.segment_csr is S.segment_csr

@@ -24,7 +24,7 @@ class Setting:
     default: str  # what applies when the variable is unset, as a user would write it ("" = nothing)
     read: str  # when gnnfuse reads it
     doc: str
-    group: str  # "runtime", "build", "packaging", "data", "reporting", "tests"
+    group: str  # "runtime", "build", "packaging", "data", "reporting", "examples", "tests"
     choices: tuple[str, ...] = ()
     on: str = "1"  # for flags: the value that turns a default-off flag on ...
     off: str = "0"  # ... and the one that turns a default-on flag off
@@ -79,6 +79,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("OMP_NUM_THREADS", "integer", "", "by torch at start-up; gnnfuse only reports it",
             "CPU threads of torch and of gnnfuse's C++ kernels (shown by show_config and the benchmarks).",
             "reporting"),
+    # ---- examples ------------------------------------------------------------------------------------------
+    Setting("RANK", "integer", "", "by examples/train_ddp.py at start", "This process's rank, set by torchrun.",
+            "examples"),
+    Setting("WORLD_SIZE", "integer", "", "by examples/train_ddp.py at start",
+            "Number of processes, set by torchrun; when set, the example runs as one rank of it.", "examples"),
+    Setting("LOCAL_RANK", "integer", "", "by examples/train_ddp.py in each worker",
+            "This process's rank on its machine (picks its GPU), set by torchrun.", "examples"),
     # ---- tests ---------------------------------------------------------------------------------------------
     Setting("GNNFUSE_DYNAMIC_BATCHES", "integer", "20", "by the dynamic-shape compile test",
             "How many differently sized batches that test runs through a compiled model.", "tests"),
@@ -114,7 +121,8 @@ def current() -> dict[str, str]:
     return {name: os.environ.get(name) or "unset" for name in SETTINGS}
 
 
-def markdown_table(groups: tuple[str, ...] = ("runtime", "build", "packaging", "data", "reporting", "tests")) -> str:
+def markdown_table(groups: tuple[str, ...] = ("runtime", "build", "packaging", "data", "reporting", "examples",
+                                             "tests")) -> str:
     """The README's table of environment variables."""
     lines = ["| variable | type | default | read | what it does |", "|---|---|---|---|---|"]
     for group in groups:

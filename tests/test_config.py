@@ -49,7 +49,7 @@ def test_every_variable_read_is_declared_and_every_declared_one_is_read():
 def test_declarations_are_complete():
     for s in config.SETTINGS.values():
         assert s.type in ("choice", "flag", "seconds", "integer", "path", "text"), s
-        assert s.read and s.doc and s.group in ("runtime", "build", "packaging", "data", "reporting", "tests"), s
+        assert s.read and s.doc and s.group in ("runtime", "build", "packaging", "data", "reporting", "examples", "tests"), s
         assert (s.type == "choice") == bool(s.choices), s
         if s.type == "flag":
             assert s.default in (s.on, s.off), s

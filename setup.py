@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -29,12 +28,17 @@ def _build_config():
     return module
 
 
+def _settings():
+    """gnnfuse/config.py, the registry of environment variables (loaded by the build config)."""
+    return _build_config().config
+
+
 def _with_extensions() -> dict:
     import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
     config = _build_config()
-    cflags, ldflags = config.compile_flags(native=os.environ.get("GNNFUSE_BUILD_NATIVE") == "1")
+    cflags, ldflags = config.compile_flags(native=_settings().enabled("GNNFUSE_BUILD_NATIVE"))
     if sys.platform.startswith("linux"):  # no debug info: the modules shrink from ~50 MB to a few MB
         cflags, ldflags = cflags + ["-g0"], ldflags + ["-s"]
     csrc = Path("csrc")
@@ -62,4 +66,4 @@ def _with_extensions() -> dict:
     return {"ext_modules": modules, "cmdclass": {"build_ext": BuildWithManifest}}
 
 
-setup(**(_with_extensions() if os.environ.get("GNNFUSE_BUILD_EXTENSIONS") == "1" else {}))
+setup(**(_with_extensions() if _settings().enabled("GNNFUSE_BUILD_EXTENSIONS") else {}))

@@ -9,7 +9,6 @@ import datetime as _dt
 import gc
 import json
 import math
-import os
 import platform
 import statistics
 import time
@@ -17,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+
+from gnnfuse import config
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -153,7 +154,7 @@ def machine(device: torch.device | str = "cpu") -> dict[str, object]:
         "python": platform.python_version(),
         "cpu": cpu_model(),
         "cpu_threads": torch.get_num_threads(),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
+        "OMP_NUM_THREADS": config.get("OMP_NUM_THREADS") or "unset",
     }
     try:
         import triton

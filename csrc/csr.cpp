@@ -5,6 +5,8 @@
 #include <ATen/Dispatch.h>
 #include <torch/extension.h>
 
+#include <atomic>
+
 #include "checks.h"
 #include "reducer.h"
 
@@ -14,6 +16,9 @@ namespace {
 // Per-chunk histograms cost chunks x num_rows counters; cap them to keep memory modest.
 constexpr int64_t kMaxHistogramEntries = int64_t{1} << 26;
 constexpr int64_t kMinEdgesPerChunk = int64_t{1} << 16;
+// The permutation check's per-thread bitmaps (E / 8 bytes each) stay within this many bytes together.
+constexpr int64_t kMaxBitmapBytes = int64_t{1} << 28;
+constexpr int64_t kMergeGrain = int64_t{1} << 16;  // words of the permutation bitmaps merged inline
 
 template <typename index_t>
 void check_range(const index_t* values, int64_t begin, int64_t end, int64_t limit, int64_t& bad_pos) {
@@ -170,20 +175,43 @@ void validate_csr_kernel(const index_t* rowptr, int64_t num_dst, const index_t* 
                                   ", outside [0, ", E, ")"));
   }
   if (E == 0 || std::all_of(identity.begin(), identity.end(), [](char same) { return same != 0; })) return;
-  // E ids, all in [0, E): a permutation exactly when every id is hit. A bitmap of the ids (E / 8
-  // bytes: stays in cache), filled by one thread: a parallel fill would need atomics or every
-  // thread reading all of perm, and this pass is already a small part of the check.
+  // E ids, all in [0, E): a permutation exactly when every id is hit. Each group of edges marks its
+  // ids in a bitmap of its own (E / 8 bytes: stays in cache; no atomics, no shared cache lines), then
+  // the bitmaps are OR-ed word by word. Groups are capped so that the bitmaps together stay within
+  // kMaxBitmapBytes. (Loop bounds and pointers are copied into locals: the bitmaps' uint64_t stores
+  // may alias the int64_t values captured by reference, which would make the compiler reload them,
+  // and redo the divisions, at every step.)
   const int64_t words = (E + 63) / 64;
-  std::vector<uint64_t> seen(words, 0);
-  for (int64_t e = 0; e < E; ++e) {
-    const uint64_t v = uint64_t(perm[e]);
-    seen[v >> 6] |= uint64_t{1} << (v & 63);
-  }
-  bool complete = true;
-  for (int64_t w = 0; w + 1 < words; ++w) complete &= seen[w] == ~uint64_t{0};
+  const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(chunks, kMaxBitmapBytes / (words * 8)));
+  std::vector<uint64_t> seen(groups * words, 0);
+  at::parallel_for(0, groups, 1, [&](int64_t gb, int64_t ge) {
+    for (int64_t g = gb; g < ge; ++g) {
+      uint64_t* const bits = seen.data() + g * words;
+      const index_t* const ids = perm;
+      const int64_t begin = E * g / groups, end = E * (g + 1) / groups;
+      for (int64_t e = begin; e < end; ++e) {
+        const uint64_t v = uint64_t(ids[e]);
+        bits[v >> 6] |= uint64_t{1} << (v & 63);
+      }
+    }
+  });
   const int64_t tail = E - (words - 1) * 64;
-  complete &= seen[words - 1] == (tail == 64 ? ~uint64_t{0} : (uint64_t{1} << tail) - 1);
-  if (complete) return;
+  const uint64_t last_word = tail == 64 ? ~uint64_t{0} : (uint64_t{1} << tail) - 1;
+  std::atomic<bool> complete{true};
+  // The merge runs inline up to kMergeGrain words (4M edges): a parallel region costs more than it
+  // saves there, and much more where threads are descheduled (a shared machine).
+  at::parallel_for(0, words, kMergeGrain, [&](int64_t wb, int64_t we) {
+    const uint64_t* const bits = seen.data();
+    const int64_t n_words = words, n_groups = groups;
+    bool full = true;
+    for (int64_t w = wb; w < we; ++w) {
+      uint64_t any = 0;
+      for (int64_t g = 0; g < n_groups; ++g) any |= bits[g * n_words + w];
+      full &= any == (w + 1 == n_words ? last_word : ~uint64_t{0});
+    }
+    if (!full) complete.store(false, std::memory_order_relaxed);
+  });
+  if (complete.load()) return;
   std::vector<uint8_t> repeat(E, 0);
   // Not a permutation: name the first repeated id (a sequential pass, on failure only).
   for (int64_t e = 0; e < E; ++e) {

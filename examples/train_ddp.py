@@ -52,6 +52,8 @@ import torch.nn.functional as F
 if __name__ in ("__main__", "__mp_main__"):  # run from a checkout without installing (spawned ranks too)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gnnfuse import config  # noqa: E402  (torchrun's variables are declared there; after the path set-up)
+
 PHASES = ("sampling", "gather", "graph_prep", "forward", "backward", "allreduce", "optimizer")
 
 
@@ -163,7 +165,7 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
     from gnnfuse.loader import NeighborSampler
 
     cuda = args.device.startswith("cuda")
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_rank = int(config.get("LOCAL_RANK") or rank)
     device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -290,15 +292,15 @@ def parse_args(argv=None):
     ap.add_argument("--checkpoint", help="rank 0 saves the model's state_dict here")
     ap.add_argument("--out", help="directory for the JSON and markdown results")
     args = ap.parse_args(argv)
-    if args.batch_size % max(args.nproc, int(os.environ.get("WORLD_SIZE", 1))):
+    if args.batch_size % max(args.nproc, int(config.get("WORLD_SIZE") or 1)):
         ap.error("--batch-size must be a multiple of the number of processes")
     return args
 
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
-    if "WORLD_SIZE" in os.environ:  # under torchrun: this process is one rank
-        result = worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None)
+    if config.is_set("WORLD_SIZE"):  # under torchrun: this process is one rank
+        result = worker(int(config.get("RANK")), int(config.get("WORLD_SIZE")), args, None)
     else:
         import tempfile
 

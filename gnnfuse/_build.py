@@ -35,6 +35,7 @@ from types import ModuleType
 import torch
 
 from . import _build_cache as cache
+from . import config
 from ._build_cache import EXTENSIONS, BuildError, compile_flags
 
 __all__ = ["BuildError", "EXTENSIONS", "build_all", "cache_root", "build_dir", "compiler", "extension_available",
@@ -76,7 +77,7 @@ def _cpu_model() -> str:
 # ---- toolchain -----------------------------------------------------------------------------------
 def compiler_command() -> list[str]:
     """``$CXX`` (split like a shell would: ``CXX="g++ -w"`` is g++ with a flag), else ``c++``."""
-    return shlex.split(os.environ.get("CXX") or "c++") or ["c++"]
+    return shlex.split(config.get("CXX") or "c++") or ["c++"]
 
 
 def compiler() -> str | None:
@@ -105,7 +106,7 @@ def _check_toolchain() -> tuple[dict[str, str], list[str]]:
         except ImportError:
             raise BuildError("gnnfuse builds its CPU kernels with ninja, which is missing: pip install ninja "
                              "(or apt-get install ninja-build).") from None
-        env["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        env["PATH"] = ninja.BIN_DIR + os.pathsep + config.get("PATH")
     if sys.platform == "darwin" and cache.libomp_prefix() is None and "darwin" not in cache._warned:
         cache._warned.add("darwin")
         cache.say("no libomp found (brew install libomp, or set LIBOMP_PREFIX): the CPU kernels build "
@@ -132,7 +133,8 @@ def _environment(overrides: dict[str, str]) -> Iterator[None]:
 def build_key(extension: str) -> str:
     digest = hashlib.sha256()
     cache.hash_files(digest, sources(extension))
-    for part in (torch.__version__, sys.version, _cpu_model(), os.environ.get("CXX", ""), *compile_flags()[0]):
+    cxx = config.get("CXX") if config.is_set("CXX") else ""  # unset hashes as "" (keys of earlier builds)
+    for part in (torch.__version__, sys.version, _cpu_model(), cxx, *compile_flags()[0]):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
@@ -260,7 +262,7 @@ def _compile(extension: str, root: Path, directory: Path, module_file: Path, ext
             extra_cflags=cflags,
             extra_ldflags=ldflags,
             build_directory=str(directory),
-            verbose=os.environ.get("GNNFUSE_BUILD_VERBOSE") == "1",
+            verbose=config.enabled("GNNFUSE_BUILD_VERBOSE"),
         )
     except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError
         raise BuildError(

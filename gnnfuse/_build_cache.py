@@ -30,6 +30,16 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+try:
+    from . import config
+except ImportError:  # loaded on its own (setup.py): the settings registry from the file next to this one
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("_gnnfuse_config", Path(__file__).with_name("config.py"))
+    config = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+    sys.modules[_spec.name] = config  # type: ignore[union-attr]  # dataclasses look their module up there
+    _spec.loader.exec_module(config)  # type: ignore[union-attr]
+
 LOCK_TIMEOUT_ENV = "GNNFUSE_BUILD_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 600.0
 REPORT_WAIT_AFTER_S = 3.0
@@ -58,7 +68,7 @@ class BuildError(RuntimeError):
 
 def libomp_prefix() -> Path | None:
     """Homebrew's (or $LIBOMP_PREFIX's) libomp on macOS, whose Apple clang ships no OpenMP."""
-    for prefix in (os.environ.get("LIBOMP_PREFIX"), "/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"):
+    for prefix in (config.get("LIBOMP_PREFIX"), "/opt/homebrew/opt/libomp", "/usr/local/opt/libomp"):
         if prefix and (Path(prefix) / "include" / "omp.h").is_file():
             return Path(prefix)
     return None
@@ -109,10 +119,9 @@ def private_dir(path: Path, *, follow: bool = True) -> Path:
 
 def configured_root() -> Path:
     """The cache root the settings name (not checked, not created): for display and for builds."""
-    explicit = os.environ.get("GNNFUSE_BUILD_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    if config.is_set("GNNFUSE_BUILD_DIR"):
+        return Path(config.get("GNNFUSE_BUILD_DIR"))
+    xdg = config.get("XDG_CACHE_HOME") if config.is_set("XDG_CACHE_HOME") else None
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"  # XDG: relative is ignored
     return base / "gnnfuse"
 
@@ -120,7 +129,7 @@ def configured_root() -> Path:
 def checked_root() -> Path:
     """The cache root to build in: created, owned by us, private. BuildError with the fix otherwise."""
     root = configured_root()
-    if os.environ.get("GNNFUSE_BUILD_DIR"):
+    if config.is_set("GNNFUSE_BUILD_DIR"):
         if not root.is_absolute():
             raise BuildError(
                 f"GNNFUSE_BUILD_DIR must be an absolute path, got {str(root)!r} (a relative one would "
@@ -134,7 +143,7 @@ def checked_root() -> Path:
         return private_dir(root)
     except (OSError, BuildError) as exc:
         problem = str(exc)
-    user = _euid() if _euid() is not None else os.environ.get("USERNAME", "user")
+    user = _euid() if _euid() is not None else config.get("USERNAME")
     fallback = Path(tempfile.gettempdir()) / f"gnnfuse-{user}"
     try:
         private_dir(fallback, follow=False)
@@ -232,7 +241,7 @@ def _unlock(fd: int) -> None:
 
 
 def lock_timeout() -> float:
-    value = os.environ.get(LOCK_TIMEOUT_ENV)
+    value = config.get(LOCK_TIMEOUT_ENV) if config.is_set(LOCK_TIMEOUT_ENV) else None
     try:
         return float(value) if value else DEFAULT_LOCK_TIMEOUT_S
     except ValueError:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._tensor_cache import PLAIN, Fingerprint, cached, clear
+from ._tensor_cache import PLAIN, cached, clear, fingerprint_view
 from ._validate import (
     INDEX_DTYPES,
     INT32_MAX,
@@ -57,7 +57,7 @@ class CSR:
         self.perm = perm
         self.num_src = require_node_count("num_src", num_src)
         self._derived: dict[str, object] = {}  # "transpose", "row": valid while _stamps matches
-        self._stamps: tuple | None = None  # (tensors, stamps) when last validated or built
+        self._stamps: tuple | None = None  # what checked() compares (see _stamp); set when validated or built
         self._trusted = False  # built by gnnfuse or validated: compiled code does not re-check it
 
     def __repr__(self) -> str:
@@ -249,13 +249,12 @@ class CSR:
                 self._check_layout()
                 reference.assert_valid_csr(self.rowptr, self.col, self.perm, self.num_src)
             return self
-        held = self._stamps
-        if held is not None:  # inlined stamp comparison (see _stamp): about 1 us
+        s = self._stamps
+        if s is not None:  # inlined stamp comparison (see _stamp): about 1 us on CPU tensors
             r, c, p = self.rowptr, self.col, self.perm
-            (r0, c0, p0), (rs, cs, ps) = held
-            if (r is r0 and c is c0 and p is p0 and r.data_ptr() == rs[1] and c.data_ptr() == cs[1]
-                    and p.data_ptr() == ps[1] and r._version == rs[2] and c._version == cs[2] and p._version == ps[2]
-                    and (rs[3] is None or (rs[3].read() == rs[4] and cs[3].read() == cs[4] and ps[3].read() == ps[4]))):
+            if (r is s[0] and c is s[1] and p is s[2]
+                    and (r.data_ptr(), c.data_ptr(), p.data_ptr(), r._version, c._version, p._version) == s[3]
+                    and (s[4] is None or (s[4].tobytes(), s[5].tobytes(), s[6].tobytes()) == s[7])):
                 return self
         return self.validate()
 
@@ -293,19 +292,19 @@ class CSR:
         require_fits_index("CSR", col.dtype, edges=col.shape[0], nodes=max(self.num_src, rowptr.shape[0] - 1))
 
     def _stamp(self) -> None:
-        """Records (tensor objects, their stamps) for checked(). The stamps hold the storages
-        strongly (each is (storage, data pointer, version, fingerprint reader, fingerprint)): the
-        fingerprinted memory stays readable, and while the old storage lives no other can take
-        its address, so an unchanged data pointer of the same tensor object means the same storage."""
+        """Records for checked(): (rowptr, col, perm) as objects, their (data pointers, versions),
+        their fingerprint views (None on CUDA), their fingerprints, and their storages. The storages
+        are held strongly: the fingerprinted memory stays readable, and while the old storage lives
+        no other can take its address, so an unchanged data pointer of the same tensor object means
+        the same storage."""
         tensors = (self.rowptr, self.col, self.perm)
         if any(type(t) not in PLAIN or t.is_inference() for t in tensors):
             self._stamps = None  # no version counter or own storage: re-validated on every use, nothing kept
             return
-        stamps = []
-        for t in tensors:
-            reader = Fingerprint(t) if t.is_cpu else None
-            stamps.append((t.untyped_storage(), t.data_ptr(), t._version, reader, reader and reader.read()))
-        self._stamps = (tensors, tuple(stamps))
+        views = tuple(fingerprint_view(t) for t in tensors)
+        prints = None if views[0] is None else tuple(v.tobytes() for v in views)  # type: ignore[union-attr]
+        where = tuple(t.data_ptr() for t in tensors) + tuple(t._version for t in tensors)
+        self._stamps = (*tensors, where, *views, prints, tuple(t.untyped_storage() for t in tensors))
 
 
 def expand_rowptr(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:

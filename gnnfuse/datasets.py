@@ -24,13 +24,14 @@ Example::
 """
 from __future__ import annotations
 
-import os
 import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from . import config
 
 PLANETOID = ("Cora", "CiteSeer", "PubMed")
 FACEBOOK_FILES = ("facebook_edges.csv", "facebook_features.json", "facebook_target.csv")
@@ -42,7 +43,7 @@ class DatasetNotFoundError(FileNotFoundError):
 
 def user_data_dir() -> Path:
     """The user data cache: ``$XDG_CACHE_HOME/gnnfuse/data``, else ``~/.cache/gnnfuse/data``."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = config.get("XDG_CACHE_HOME") if config.is_set("XDG_CACHE_HOME") else None
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
     return base / "gnnfuse" / "data"
 
@@ -55,7 +56,7 @@ def search_path(root: Path | str | None = None) -> list[Path]:
     """The folders searched for data, in order (see the module docstring)."""
     if root:
         return [Path(root)]
-    env = os.environ.get("GNNFUSE_DATA")
+    env = config.get("GNNFUSE_DATA")
     dev = Path(__file__).resolve().parents[2] / "shared" / "data"
     return ([Path(env)] if env else []) + [user_data_dir(), dev]
 

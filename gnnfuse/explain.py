@@ -1,7 +1,6 @@
 """``gnnfuse.explain`` (which kernel would run, with what guarantees) and ``show_config``."""
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from dataclasses import dataclass, replace
@@ -9,6 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import _build
+from .config import current as environment_settings
 from .locality import locality_stats
 from .ops.gather_scatter import check_call
 
@@ -120,19 +120,19 @@ def config() -> dict[str, str]:
         "triton": triton_version,
         "compiler": f"{cxx}: {_first_line([cxx, '--version'])}" if cxx else "not found (CPU kernels cannot build)",
         "cpu threads (torch / OpenMP)": str(torch.get_num_threads()),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
         "build cache": str(_build.cache_root()),
         "cpu kernels built": ", ".join(
             f"{name}={(_build.build_dir(name) / 'BUILD_OK').exists()}" for name in _build.EXTENSIONS
         ),
         "cuda device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
-        "GNNFUSE_BACKEND": os.environ.get("GNNFUSE_BACKEND", "unset"),
     }
+    info.update(environment_settings())  # every environment variable gnnfuse reads (gnnfuse.config)
     return info
 
 
 def show_config() -> None:
-    """Prints versions, compiler, threads, build cache and devices."""
+    """Prints versions, compiler, threads, build cache, devices and every environment variable
+    gnnfuse reads (its value, or "unset"; what each does: ``gnnfuse.config.SETTINGS``)."""
     info = config()
     width = max(map(len, info))
     for key, value in info.items():

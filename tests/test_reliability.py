@@ -18,12 +18,12 @@ import pytest
 import torch
 
 import gnnfuse
-from gnnfuse import CSR, IndexOutOfRange, reference
+from gnnfuse import CSR, IndexOutOfRange, config, reference
 from gnnfuse.csr import clear_cache
 from gnnfuse.testing import random_graph
 
 ROOT = Path(__file__).resolve().parents[1]
-TRITON_ON_CPU = os.environ.get("TRITON_INTERPRET") == "1"
+TRITON_ON_CPU = config.enabled("TRITON_INTERPRET")
 
 
 def run_isolated(code: str) -> str:
@@ -109,6 +109,50 @@ def test_validate_checks_perm_and_from_scipy():
         CSR.from_scipy(np.eye(3))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_permutation_check_across_threads(threads):
+    """perm is checked with one bitmap per group of edges, OR-ed together: a repeat is found also
+    when its two copies fall in different groups (and each group alone looks fine)."""
+    E = 3 * 2**16 + 5  # several chunks of the parallel check
+    rowptr = torch.tensor([0, E])
+    col = torch.zeros(E, dtype=torch.int64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        shuffled = torch.randperm(E, generator=torch.Generator().manual_seed(0))
+        CSR(rowptr, col, shuffled, 1).validate()
+        CSR(rowptr, col, torch.arange(E), 1).validate()  # identity: no bitmap at all
+        halves = torch.cat([torch.arange(E // 2), torch.arange(E - E // 2)])  # every id of the 1st half twice
+        with pytest.raises(ValueError, match=f"edge id 0 appears more than once .*position {E // 2}\\)"):
+            CSR(rowptr, col, halves, 1).validate()
+        last_missing = shuffled.clone()
+        last_missing[last_missing == E - 1] = 0  # the last word of the bitmap is partial
+        with pytest.raises(ValueError, match="not a permutation: edge id 0 "):
+            CSR(rowptr, col, last_missing, 1).validate()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("field", ["rowptr", "col", "perm"])
+@pytest.mark.parametrize("change", ["set_data", "numpy_write"])
+def test_validated_csr_sees_every_kind_of_change_to_each_tensor(field, change):
+    """The repeated-call check compares each tensor's object, data pointer, version and fingerprint."""
+    csr = CSR.from_edge_index(random_graph(20, 20, 300, seed=11), 20, index_dtype=torch.int64)
+    hand = CSR(csr.rowptr.clone(), csr.col.clone(), csr.perm.clone(), 20).checked()
+    stamps = hand._stamps
+    assert hand.checked()._stamps is stamps  # unchanged: no re-validation
+    t = getattr(hand, field)
+    bad = {"rowptr": 301, "col": 99, "perm": 300}[field]
+    if change == "set_data":
+        replaced = t.clone()
+        replaced[-1] = bad
+        t.data = replaced  # same tensor object, new memory, version unchanged
+    else:
+        t.numpy()[-1] = bad  # same memory, version unchanged
+    with pytest.raises((ValueError, IndexError), match=f"{bad}"):
+        hand.checked()
+
+
 def test_from_scipy_drops_stored_zeros_without_touching_the_input():
     scipy_sparse = pytest.importorskip("scipy.sparse")
     m = scipy_sparse.csr_matrix((np.array([1.0, 0.0, 2.0]), np.array([0, 1, 2]), np.array([0, 2, 3])), shape=(2, 3))
@@ -164,6 +208,57 @@ def test_large_int64_ids_in_nn_layers_and_under_compile():
     compiled = torch.compile(lambda x, ei: gnnfuse.fused_gather_scatter(x, ei, "sum"), fullgraph=True)
     with pytest.raises(IndexOutOfRange, match="node id 4294967297"):
         compiled(x, edge_index)
+
+
+def test_nn_layers_raise_gnnfuse_error_quoting_the_id():
+    """GCNConv normalises by node id before it aggregates: the bad id is still quoted by gnnfuse's
+    error (it used to be torch's IndexError from the degree lookup)."""
+    pytest.importorskip("torch_geometric")
+    from torch_geometric import EdgeIndex
+
+    from gnnfuse.nn import GCNConv, SAGEConv
+
+    x = torch.randn(3, 4)
+    for bad in (7, 2**32 + 1, -5):
+        edge_index = torch.tensor([[0, bad, 2], [1, 2, 0]])
+        for layer in (SAGEConv(4, 2), GCNConv(4, 2), GCNConv(4, 2, cached=True), GCNConv(4, 2, add_self_loops=False)):
+            with pytest.raises(IndexOutOfRange, match=f"node id {bad} "):
+                layer(x, edge_index)
+    sorted_ei = EdgeIndex(torch.tensor([[0, 1, 9], [1, 2, 2]]), sparse_size=(10, 10)).sort_by("col")[0]
+    with pytest.raises(IndexOutOfRange, match="node id 9"):
+        GCNConv(4, 2)(x, sorted_ei)
+
+
+def _out_of_range_calls():
+    """Every public route that meets an out-of-range id, as (name, call)."""
+    x = torch.randn(3, 2)
+    bad_ei = torch.tensor([[0, 5, 2], [1, 2, 0]])
+    good = CSR.from_edge_index(torch.tensor([[0, 1, 2], [1, 2, 0]]), 3, index_dtype=torch.int64)
+    return {
+        "raw edge_index (C++)": lambda: gnnfuse.fused_gather_scatter(x, bad_ei, backend="cpu"),
+        "raw edge_index (reference)": lambda: gnnfuse.fused_gather_scatter(x, bad_ei, backend="reference"),
+        "from_edge_index": lambda: CSR.from_edge_index(bad_ei, 3),
+        "hand-built CSR": lambda: gnnfuse.fused_gather_scatter(x, CSR(good.rowptr, torch.tensor([0, 5, 1]),
+                                                                      good.perm, 3)),
+        "perm out of range": lambda: CSR(good.rowptr, good.col, torch.tensor([0, 1, 7]), 3).validate(),
+        "reference validate": lambda: reference.validate_csr(good.rowptr, torch.tensor([0, 5, 1]), good.perm, 3),
+    }
+
+
+@pytest.mark.parametrize("catch", [IndexError, ValueError, IndexOutOfRange])
+def test_out_of_range_error_is_caught_as_index_error_and_as_value_error(catch):
+    """PyG (and torch) raise IndexError for a bad index, gnnfuse raises ValueError for bad argument
+    values: the out-of-range error is both, so code written against either keeps working."""
+    assert issubclass(IndexOutOfRange, IndexError) and issubclass(IndexOutOfRange, ValueError)
+    assert gnnfuse.IndexOutOfRange is IndexOutOfRange
+    for name, call in _out_of_range_calls().items():
+        try:
+            call()
+        except catch as exc:
+            assert type(exc) is IndexOutOfRange, (name, type(exc))
+            assert any(ch.isdigit() for ch in str(exc)), (name, str(exc))  # quotes the id
+        else:
+            raise AssertionError(f"{name} did not raise")
 
 
 # ---- caches that cannot go stale -------------------------------------------------------------------
@@ -297,6 +392,33 @@ def test_inference_tensors_work_on_every_path():
                                        reference.structured_scatter_add(cube, wa, wbwc, 16))
 
 
+def test_graphs_made_outside_inference_mode_stay_cached_inside_it():
+    """Only tensors *created* under inference_mode lack a version counter: a graph made outside the
+    block is cached and validated once as usual, also when used inside it. One made inside is
+    re-checked on every call (no identity-only cache: an in-place write inside the block could not
+    be seen, and a stale sort or skipped check could then crash)."""
+    clear_cache()
+    edge_index = random_graph(12, 12, 40, seed=10)
+    csr = CSR.from_edge_index(edge_index, 12)
+    hand = CSR(csr.rowptr.clone(), csr.col.clone(), csr.perm.clone(), 12)
+    x = torch.randn(12, 3)
+    with torch.inference_mode():
+        gnnfuse.fused_gather_scatter(x, hand)
+        stamps = hand._stamps
+        assert stamps is not None
+        gnnfuse.fused_gather_scatter(x, hand)
+        assert hand._stamps is stamps  # not validated again
+        gnnfuse.fused_gather_scatter(x, edge_index)
+        cached_csr = gnnfuse.csr.csr_for_edge_index(edge_index, 12, 12)
+        assert gnnfuse.csr.csr_for_edge_index(edge_index, 12, 12) is cached_csr  # sorted once
+        inner = CSR(csr.rowptr.clone(), csr.col.clone(), csr.perm.clone(), 12)  # inference tensors
+        gnnfuse.fused_gather_scatter(x, inner)
+        assert inner._stamps is None  # nothing to compare against: re-validated on every call
+        inner.col[0] = 40  # an in-place write inside the block is still caught
+        with pytest.raises(IndexOutOfRange, match="node id 40"):
+            gnnfuse.fused_gather_scatter(x, inner)
+
+
 def test_inference_tensors_in_nn_layers():
     pytest.importorskip("torch_geometric")
     import torch_geometric.nn as pyg_nn
@@ -348,8 +470,7 @@ def test_dynamic_compile_survives_differently_sized_batches(weighted, layers):
     model = _TwoLayers(weighted) if layers == "op" else _PygLayers()
     compiled = torch.compile(model, fullgraph=True, dynamic=True)
     g = torch.Generator().manual_seed(0)
-    batches = 20  # 100 in a local run: GNNFUSE_DYNAMIC_BATCHES=100
-    for i in range(int(os.environ.get("GNNFUSE_DYNAMIC_BATCHES", batches))):
+    for i in range(int(config.get("GNNFUSE_DYNAMIC_BATCHES"))):
         n, e = 7 + 3 * i + i % 4, 15 + 5 * i + (i * 7) % 11  # every batch has another N and E
         edge_index = torch.randint(0, n, (2, e), generator=g)
         x = torch.randn(n, 4, generator=g, requires_grad=True)
@@ -374,6 +495,13 @@ def test_argument_types_are_named_or_accepted():
         gnnfuse.fused_gather_scatter(x, edge_index, num_nodes=5.0)
     with pytest.raises(TypeError, match="num_nodes"):
         gnnfuse.fused_gather_scatter(x, edge_index, num_nodes=True)
+
+
+def test_test_helpers_use_the_ops_dtypes():
+    from gnnfuse import _validate, testing
+
+    assert testing.INDEX_DTYPES is _validate.INDEX_DTYPES
+    assert set(testing.VALUE_DTYPES) == set(_validate.VALUE_DTYPES)
 
 
 def test_explain_rejects_what_the_op_rejects_and_reports_the_dtype_that_runs():

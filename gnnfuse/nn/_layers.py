@@ -23,7 +23,7 @@ import torch_geometric.nn as pyg_nn
 from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
-from ..csr import CSR
+from ..csr import CSR, csr_for_edge_index
 from ._message_form import message_form
 from ._mixin import REDUCE_OF_AGGR, FusedMessagePassing, csr_to_edge_index, edge_endpoints
 
@@ -90,6 +90,10 @@ class GCNConv(FusedMessagePassing, pyg_nn.GCNConv):
         cache = getattr(self, "_gnnfuse_cached", None)
         if cache is None:
             num_nodes: int = x.size(self.node_dim)  # type: ignore[assignment]
+            if not isinstance(edge_index, CSR) and not torch.compiler.is_compiling():
+                # the normalisation indexes by node id: sort (and range-check) the graph first, so that
+                # a bad id raises gnnfuse's error quoting it; propagate below reuses this cached CSR
+                csr_for_edge_index(edge_index, num_nodes, num_nodes)
             cache = gcn_norm_weights(edge_index, edge_weight, num_nodes, self.improved,
                                      self.add_self_loops, x.dtype)
             if self.cached:

@@ -5,11 +5,9 @@ from one description), which defines them in ``lib``.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from .. import _env
+from .. import config
 from .._validate import require_choice
 
 NAMESPACE = "gnnfuse"
@@ -23,13 +21,12 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     ``auto`` means the compiled kernel of the tensors' device; the environment variable
     ``GNNFUSE_BACKEND`` replaces ``auto`` (useful to run a whole program on the reference).
     """
-    if torch.compiler.is_compiling():  # no memos while tracing: Dynamo guards on their contents,
-        kind, env = device.type, os.environ.get  # and an eager call filling them later would recompile
+    if torch.compiler.is_compiling():  # no memo while tracing: Dynamo guards on its contents,
+        kind = device.type  # and an eager call filling it later would recompile
     else:
         kind = _device_types.get(device) or _device_types.setdefault(device, device.type)
-        env = _env.get  # type: ignore[assignment]  # same call signature as os.environ.get
     if backend == "auto":
-        backend = env("GNNFUSE_BACKEND", "auto")
+        backend = config.get("GNNFUSE_BACKEND")
         if backend == "auto":  # the common case first: one environment lookup, nothing else
             return "cpu" if kind == "cpu" else "triton"
         require_choice("GNNFUSE_BACKEND (environment)", backend, BACKENDS)
@@ -37,7 +34,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         require_choice("backend", backend, BACKENDS)
     if backend == "cpu" and kind != "cpu":
         raise ValueError(f"backend='cpu' needs CPU tensors; got tensors on {device}")
-    if backend == "triton" and kind == "cpu" and env("TRITON_INTERPRET") != "1":
+    if backend == "triton" and kind == "cpu" and not config.enabled("TRITON_INTERPRET"):
         raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
     return backend
 

@@ -22,10 +22,10 @@ passes on a GPU with that Triton.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
+
+from .. import config
 
 TESTED_TRITON = ((3, 6), (3, 6))  # inclusive (major, minor) range the fast path was tested on
 
@@ -39,7 +39,7 @@ def tested_triton(version: str = triton.__version__) -> bool:
     return TESTED_TRITON[0] <= major_minor <= TESTED_TRITON[1]
 
 
-_ENABLED = os.environ.get("GNNFUSE_TRITON_FAST_LAUNCH", "1") != "0" and tested_triton()
+_ENABLED = config.enabled("GNNFUSE_TRITON_FAST_LAUNCH") and tested_triton()
 
 
 def _spec(a: object) -> object:

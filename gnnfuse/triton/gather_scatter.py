@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _env
+from .. import config
 from .._tensor_cache import cached
 from ._grid import cdiv, next_power_of_2
 from ._launch import BoundLaunches
@@ -132,7 +132,7 @@ def plan_for(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, reduce: s
 def autotune_enabled() -> bool:
     """GNNFUSE_AUTOTUNE=1: the first call per (graph, F, dtype, reduce) times the config
     builder's candidates and keeps the fastest (cached on the rowptr tensor)."""
-    return _env.get("GNNFUSE_AUTOTUNE") == "1"
+    return config.enabled("GNNFUSE_AUTOTUNE")
 
 
 def _tuned(x, rowptr, col, weight, reduce, plan: Plan, track_arg: bool = True) -> Plan:
@@ -202,7 +202,7 @@ def _forward_setup(x, rowptr, col, weight, reduce, tracks, kernel, plan) -> _For
     F, E, has_w = x.shape[1], col.numel(), weight is not None
     if plan is not None:
         return _ForwardSetup(plan, rowptr, E, F, x.dtype, reduce, has_w, tracks)
-    forced = kernel or _env.get("GNNFUSE_TRITON_KERNEL")
+    forced = kernel or config.get("GNNFUSE_TRITON_KERNEL") or None
     tune = autotune_enabled() and x.is_cuda
     deterministic = torch.are_deterministic_algorithms_enabled()
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import _env
+from .. import config
 from ._grid import next_power_of_2
 
 KERNELS = ("coo", "csr", "hybrid", "atomic")
@@ -146,7 +146,7 @@ def choose(reduce: str, num_dst: int, num_edges: int, F: int, dtype: torch.dtype
     which also only do sum/mean."""
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    forced = kernel or _env.get("GNNFUSE_TRITON_KERNEL") or None
+    forced = kernel or config.get("GNNFUSE_TRITON_KERNEL") or None
     return _choose(reduce, num_dst, num_edges, F, dtype, deterministic, forced)
 
 

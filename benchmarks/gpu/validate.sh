@@ -47,7 +47,7 @@ for step in "${steps[@]}"; do
     e2e) run e2e "${E2E_TIMEOUT_S:-540}" "$PY" -m benchmarks.bench_e2e --device cuda --out "$OUT" ${E2E_ARGS:-} ;;
     reorder) run reorder "${REORDER_TIMEOUT_S:-540}" "$PY" -m benchmarks.bench_reorder --device cuda --out "$OUT" \
                ${REORDER_ARGS:-} ;;
-    aggregation) run aggregation 200 "$PY" -m benchmarks.bench_aggregation --device cuda --rounds 5 --out "$OUT" ;;
+    aggregation) run aggregation "${AGG_TIMEOUT_S:-200}" "$PY" -m benchmarks.bench_aggregation --device cuda --rounds 5 --out "$OUT" ${AGG_ARGS:-} ;;
     *) echo "unknown step $step" | tee -a "$OUT/summary.txt" ;;
   esac
 done

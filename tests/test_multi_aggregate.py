@@ -89,7 +89,8 @@ def test_single_var_and_std_names():
 
 
 def test_inputs_not_modified():
-    ei, x = _graph(), torch.randn(9, 3)
+    ei = _graph()
+    x = torch.randn(9, 3, device=ei.device)
     before = x.clone(), ei.clone()
     gnnfuse.fused_gather_scatter(x.requires_grad_(), ei, ["std", "max"]).sum().backward()
     assert torch.equal(x.detach(), before[0]) and torch.equal(ei, before[1])

@@ -27,7 +27,9 @@ BACKENDS = ["cpu", "reference", "triton"] if DEVICE == "cpu" else ["reference", 
 ROUTES = ["eager", "op", "fenced", "compile"]
 # float64 gradients of the Triton attention kernels differ from the reference by ~1e-9 (not by
 # rounding alone): checked to this looser tolerance until that is explained
-LOOSER = {("gat_attention", "triton"): 1e-7, ("gatv2_attention", "triton"): 1e-7}
+# The Triton attention kernels take their float hyperparameters (negative_slope, the dot product's scale) as
+# Triton float arguments, which are float32: in float64 they agree with the reference to ~1e-7, not rounding.
+LOOSER = {("gat_attention", "triton"): 1e-7, ("gatv2_attention", "triton"): 1e-7, ("dot_attention", "triton"): 1e-6}
 # (op, backend) pairs torch.compile cannot trace, and why
 NOT_COMPILED = {("structured_scatter_add", "reference"): "the reference's bounds check reads the indices on the host"}
 

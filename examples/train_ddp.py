@@ -230,6 +230,10 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
         dist.all_gather_object(memories, memory)
         if rank == 0 and args.checkpoint:
             torch.save(ddp.module.state_dict(), args.checkpoint)
+        # Drain the process group's queue before it is torn down: gloo's worker thread frees the
+        # all_gather_object tensors (which needs the GIL), while the teardown (when DDP's reducer is
+        # freed) joins that thread holding the GIL; without this barrier the two can deadlock at exit.
+        dist.barrier()
         if rank != 0:
             return None
         return dict(graph=task["name"], num_nodes=task["num_nodes"], num_edges=int(task["edge_index"].shape[1]),

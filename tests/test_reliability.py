@@ -113,7 +113,7 @@ def test_validate_checks_perm_and_from_scipy():
 def test_permutation_check_across_threads(threads):
     """perm is checked with one bitmap per group of edges, OR-ed together: a repeat is found also
     when its two copies fall in different groups (and each group alone looks fine)."""
-    E = 3 * 2**16 + 5  # several chunks of the parallel check
+    E = 2**23 + 5  # two chunks of the parallel check (a chunk is at least 2**22 edges)
     rowptr = torch.tensor([0, E])
     col = torch.zeros(E, dtype=torch.int64)
     before = torch.get_num_threads()

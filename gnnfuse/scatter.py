@@ -282,12 +282,12 @@ def segment_csr(src: torch.Tensor, indptr: torch.Tensor, out: torch.Tensor | Non
     S = outer * E
     positions = torch.arange(S, device=src.device)
     rows = rowptr.shape[0] - 1
-    row_of = transpose = None
+    row_of = None
+    transpose: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | tuple[None, None, None] = (None, None, None)
     backend = resolve_backend(backend, src.device)
     if _wants_transpose(src, reduce) or src.dtype not in _FLOATING or backend == "reference":
         row_of = torch.searchsorted(rowptr, positions, right=True) - 1  # every position lies in one row
         transpose = (torch.arange(S + 1, device=src.device), row_of, positions)
-    transpose = transpose or (None, None, None)
     x = src.reshape(S, inner)
     res, arg, _ = _segment_reduce(x, rowptr, positions, transpose, row_of, rows, reduce, backend)
     keep = (torch.arange(outer, device=src.device).view(-1, 1) * (N + 1) + 1 + torch.arange(N, device=src.device))

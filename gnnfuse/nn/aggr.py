@@ -42,7 +42,7 @@ class _ScatterOnGnnfuse:
 
     def reduce(self, x: Tensor, index: Tensor | None = None, ptr: Tensor | None = None, dim_size: int | None = None,
                dim: int = -2, reduce: str = "sum") -> Tensor:
-        if index is not None and reduce != "mul" and _fusable(x) and (ptr is None or not self._deterministic):
+        if index is not None and reduce != "mul" and _fusable(x) and (ptr is None or not self._deterministic):  # type: ignore[attr-defined]
             return scatter(x, index, dim, dim_size=dim_size, reduce=reduce)
         return super().reduce(x, index, ptr, dim_size, dim, reduce)  # type: ignore[misc]
 
@@ -103,7 +103,7 @@ def reduce_of(module: torch.nn.Module) -> str | list[str] | None:
         return _NAME_OF_PYG[type(module)]
     if type(module) is pyg_aggr.VarAggregation and not module.semi_grad:
         return "var"
-    if type(module) is pyg_aggr.StdAggregation and not module.var_aggr.semi_grad:
+    if type(module) is pyg_aggr.StdAggregation and not module.var_aggr.semi_grad:  # type: ignore[union-attr]
         return "std"
     if isinstance(module, pyg_aggr.MultiAggregation):
         return _multi_names(module)

@@ -133,3 +133,18 @@ def test_pna_conv_with_csr_and_compile():
     want = conv(x, ei)
     torch.testing.assert_close(conv(x, gnnfuse.CSR.from_edge_index(ei, num_nodes=12)), want)
     torch.testing.assert_close(torch.compile(conv, fullgraph=True, dynamic=True)(x, ei), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("multi", [["mean", "max", "std"], aggr.MultiAggregation(["sum", "min"]),
+                                   pyg_aggr.MultiAggregation(["mean", "var"])], ids=["names", "ours", "pyg"])
+def test_fused_layers_take_multi_aggregation_in_one_pass(multi, monkeypatch):
+    """A concatenating multi-aggregation (a list of names, ours or PyG's module) runs the fused
+    layer's one-pass op, with no message tensor; results and gradients match stock PyG."""
+    x, ei = _graph()
+    torch.manual_seed(0)
+    conv = FusedSAGE(6, 4, aggr=copy.deepcopy(multi)).double()
+    ref = StockSAGE(6, 4, aggr=copy.deepcopy(multi)).double()
+    ref.load_state_dict(conv.state_dict())
+    monkeypatch.setattr(type(conv), "message", lambda *a: pytest.fail("messages were built"))
+    _compare(conv, ref, x, ei)
+    assert gnnfuse.nn._mixin.fused_reduce(pyg_aggr.MultiAggregation(["mean", "max"], mode="sum")) is None

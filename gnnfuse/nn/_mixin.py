@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 from torch_geometric import EdgeIndex
-from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, MinAggregation, MulAggregation, SumAggregation
+from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation, MinAggregation, MulAggregation,
+                                    MultiAggregation, SumAggregation)
 from torch_geometric.nn.conv import MessagePassing
 
 from ..csr import CSR, csr_for_edge_index
@@ -61,8 +62,8 @@ def why_not_fused(module: MessagePassing) -> str | None:
     cls = type(module)
     if message_form(cls) is None:
         return "message is not x_j or x_j * edge_weight"
-    if type(module.aggr_module) not in REDUCE_OF_AGGR:
-        return f"aggregation {module.aggr!r} is not sum/mean/max/min/mul"
+    if fused_reduce(module.aggr_module) is None:
+        return f"aggregation {module.aggr!r} is not sum/mean/max/min/mul or a concatenating multi-aggregation"
     if cls.aggregate is not MessagePassing.aggregate:
         return "custom aggregate()"
     if _custom_propagate(cls):
@@ -132,15 +133,15 @@ class FusedMessagePassing(_MixinBase):  # type: ignore[misc,valid-type]
         """Why the layer, in its current state, runs PyG's propagate whatever the inputs (None: it need not)."""
         if self._gnnfuse_form is None:
             return "message is not x_j or x_j * edge_weight"
-        if type(self.aggr_module) not in REDUCE_OF_AGGR:
-            return f"aggregation {self.aggr!r} is not sum/mean/max/min/mul"
+        if fused_reduce(self.aggr_module) is None:
+            return f"aggregation {self.aggr!r} is not sum/mean/max/min/mul or a concatenating multi-aggregation"
         if type(self).aggregate is not MessagePassing.aggregate:
             return "custom aggregate()"
         if self.flow != "source_to_target":
             return "flow='target_to_source'"
         return instance_reason(self)
 
-    def _gnnfuse_plan(self, edge_index, size, kwargs) -> tuple[Tensor, Tensor | None, int, str] | str:
+    def _gnnfuse_plan(self, edge_index, size, kwargs) -> tuple[Tensor, Tensor | None, int, str | list[str]] | str:
         """The fused call's (x_src, weight, num_dst, reduce), or why PyG's propagate runs instead
         ("" where PyG raises its own error for these inputs: no warning then)."""
         why = self._gnnfuse_why_pyg()
@@ -204,8 +205,22 @@ class FusedMessagePassing(_MixinBase):  # type: ignore[misc,valid-type]
         return self.update(out, **self.inspector.collect_param_data("update", coll))
 
 
-def reduce_of(module: MessagePassing) -> str:
-    return REDUCE_OF_AGGR[type(module.aggr_module)]
+def fused_reduce(aggr_module: Any) -> str | list[str] | None:
+    """The reduce name for the fused op that ``aggr_module`` computes, a list of names for a
+    MultiAggregation with mode="cat" (one pass; the op's [N, K*F] layout is PyG's concatenation), or
+    None when the fused op cannot compute it."""
+    name = REDUCE_OF_AGGR.get(type(aggr_module))
+    if name is None and isinstance(aggr_module, MultiAggregation):
+        from .aggr import reduce_of as names_of  # late import: aggr imports this module
+        names = names_of(aggr_module)
+        return names if isinstance(names, list) else None
+    return name
+
+
+def reduce_of(module: MessagePassing) -> str | list[str]:
+    reduce = fused_reduce(module.aggr_module)
+    assert reduce is not None  # the plan checked it
+    return reduce
 
 
 def _csr_of(edge_index: Tensor, num_src: int, num_dst: int) -> CSR:

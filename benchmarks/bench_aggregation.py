@@ -23,25 +23,15 @@ import os
 
 import torch
 
-from benchmarks.common import bench_interleaved, device_label, geomean, machine, save_results
-from gnnfuse.testing import random_graph
+from benchmarks.common import (bench_interleaved, cpu_real_and_power_law_graphs, device_label, geomean,
+                               machine, save_results)
 
 AGGRS = ["mean", "min", "max", "std"]
 REDUCES = ["sum", "mean", "max", "min"]
 
 
 def cpu_graphs():
-    from gnnfuse.datasets import load_facebook_edge_index, load_planetoid
-
-    graphs = {}
-    cora = load_planetoid("Cora")
-    if cora is not None:
-        graphs["Cora"] = (cora.edge_index, cora.num_nodes)
-    fb = load_facebook_edge_index()
-    if fb is not None:
-        graphs["Facebook"] = fb
-    graphs["synthetic power-law 60k/1.2M"] = (random_graph(60_000, 60_000, 1_200_000, seed=0, power_law=True), 60_000)
-    return graphs
+    return cpu_real_and_power_law_graphs("synthetic power-law 60k/1.2M")
 
 
 def cuda_graphs(device):

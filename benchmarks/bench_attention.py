@@ -21,8 +21,8 @@ import os
 
 import torch
 
-from benchmarks.common import bench_interleaved, device_label, geomean, machine, save_results
-from gnnfuse.testing import random_graph
+from benchmarks.common import (bench_interleaved, cpu_real_and_power_law_graphs, device_label, geomean,
+                               machine, save_results)
 
 IN_CHANNELS = 64
 CPU_CONFIGS = [(8, 8, 0.6)]  # (heads, F, dropout): the standard GAT layer
@@ -30,18 +30,7 @@ CUDA_CONFIGS = [(8, 8, 0.6), (4, 64, 0.1)]
 
 
 def cpu_graphs():
-    from gnnfuse.datasets import load_facebook_edge_index, load_planetoid
-
-    graphs = {}
-    cora = load_planetoid("Cora")
-    if cora is not None:
-        graphs["Cora"] = (cora.edge_index, cora.num_nodes)
-    fb = load_facebook_edge_index()
-    if fb is not None:
-        graphs["Facebook"] = fb
-    graphs["products-down (synthetic, power-law)"] = (random_graph(60_000, 60_000, 1_200_000, seed=0, power_law=True),
-                                                      60_000)
-    return graphs
+    return cpu_real_and_power_law_graphs("products-down (synthetic, power-law)")
 
 
 # (suite graph, scale): power-law stress graphs (hub rows) first, then realistic ones; products-like

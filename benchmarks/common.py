@@ -206,3 +206,20 @@ def save_results(name: str, meta: dict[str, object], rows: list[dict[str, object
 def geomean(values: Sequence[float]) -> float:
     vals = [v for v in values if v and v > 0]
     return statistics.geometric_mean(vals) if vals else float("nan")
+
+
+def cpu_real_and_power_law_graphs(power_law_name: str) -> dict[str, tuple[torch.Tensor, int]]:
+    """Cora and Facebook when their files are found, plus a seeded power-law graph of 60K nodes and
+    1.2M edges named ``power_law_name``: {name: (edge_index, num_nodes)}."""
+    from gnnfuse.datasets import load_facebook_edge_index, load_planetoid
+    from gnnfuse.testing import random_graph
+
+    graphs = {}
+    cora = load_planetoid("Cora")
+    if cora is not None:
+        graphs["Cora"] = (cora.edge_index, cora.num_nodes)
+    fb = load_facebook_edge_index()
+    if fb is not None:
+        graphs["Facebook"] = fb
+    graphs[power_law_name] = (random_graph(60_000, 60_000, 1_200_000, seed=0, power_law=True), 60_000)
+    return graphs

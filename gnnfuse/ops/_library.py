@@ -5,6 +5,9 @@ from one description), which defines them in ``lib``.
 """
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+
 import torch
 
 from .. import config
@@ -40,3 +43,12 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 
 _device_types: dict[torch.device, str] = {}  # device.type builds a new string each time (~0.4 us)
+
+
+def triton_kernel(module: str, function: str) -> Callable:
+    """``gnnfuse.triton.<module>.<function>``, imported on its first call: CPU users need no Triton."""
+
+    def call(*args):
+        return getattr(importlib.import_module(f"gnnfuse.triton.{module}"), function)(*args)
+
+    return call

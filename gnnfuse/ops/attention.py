@@ -31,7 +31,7 @@ import torch
 from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
 from ..csr import CSR, transpose_parts_of
-from ._library import resolve_backend
+from ._library import resolve_backend, triton_kernel
 from ._opdef import OpDef
 from .gather_scatter import _as_csr
 
@@ -55,16 +55,8 @@ def _backward_cpu(*args):
     return tuple(load_extension("attention").gat_backward(*args))
 
 
-def _forward_triton(*args):
-    from ..triton import attention
-
-    return attention.forward(*args)
-
-
-def _backward_triton(*args):
-    from ..triton import attention
-
-    return attention.backward(*args)
+_forward_triton = triton_kernel("attention", "forward")
+_backward_triton = triton_kernel("attention", "backward")
 
 
 def _forward_fake(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops, slope, p, seed):

@@ -33,7 +33,7 @@ import torch
 from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
 from ..csr import CSR, transpose_parts_of
-from ._library import resolve_backend
+from ._library import resolve_backend, triton_kernel
 from ._opdef import OpDef
 from .attention import reference_edges, reference_softmax_sum, stats_dtype
 from .gather_scatter import _as_csr
@@ -52,16 +52,8 @@ def _backward_cpu(*args):
     return tuple(load_extension("attention").pair_backward(*args))
 
 
-def _forward_triton(*args):
-    from ..triton import pair_attention
-
-    return pair_attention.forward(*args)
-
-
-def _backward_triton(*args):
-    from ..triton import pair_attention
-
-    return pair_attention.backward(*args)
+_forward_triton = triton_kernel("pair_attention", "forward")
+_backward_triton = triton_kernel("pair_attention", "backward")
 
 
 def _forward_fake(q, k, v, att, rowptr, col, *rest):

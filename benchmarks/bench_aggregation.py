@@ -24,7 +24,7 @@ import os
 import torch
 
 from benchmarks.common import (bench_interleaved, cpu_real_and_power_law_graphs, device_label, geomean,
-                               machine, save_results)
+                               machine, save_results, time_training_steps)
 
 AGGRS = ["mean", "min", "max", "std"]
 REDUCES = ["sum", "mean", "max", "min"]
@@ -124,7 +124,7 @@ def pna_row(name, edge_index, nodes, width, device, rounds):
     import torch_geometric.nn as pyg_nn
 
     import gnnfuse.nn as G
-    from benchmarks.bench_attention import make_step, peak_mb
+    from benchmarks.bench_attention import make_step
 
     deg = torch.bincount(torch.bincount(edge_index[1], minlength=nodes).cpu())
     kwargs = dict(aggregators=AGGRS, scalers=["identity", "amplification", "attenuation"], deg=deg, towers=4)
@@ -135,19 +135,7 @@ def pna_row(name, edge_index, nodes, width, device, rounds):
     ours.load_state_dict(stock.state_dict())
     row = {"graph": name, "nodes": nodes, "edges": edge_index.shape[1], "F": width, "towers": 4}
     steps = {"gnnfuse": make_step(ours, x, edge_index), "pyg": make_step(stock, x, edge_index)}
-    for label, fn in list(steps.items()):
-        try:
-            row[f"{label}_peak_MB"] = peak_mb(fn, device)
-        except torch.OutOfMemoryError:
-            row[f"{label}_peak_MB"] = "OOM"
-            steps.pop(label)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    times = bench_interleaved(steps, device, rounds=rounds, max_seconds=20.0)
-    for label, t in times.items():
-        row[f"{label}_ms"], row[f"{label}_min_ms"] = t["median_ms"], t["min_ms"]
-    if "pyg" in times:
-        row["speedup"] = times["pyg"]["median_ms"] / times["gnnfuse"]["median_ms"]
+    time_training_steps(row, steps, device, rounds)
     row["output_MB"] = nodes * len(AGGRS) * width * x.element_size() / 2**20  # one [N, aggregators*F]
     return row
 

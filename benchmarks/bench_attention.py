@@ -22,7 +22,7 @@ import os
 import torch
 
 from benchmarks.common import (bench_interleaved, cpu_real_and_power_law_graphs, device_label, geomean,
-                               machine, save_results)
+                               machine, save_results, time_training_steps)
 
 IN_CHANNELS = 64
 CPU_CONFIGS = [(8, 8, 0.6)]  # (heads, F, dropout): the standard GAT layer
@@ -62,17 +62,6 @@ def make_step(layer, x, edge_index):
     return step
 
 
-def peak_mb(fn, device) -> float | str:
-    if device.type != "cuda":
-        return "n/a"
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
 LAYERS = ("GATConv", "GATv2Conv", "TransformerConv")
 
 
@@ -102,19 +91,7 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, laye
     ours = getattr(G, layer)(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
     ours.load_state_dict(stock.state_dict())
     steps = {"gnnfuse": make_step(ours, x, edge_index), "pyg": make_step(stock, x, edge_index)}
-    for label, fn in list(steps.items()):
-        try:
-            row[f"{label}_peak_MB"] = peak_mb(fn, device)
-        except torch.OutOfMemoryError:
-            row[f"{label}_peak_MB"] = "OOM"
-            steps.pop(label)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()  # outside the except block: its traceback no longer holds the tensors
-    times = bench_interleaved(steps, device, rounds=rounds, max_seconds=20.0)
-    for label, t in times.items():
-        row[f"{label}_ms"], row[f"{label}_iqr_ms"] = t["median_ms"], t["iqr_ms"]
-    if "pyg" in times:
-        row["speedup"] = times["pyg"]["median_ms"] / times["gnnfuse"]["median_ms"]
+    time_training_steps(row, steps, device, rounds, spread="iqr_ms")
     if isinstance(row.get("pyg_peak_MB"), float):
         row["mem_ratio"] = row["pyg_peak_MB"] / max(row["gnnfuse_peak_MB"], 1e-9)
     # forward alone vs our sum gather-scatter at the same total width

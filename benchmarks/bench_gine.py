@@ -18,8 +18,7 @@ import os
 
 import torch
 
-from benchmarks.bench_attention import peak_mb
-from benchmarks.common import bench_interleaved, device_label, geomean, machine, save_results
+from benchmarks.common import bench_interleaved, device_label, geomean, machine, save_results, time_training_steps
 from gnnfuse.testing import random_graph
 
 WIDTH, EDGE_DIM = 64, 16
@@ -68,19 +67,7 @@ def run_row(name, edge_index, nodes, device, rounds):
     ours.load_state_dict(stock.state_dict())
     csr = gnnfuse.CSR.from_edge_index(edge_index, nodes)
     steps = {"gnnfuse": make_step(ours, x, csr, edge_attr), "pyg": make_step(stock, x, edge_index, edge_attr)}
-    for label, fn in list(steps.items()):
-        try:
-            row[f"{label}_peak_MB"] = peak_mb(fn, device)
-        except torch.OutOfMemoryError:
-            row[f"{label}_peak_MB"] = "OOM"
-            steps.pop(label)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    times = bench_interleaved(steps, device, rounds=rounds, max_seconds=20.0)
-    for label, t in times.items():
-        row[f"{label}_ms"], row[f"{label}_min_ms"] = t["median_ms"], t["min_ms"]
-    if "pyg" in times:
-        row["speedup"] = times["pyg"]["median_ms"] / times["gnnfuse"]["median_ms"]
+    time_training_steps(row, steps, device, rounds)
     h, e = x.detach(), torch.randn(edge_index.shape[1], WIDTH, device=device)
     with torch.no_grad():
         fwd = bench_interleaved({"gine": lambda: gnnfuse.gine_aggregate(h, e, csr),

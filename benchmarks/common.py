@@ -223,3 +223,37 @@ def cpu_real_and_power_law_graphs(power_law_name: str) -> dict[str, tuple[torch.
         graphs["Facebook"] = fb
     graphs[power_law_name] = (random_graph(60_000, 60_000, 1_200_000, seed=0, power_law=True), 60_000)
     return graphs
+
+
+def peak_mb(fn: Callable[[], object], device: torch.device) -> float | str:
+    """Peak CUDA memory (MB) one call of ``fn`` adds; "n/a" on CPU."""
+    if device.type != "cuda":
+        return "n/a"
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def time_training_steps(row: dict, steps: dict[str, Callable[[], object]], device: torch.device, rounds: int,
+                        spread: str = "min_ms") -> dict:
+    """Fills ``row`` for the "gnnfuse" and "pyg" training steps: each one's peak memory ("OOM" drops it),
+    then their interleaved median time and ``spread`` (a key of bench_interleaved's summary), and
+    pyg / gnnfuse as "speedup". Returns bench_interleaved's result."""
+    steps = dict(steps)
+    for label, fn in list(steps.items()):
+        try:
+            row[f"{label}_peak_MB"] = peak_mb(fn, device)
+        except torch.OutOfMemoryError:
+            row[f"{label}_peak_MB"] = "OOM"
+            steps.pop(label)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # outside the except block: its traceback no longer holds the tensors
+    times = bench_interleaved(steps, device, rounds=rounds, max_seconds=20.0)
+    for label, t in times.items():
+        row[f"{label}_ms"], row[f"{label}_{spread}"] = t["median_ms"], t[spread]
+    if "pyg" in times:
+        row["speedup"] = times["pyg"]["median_ms"] / times["gnnfuse"]["median_ms"]
+    return times

@@ -188,10 +188,13 @@ class _ForwardSetup:
             group_block_f = plan.group_block_f or plan.block_f
             self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))
             self.rowgroup_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
-                                      BLOCK_F=group_block_f, num_warps=plan.group_warps)
+                                      BLOCK_F=group_block_f, num_warps=plan.group_warps,
+                                      UNROLL=plan.group_unroll if reduce in ("sum", "mean") else 1,
+                                      PREFETCH=plan.prefetch)
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, SEG=plan.seg,
-                             BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+                             BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps,
+                             PREFETCH=plan.prefetch)
         self.combine_grid = (self.wl.split_rows.numel() * nft,)
         self.combine_meta = dict(REDUCE=code, ACC64=acc64, TRACK=tracks, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f,
                                  num_warps=4)

@@ -41,6 +41,8 @@ class Plan:
     group_warps: int = 4  # hybrid: warps of the row-group kernel (num_warps is the CSR part's)
     group_block_f: int = 0  # hybrid: features per row-group tile (0: block_f)
     window: int = 0  # hybrid: short rows degree-sorted within windows of this many ids (0: globally)
+    group_unroll: int = 1  # hybrid, sum/mean: edges of each short row gathered per step (per-lane accumulators)
+    prefetch: bool = False  # csr and hybrid: load the next step's column indices before this step's gathers
 
     def describe(self) -> str:
         name = {
@@ -50,11 +52,13 @@ class Plan:
                       f"{self.group_block_f or self.block_f} features per program, {self.group_warps} warps, "
                       + (f"degree-sorted within windows of {self.window} consecutive ids" if self.window
                          else "in global degree order")
+                      + (f", {self.group_unroll} edges per row per step (sum/mean)" if self.group_unroll > 1 else "")
                       + ") + CSR row-parallel for longer rows (atomic-free)",
             "atomic": "fully-atomic COO baseline (one atomic per edge and feature)",
         }[self.kernel]
         return (f"gnnfuse.triton.gather_scatter_fwd_kernels: {name}; BLOCK_E={self.block_e} BLOCK_F={self.block_f} "
-                f"SEG={self.seg} num_warps={self.num_warps}; {self.reason}")
+                f"SEG={self.seg} num_warps={self.num_warps}" + (" index prefetch" if self.prefetch else "")
+                + f"; {self.reason}")
 
 
 def _block_f(F: int, itemsize: int) -> int:

@@ -31,18 +31,16 @@ from gnnfuse.triton import schedule
 
 VARIANTS = ("auto", "global", "windowed", "csr", "coo", "cusparse")
 # --sweep: hybrid-plan overrides of the auto plan (the locality statistic still picks the window):
-# pf = index prefetch in both kernels, uN = N edges per short row per step, rN = N rows per program,
+# pf = index prefetch in both kernels, ftm = a row group's feature tiles as adjacent programs, uN = N edges per short row per step, rN = N rows per program,
 # gwN = row-group warps, gbfN = row-group feature tile, leN = the long rows' CSR edge tile, smN = short_max
 SWEEP = {
-    "pf": dict(prefetch=True), "u2": dict(group_unroll=2), "u4": dict(group_unroll=4),
-    "u2 pf": dict(group_unroll=2, prefetch=True), "u4 pf": dict(group_unroll=4, prefetch=True),
-    "u8 pf": dict(group_unroll=8, prefetch=True), "u4 pf r8": dict(group_unroll=4, prefetch=True, group_rows=8),
-    "u4 pf gw4": dict(group_unroll=4, prefetch=True, group_warps=4),
-    "u2 pf gbf128": dict(group_unroll=2, prefetch=True, group_block_f=128),
-    "u4 pf le32": dict(group_unroll=4, prefetch=True, block_e=32),
-    "u4 pf le64": dict(group_unroll=4, prefetch=True, block_e=64),
-    "u4 pf sm128": dict(group_unroll=4, prefetch=True, short_max=128),
-    "u8 pf sm512": dict(group_unroll=8, prefetch=True, short_max=512),
+    "pf": dict(prefetch=True), "ftm": dict(group_ftile_minor=True), "pf ftm": dict(prefetch=True, group_ftile_minor=True),
+    "pf gbf128": dict(prefetch=True, group_block_f=128), "pf r32": dict(prefetch=True, group_rows=32),
+    "pf gw4": dict(prefetch=True, group_warps=4), "pf le32": dict(prefetch=True, block_e=32),
+    "pf sm128": dict(prefetch=True, short_max=128), "pf sm256": dict(prefetch=True, short_max=256),
+    "pf ftm sm128": dict(prefetch=True, group_ftile_minor=True, short_max=128),
+    "pf ftm sm1024": dict(prefetch=True, group_ftile_minor=True, short_max=1024),
+    "u2 pf": dict(group_unroll=2, prefetch=True),
 }
 
 

@@ -85,8 +85,9 @@ def test_hybrid_all_rows_short_and_dtypes(dtype):
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
 def test_unrolled_and_prefetched_row_groups(reduce):
     """Row groups gathering several edges per row per step (sum/mean; max ignores it) and the
-    index prefetch of both kernels: right against the reference; the prefetch changes no bit; an
-    unrolled row's result does not depend on which program or window runs it."""
+    index prefetch of both kernels, feature tiles as adjacent programs: right against the reference;
+    prefetch and tile order change no bit; an unrolled row's result does not depend on which
+    program or window runs it."""
     csr = _graph()
     g = torch.Generator().manual_seed(2)
     x = torch.randn(csr.num_src, 20, generator=g).to(DEVICE)
@@ -97,16 +98,18 @@ def test_unrolled_and_prefetched_row_groups(reduce):
     for weight in (None, w):
         ref = _ref(x, csr, reduce, weight)
         outs = {}
-        for unroll, prefetch, window in ((1, False, 0), (1, True, 0), (2, False, 0), (4, True, 0), (4, True, 8)):
+        for unroll, prefetch, window, minor in ((1, False, 0, False), (1, True, 0, False), (1, True, 0, True),
+                                                (2, False, 0, False), (4, True, 0, True), (4, True, 8, False)):
             plan = tgs.plan_for(x, csr.rowptr, csr.col, reduce, "hybrid", group_unroll=unroll, prefetch=prefetch,
-                                window=window, **tiles)
+                                window=window, group_ftile_minor=minor, **tiles)
             out, arg = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=plan)
             torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
-            outs[unroll, prefetch, window] = out, arg
-        assert all(torch.equal(a, b) for a, b in zip(outs[1, True, 0], outs[1, False, 0]))
-        assert all(torch.equal(a, b) for a, b in zip(outs[4, True, 8], outs[4, True, 0]))
+            outs[unroll, prefetch, window, minor] = out, arg
+        assert all(torch.equal(a, b) for a, b in zip(outs[1, True, 0, False], outs[1, False, 0, False]))
+        assert all(torch.equal(a, b) for a, b in zip(outs[1, True, 0, True], outs[1, False, 0, False]))
+        assert all(torch.equal(a, b) for a, b in zip(outs[4, True, 8, False], outs[4, True, 0, True]))
         if reduce == "max":  # unroll applies to sum/mean only
-            assert all(torch.equal(a, b) for a, b in zip(outs[4, True, 0], outs[1, False, 0]))
+            assert all(torch.equal(a, b) for a, b in zip(outs[4, True, 0, True], outs[1, False, 0, False]))
 
 
 def _cpu_arg(x, csr, weight, reduce):

@@ -9,8 +9,8 @@ set -uo pipefail
 export PYTHONPATH="${PYTHONPATH:-.}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python}"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
-timeout "${SWEEP_TIMEOUT_S:-300}" "$PY" -m benchmarks.bench_gpu_locality --graphs community-products \
-  --stress products-like --widths "${WIDTHS:-64,128,256}" --sweep --l2-ceiling --variants auto,cusparse \
+timeout "${SWEEP_TIMEOUT_S:-300}" "$PY" -m benchmarks.bench_gpu_locality --graphs "${GRAPHS:-community-products}" \
+  --stress "${STRESS:-products-like}" --widths "${WIDTHS:-64,128,256}" --sweep --l2-ceiling --variants auto,cusparse \
   --rounds 7 --out "$OUT" --name gpu-locality-sweep > "$OUT/sweep.log" 2>&1
 echo "sweep rc=$?"
 timeout "${NCU_TIMEOUT_S:-150}" ncu --profile-from-start off --clock-control none -k 'regex:rowgroup|csr_fwd' \

@@ -186,11 +186,12 @@ class _ForwardSetup:
         self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
         if self.short is not None and self.short.numel():
             group_block_f = plan.group_block_f or plan.block_f
-            self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))
+            groups, nft_g = cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f)
+            self.rowgroup_grid = (groups * nft_g,) if plan.group_ftile_minor else (groups, nft_g)
             self.rowgroup_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
                                       BLOCK_F=group_block_f, num_warps=plan.group_warps,
                                       UNROLL=plan.group_unroll if reduce in ("sum", "mean") else 1,
-                                      PREFETCH=plan.prefetch)
+                                      PREFETCH=plan.prefetch, FT_MINOR=plan.group_ftile_minor)
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, SEG=plan.seg,
                              BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps,

@@ -43,6 +43,7 @@ class Plan:
     window: int = 0  # hybrid: short rows degree-sorted within windows of this many ids (0: globally)
     group_unroll: int = 1  # hybrid, sum/mean: edges of each short row gathered per step (per-lane accumulators)
     prefetch: bool = False  # csr and hybrid: load the next step's column indices before this step's gathers
+    group_ftile_minor: bool = False  # hybrid: a group's feature tiles run as adjacent programs
 
     def describe(self) -> str:
         name = {

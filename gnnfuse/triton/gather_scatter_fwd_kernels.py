@@ -252,7 +252,7 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
 def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
                      REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
                      ROWS: tl.constexpr, BLOCK_F: tl.constexpr, UNROLL: tl.constexpr = 1,
-                     PREFETCH: tl.constexpr = False):
+                     PREFETCH: tl.constexpr = False, FT_MINOR: tl.constexpr = False):
     """Short rows, ROWS per program: step j gathers the j-th edge of every row at once (a
     [ROWS, BLOCK_F] tile), so a program keeps ROWS source rows in flight where the CSR kernel
     would spend a whole [BLOCK_E, BLOCK_F] tile on a row of 2-3 edges. Rows come sorted by
@@ -267,7 +267,15 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_p
     tl.static_assert(UNROLL == 1 or REDUCE <= 1, "UNROLL > 1 is for sum and mean")
     ACC = tl.float64 if ACC64 else tl.float32
     LANES: tl.constexpr = ROWS * UNROLL
-    first = tl.program_id(0).to(tl.int64) * ROWS
+    if FT_MINOR:  # a 1-D grid, the feature tiles of one group adjacent
+        nft = tl.cdiv(F, BLOCK_F)
+        pid = tl.program_id(0).to(tl.int64)
+        group = pid // nft
+        ft = pid % nft
+    else:
+        group = tl.program_id(0).to(tl.int64)
+        ft = tl.program_id(1)
+    first = group * ROWS
     lane = tl.arange(0, LANES)
     u = lane % UNROLL  # the lane's edge offset within a step
     offs_l = first + lane // UNROLL  # the lane's row slot
@@ -275,7 +283,7 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_p
     rows_l = tl.load(rows_ptr + offs_l, mask=lmask, other=0).to(tl.int64)
     start = tl.load(rowptr_ptr + rows_l, mask=lmask, other=0).to(tl.int64)
     deg = tl.load(rowptr_ptr + rows_l + 1, mask=lmask, other=0).to(tl.int64) - start
-    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = offs_f < F
     acc = _identity_tile(LANES, BLOCK_F, REDUCE, ACC)
     arg = tl.full([LANES, BLOCK_F], -1, tl.int64)

@@ -34,13 +34,16 @@ VARIANTS = ("auto", "global", "windowed", "csr", "coo", "cusparse")
 # pf = index prefetch in both kernels, ftm = a row group's feature tiles as adjacent programs, uN = N edges per short row per step, rN = N rows per program,
 # gwN = row-group warps, gbfN = row-group feature tile, leN = the long rows' CSR edge tile, smN = short_max
 SWEEP = {
-    "pf": dict(prefetch=True), "ftm": dict(group_ftile_minor=True), "pf ftm": dict(prefetch=True, group_ftile_minor=True),
-    "pf gbf128": dict(prefetch=True, group_block_f=128), "pf r32": dict(prefetch=True, group_rows=32),
-    "pf gw4": dict(prefetch=True, group_warps=4), "pf le32": dict(prefetch=True, block_e=32),
-    "pf sm128": dict(prefetch=True, short_max=128), "pf sm256": dict(prefetch=True, short_max=256),
-    "pf ftm sm128": dict(prefetch=True, group_ftile_minor=True, short_max=128),
-    "pf ftm sm1024": dict(prefetch=True, group_ftile_minor=True, short_max=1024),
-    "u2 pf": dict(group_unroll=2, prefetch=True),
+    "pf": dict(prefetch=True), "pf le32": dict(prefetch=True, block_e=32),
+    "pf gbf128": dict(prefetch=True, group_block_f=128),
+    "pf gbf128 le32": dict(prefetch=True, group_block_f=128, block_e=32),
+    "pf gbf128 le64": dict(prefetch=True, group_block_f=128, block_e=64),
+    "pf gbf128 le32 gw4": dict(prefetch=True, group_block_f=128, block_e=32, group_warps=4),
+    "pf le32 gw4": dict(prefetch=True, block_e=32, group_warps=4),
+    "pf gbf128 le32 sm32": dict(prefetch=True, group_block_f=128, block_e=32, short_max=32),
+    "pf gbf128 le32 sm128": dict(prefetch=True, group_block_f=128, block_e=32, short_max=128),
+    "pf gbf128 le32 r32": dict(prefetch=True, group_block_f=128, block_e=32, group_rows=32),
+    "pf ftm": dict(prefetch=True, group_ftile_minor=True),
 }
 
 

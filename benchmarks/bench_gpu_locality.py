@@ -31,19 +31,17 @@ from gnnfuse.triton import schedule
 
 VARIANTS = ("auto", "global", "windowed", "csr", "coo", "cusparse")
 # --sweep: hybrid-plan overrides of the auto plan (the locality statistic still picks the window):
-# pf = index prefetch in both kernels, ftm = a row group's feature tiles as adjacent programs, uN = N edges per short row per step, rN = N rows per program,
-# gwN = row-group warps, gbfN = row-group feature tile, leN = the long rows' CSR edge tile, smN = short_max
+# op = one launch (row groups and long-row pieces from one id-ordered task list), gbfN = row-group
+# feature tile, leN = the long rows' edge tile, gwN = row-group warps, smN = short_max
 SWEEP = {
-    "pf": dict(prefetch=True), "pf le32": dict(prefetch=True, block_e=32),
-    "pf gbf128": dict(prefetch=True, group_block_f=128),
-    "pf gbf128 le32": dict(prefetch=True, group_block_f=128, block_e=32),
-    "pf gbf128 le64": dict(prefetch=True, group_block_f=128, block_e=64),
-    "pf gbf128 le32 gw4": dict(prefetch=True, group_block_f=128, block_e=32, group_warps=4),
-    "pf le32 gw4": dict(prefetch=True, block_e=32, group_warps=4),
-    "pf gbf128 le32 sm32": dict(prefetch=True, group_block_f=128, block_e=32, short_max=32),
-    "pf gbf128 le32 sm128": dict(prefetch=True, group_block_f=128, block_e=32, short_max=128),
-    "pf gbf128 le32 r32": dict(prefetch=True, group_block_f=128, block_e=32, group_rows=32),
-    "pf ftm": dict(prefetch=True, group_ftile_minor=True),
+    "le32": dict(block_e=32), "gbf128 le32": dict(group_block_f=128, block_e=32),
+    "op": dict(one_pass=True), "op le32": dict(one_pass=True, block_e=32),
+    "op gbf128": dict(one_pass=True, group_block_f=128),
+    "op gbf128 le32": dict(one_pass=True, group_block_f=128, block_e=32),
+    "op gw4": dict(one_pass=True, group_warps=4), "op le32 gw4": dict(one_pass=True, block_e=32, group_warps=4),
+    "op sm32": dict(one_pass=True, short_max=32), "op sm128": dict(one_pass=True, short_max=128),
+    "op seg512": dict(one_pass=True, seg=512), "op gbf128 le32 seg512": dict(one_pass=True, group_block_f=128,
+                                                                            block_e=32, seg=512),
 }
 
 

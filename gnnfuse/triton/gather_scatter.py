@@ -45,9 +45,10 @@ from .gather_scatter_fwd_kernels import (
     _coo_kernel,
     _combine_kernel,
     _csr_fwd_kernel,
+    _one_pass_kernel,
     _rowgroup_kernel,
 )
-from .schedule import choose_window, short_rows
+from .schedule import choose_window, short_rows, task_list
 
 
 # work lists (cached per rowptr tensor object)
@@ -186,16 +187,20 @@ class _ForwardSetup:
         self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
         if self.short is not None and self.short.numel():
             group_block_f = plan.group_block_f or plan.block_f
-            groups, nft_g = cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f)
-            self.rowgroup_grid = (groups * nft_g,) if plan.group_ftile_minor else (groups, nft_g)
+            self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))
             self.rowgroup_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
-                                      BLOCK_F=group_block_f, num_warps=plan.group_warps,
-                                      UNROLL=plan.group_unroll if reduce in ("sum", "mean") else 1,
-                                      PREFETCH=plan.prefetch, FT_MINOR=plan.group_ftile_minor)
+                                      BLOCK_F=group_block_f, num_warps=plan.group_warps)
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, SEG=plan.seg,
-                             BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps,
-                             PREFETCH=plan.prefetch)
+                             BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+        self.tasks = None
+        if hybrid and plan.one_pass:  # one launch: the long rows' pieces take the row groups' tiles
+            group_block_f = plan.group_block_f or plan.block_f
+            self.tasks = task_list(rowptr, self.short, self.wl, plan.group_rows, plan.seg, plan.short_max, plan.window)
+            self.one_pass_grid = (self.tasks.numel(), cdiv(F, group_block_f))
+            self.one_pass_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
+                                      SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=group_block_f,
+                                      num_warps=plan.group_warps)
         self.combine_grid = (self.wl.split_rows.numel() * nft,)
         self.combine_meta = dict(REDUCE=code, ACC64=acc64, TRACK=tracks, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f,
                                  num_warps=4)
@@ -256,16 +261,21 @@ def _forward(x, rowptr, col, weight, reduce, tracks: bool, kernel, plan) -> tupl
     # (unused pointer arguments get any tensor: no allocation for them)
     arg_p = arg if tracks else col
     short = setup.short
-    if short is not None and short.numel():
-        launch("rowgroup", _rowgroup_kernel, setup.rowgroup_grid,
-               (x, short, rowptr, col, w, out, arg_p, short.numel(), F), setup.rowgroup_meta, fast)
     wl = setup.wl
-    if wl.num_pieces == 0:
-        return out, arg
     part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device) if wl.num_partials else out
     parg = torch.empty(wl.num_partials, F, dtype=torch.long, device=x.device) if wl.num_partials and tracks else col
-    launch("csr", _csr_fwd_kernel, setup.csr_grid,
-           (x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F), setup.csr_meta, fast)
+    if setup.tasks is not None and setup.tasks.numel():
+        launch("one_pass", _one_pass_kernel, setup.one_pass_grid,
+               (x, short, short.numel(), setup.tasks, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr,
+                wl.slot, F), setup.one_pass_meta, fast)
+    elif short is not None and short.numel():
+        launch("rowgroup", _rowgroup_kernel, setup.rowgroup_grid,
+               (x, short, rowptr, col, w, out, arg_p, short.numel(), F), setup.rowgroup_meta, fast)
+    if wl.num_pieces == 0:
+        return out, arg
+    if setup.tasks is None:
+        launch("csr", _csr_fwd_kernel, setup.csr_grid,
+               (x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F), setup.csr_meta, fast)
     if wl.split_rows.numel():
         launch("combine", _combine_kernel, setup.combine_grid,
                (part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F), setup.combine_meta, fast)

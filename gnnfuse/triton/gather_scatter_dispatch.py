@@ -41,9 +41,7 @@ class Plan:
     group_warps: int = 4  # hybrid: warps of the row-group kernel (num_warps is the CSR part's)
     group_block_f: int = 0  # hybrid: features per row-group tile (0: block_f)
     window: int = 0  # hybrid: short rows degree-sorted within windows of this many ids (0: globally)
-    group_unroll: int = 1  # hybrid, sum/mean: edges of each short row gathered per step (per-lane accumulators)
-    prefetch: bool = False  # csr and hybrid: load the next step's column indices before this step's gathers
-    group_ftile_minor: bool = False  # hybrid: a group's feature tiles run as adjacent programs
+    one_pass: bool = False  # hybrid: row groups and long-row pieces in one launch, window by window
 
     def describe(self) -> str:
         name = {
@@ -53,13 +51,13 @@ class Plan:
                       f"{self.group_block_f or self.block_f} features per program, {self.group_warps} warps, "
                       + (f"degree-sorted within windows of {self.window} consecutive ids" if self.window
                          else "in global degree order")
-                      + (f", {self.group_unroll} edges per row per step (sum/mean)" if self.group_unroll > 1 else "")
-                      + ") + CSR row-parallel for longer rows (atomic-free)",
+                      + ") + CSR row-parallel for longer rows (atomic-free)"
+                      + ("; both in one launch, each window's long-row pieces next to its row groups" if self.one_pass
+                         else ""),
             "atomic": "fully-atomic COO baseline (one atomic per edge and feature)",
         }[self.kernel]
         return (f"gnnfuse.triton.gather_scatter_fwd_kernels: {name}; BLOCK_E={self.block_e} BLOCK_F={self.block_f} "
-                f"SEG={self.seg} num_warps={self.num_warps}" + (" index prefetch" if self.prefetch else "")
-                + f"; {self.reason}")
+                f"SEG={self.seg} num_warps={self.num_warps}; {self.reason}")
 
 
 def _block_f(F: int, itemsize: int) -> int:

@@ -31,17 +31,15 @@ from gnnfuse.triton import schedule
 
 VARIANTS = ("auto", "global", "windowed", "csr", "coo", "cusparse")
 # --sweep: hybrid-plan overrides of the auto plan (the locality statistic still picks the window):
-# op = one launch (row groups and long-row pieces from one id-ordered task list), gbfN = row-group
-# feature tile, leN = the long rows' edge tile, gwN = row-group warps, smN = short_max
+# 2l = two launches (row groups, then the long rows' CSR kernel), "2l before" = the default before
+# the one-launch plan (16-edge long-row tiles, 8 row-group warps above F=32), gbfN = row-group
+# feature tile, leN = the long rows' edge tile, gwN = row-group warps, rN = rows per group,
+# smN = short_max, segN = longest piece
 SWEEP = {
-    "le32": dict(block_e=32), "gbf128 le32": dict(group_block_f=128, block_e=32),
-    "op": dict(one_pass=True), "op le32": dict(one_pass=True, block_e=32),
-    "op gbf128": dict(one_pass=True, group_block_f=128),
-    "op gbf128 le32": dict(one_pass=True, group_block_f=128, block_e=32),
-    "op gw4": dict(one_pass=True, group_warps=4), "op le32 gw4": dict(one_pass=True, block_e=32, group_warps=4),
-    "op sm32": dict(one_pass=True, short_max=32), "op sm128": dict(one_pass=True, short_max=128),
-    "op seg512": dict(one_pass=True, seg=512), "op gbf128 le32 seg512": dict(one_pass=True, group_block_f=128,
-                                                                            block_e=32, seg=512),
+    "2l": dict(one_pass=False), "2l before": dict(one_pass=False, block_e=16, group_warps=8),
+    "gbf128": dict(group_block_f=128), "le16": dict(block_e=16), "le64": dict(block_e=64),
+    "gw2": dict(group_warps=2), "gw8": dict(group_warps=8), "r8": dict(group_rows=8), "r32": dict(group_rows=32),
+    "sm32": dict(short_max=32), "sm128": dict(short_max=128), "seg512": dict(seg=512), "seg2048": dict(seg=2048),
 }
 
 

@@ -235,10 +235,12 @@ def test_dispatch_and_explain():
     for reduce in ("sum", "mean", "max", "min", "mul"):
         plan = choose(reduce, 1000, 3000, 32, torch.float32)
         assert plan.kernel == "hybrid" and plan.deterministic and plan.short_max > 0
-    wide = choose("sum", 1000, 30000, 256, torch.float32)
-    assert (wide.block_f, wide.group_block_f) == (64, 64)  # hybrid: 256-byte tiles at wide F
-    narrow = choose("sum", 1000, 30000, 64, torch.float32)  # long rows: 128-byte tiles, 4 warps, up to 256 bytes
-    assert (narrow.block_e, narrow.block_f, narrow.num_warps, narrow.group_block_f) == (16, 32, 4, 64)
+    wide = choose("sum", 1000, 30000, 256, torch.float32)  # one launch, 256-byte tiles, 4 warps, 32-edge pieces
+    assert (wide.one_pass, wide.block_e, wide.block_f, wide.group_block_f, wide.group_warps) == (True, 32, 64, 64, 4)
+    assert choose("sum", 1000, 30000, 64, torch.float32).one_pass  # from 256-byte rows up
+    narrow = choose("sum", 1000, 30000, 32, torch.float32)  # two launches; long rows: 128-byte tiles, 4 warps
+    assert not narrow.one_pass
+    assert (narrow.block_e, narrow.block_f, narrow.num_warps, narrow.group_block_f) == (16, 32, 4, 32)
     assert choose("sum", 1000, 30000, 256, torch.float32, kernel="csr").block_f == 256  # CSR alone: wide tiles
     assert choose("sum", 1000, 3000, 32, torch.float32, kernel="coo").kernel == "coo"
     assert choose("max", 1000, 3000, 32, torch.float32, kernel="coo").kernel == "hybrid"  # coo is sum/mean only

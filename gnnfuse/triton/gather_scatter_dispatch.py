@@ -108,22 +108,31 @@ def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     features). The long rows want many small programs with 4 warps each: 128-byte tiles of 16
     edges up to F*itemsize = 256 bytes (arxiv-like F=64: 0.093 vs 0.160 ms with the CSR plan's
     64-wide 1-warp tile; hub-stress, reddit-like and products-like 5-25% faster), 256-byte
-    tiles above (arxiv-like F=128: 0.18 vs 0.26 ms with 128-wide tiles)."""
+    tiles above (arxiv-like F=128: 0.18 vs 0.26 ms with 128-wide tiles).
+
+    From 256-byte rows up (float32 F >= 64), one launch (``one_pass``) with 4 warps and 32-edge
+    long-row tiles: the long rows of an id window then run next to its short rows, and the
+    source rows both read come from DRAM once (H100, benchmarks/results/gpu-locality_h100_2026-11-23*.md:
+    community-products reordered F=128/256 5.95/11.6 -> 5.34/10.5 ms, R-MAT F=256 13.0 -> 9.8 ms;
+    uniform-source graphs and L2-resident rows no slower; at F=32 it was 2-10% slower)."""
     csr = csr_configs(F, avg_degree, itemsize)[0]
     group_f = min(csr["block_f"], max(16, 256 // itemsize))
     if F * itemsize <= 256:
         long_rows = dict(block_e=16, block_f=min(group_f, max(16, 128 // itemsize)), seg=csr["seg"], num_warps=4)
     else:
         long_rows = dict(csr, block_f=group_f, num_warps=4)
-    first = dict(long_rows, short_max=64, group_rows=16, group_warps=4 if F <= 32 else 8, group_block_f=group_f)
-    out = [first]
+    first = dict(long_rows, short_max=64, group_rows=16, group_warps=4 if F <= 32 else 8, group_block_f=group_f,
+                 one_pass=False)
+    if F * itemsize >= 256:
+        first = dict(first, one_pass=True, block_e=32, group_warps=4)
+    out = [first, dict(first, one_pass=not first["one_pass"])]
     wide = _block_f(F, itemsize)
     for short_max in (32, 64):
         for group_rows in (8, 16, 32):
             for group_warps in (4, 8):
                 for block_f in sorted({group_f, wide}):
                     cfg = dict(long_rows, short_max=short_max, group_rows=group_rows, group_warps=group_warps,
-                               group_block_f=block_f)
+                               group_block_f=block_f, one_pass=False)
                     if cfg not in out:
                         out.append(cfg)
     return out

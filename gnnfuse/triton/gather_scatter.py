@@ -8,7 +8,9 @@ choice in gather_scatter_dispatch.py, the row schedule in schedule.py.
 Forward kernels (see the dispatch module for when each runs):
   * ``_rowgroup_kernel`` (the default "hybrid" plan's short rows): rows of at most short_max
     edges, sorted by degree, ``ROWS`` per program; step j gathers the j-th edge of each row.
-    The hybrid plan sends the remaining rows through the CSR kernel below.
+    The hybrid plan sends the remaining rows through the CSR kernel below; from 256-byte rows
+    (``plan.one_pass``) ``_one_pass_kernel`` runs both as one launch over an id-ordered task list
+    (schedule.task_list), so a window's long and short rows share the source rows they read.
   * ``_csr_fwd_kernel`` + ``_combine_kernel``: a work list splits every row into pieces of at
     most SEG edges; one program per (piece, feature tile) gathers [BLOCK_E, BLOCK_F] tiles of x
     and reduces them in registers. Rows of one piece write ``out`` directly; pieces of split

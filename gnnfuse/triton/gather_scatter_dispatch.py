@@ -12,6 +12,7 @@ Kernels:
   * ``hybrid`` rows of at most ``short_max`` edges go to a row-group kernel (``group_rows`` rows
                per program, one edge of each per step, rows sorted by degree); longer rows to
                the CSR kernel. Atomic-free and deterministic; both kernels record max/min winners.
+               ``one_pass``: both in one launch, window by window (bitwise the same result).
   * ``atomic`` fully-atomic baseline (one atomic per edge and feature); benchmarks only.
 """
 from __future__ import annotations

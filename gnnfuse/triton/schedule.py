@@ -22,7 +22,7 @@ from .._tensor_cache import cached
 
 DEFAULT_L2_BYTES = 50 * 2**20  # H100; the device's own value is used where it can be read
 L2_SHARE = 0.5  # of L2 for the source rows (the rest: outputs, indices, other streams)
-# Rows per window. Swept on an H100 (benchmarks/results/gpu-locality_h100_2026-11-22.md,
+# Rows per window. Swept on an H100 (benchmarks/results/archive/gpu-locality_h100_2026-11-22.md,
 # community-products, F=64-256): windows of 1024-4096 ids were 5-20% faster than L2-sized ones
 # (25K-100K ids): the programs in flight then cover a few windows whose rows share sources, so
 # the shared rows stay in L1/L2 while they are reused. Degree sorting inside so small a window

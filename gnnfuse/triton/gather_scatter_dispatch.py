@@ -113,9 +113,9 @@ def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
 
     From 256-byte rows up (float32 F >= 64), one launch (``one_pass``) with 4 warps and 32-edge
     long-row tiles: the long rows of an id window then run next to its short rows, and the
-    source rows both read come from DRAM once (H100, benchmarks/results/gpu-locality_h100_2026-11-23*.md:
+    source rows both read come from DRAM once (H100, benchmarks/results/gpu-locality-sweep_h100_2026-11-23.md:
     community-products reordered F=128/256 5.95/11.6 -> 5.34/10.5 ms, R-MAT F=256 13.0 -> 9.8 ms;
-    uniform-source graphs and L2-resident rows no slower; at F=32 it was 2-10% slower)."""
+    uniform-source graphs and L2-resident rows no slower; R-MAT F=64 6% slower; at F=32 2-10% slower)."""
     csr = csr_configs(F, avg_degree, itemsize)[0]
     group_f = min(csr["block_f"], max(16, 256 // itemsize))
     if F * itemsize <= 256:

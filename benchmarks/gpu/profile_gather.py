@@ -5,7 +5,7 @@ profiled range, so only one launch of each kernel per plan is profiled.
 
     ncu --profile-from-start off --clock-control none -k regex:"rowgroup|csr_fwd|one_pass" \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
-        python -m benchmarks.gpu.profile_gather --width 128 --plans "u4 pf"
+        python -m benchmarks.gpu.profile_gather --width 128 --plans "2l,2l before"
 """
 from __future__ import annotations
 

@@ -85,9 +85,11 @@ def _backward_fake(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos
 def _gradients(grad_out, out, x, rowptr, col, weight, transpose, arg, codes, need_x, need_w):
     """(grad_x, grad_w) from passes of the Triton gather-scatter backward: dm = c[i] + d[i] m for
     sum/mean/var/std (one or two passes), one pass per max/min (the recorded winner) and for mul."""
+    from ..triton.gather_scatter import _mean_divisor
+
     N, F, K = rowptr.shape[0] - 1, x.shape[1], len(codes)
     g, o = grad_out.reshape(N, K, F), out.reshape(N, K, F)
-    deg = (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(x.dtype).view(N, 1)
+    deg = _mean_divisor(rowptr, x.dtype)  # [N, 1], cached on the graph
     no_arg = rowptr.new_empty(0, 0)
     c = d = mean = None
     for k, code in enumerate(codes):
@@ -102,23 +104,18 @@ def _gradients(grad_out, out, x, rowptr, col, weight, transpose, arg, codes, nee
             c = _plus(c, g[:, k])
         elif code == MEAN:
             c = _plus(c, g[:, k] / deg)
-    grad_x = torch.zeros_like(x) if need_x else x.new_empty(0)
+    grad_x = _linear_x_grad(c, d, x, weight, transpose) if need_x and c is not None else \
+        (torch.zeros_like(x) if need_x else x.new_empty(0))
     grad_w = x.new_zeros(col.shape[0]) if need_w else x.new_empty(0)
 
     def run(go, xx, w, a, reduce, nx, nw):
         return GATHER_SCATTER_BACKWARD.kernels["triton"](go.contiguous(), xx, rowptr, col, w, *transpose, a, reduce,
                                                          nx, nw)
 
-    if c is not None:
-        gx, gw = run(c, x, weight, no_arg, "sum", need_x, need_w)
-        grad_x, grad_w = (grad_x + gx if need_x else grad_x), (grad_w + gw if need_w else grad_w)
-    if d is not None:  # the d[i] * m part: x[j] * sum_e w^2 d[i] and w * <d[i], x[j]^2>
-        if need_x:
-            gx, _ = run(d, x, None if weight is None else weight * weight, no_arg, "sum", True, False)
-            grad_x = grad_x + x * gx
-        if need_w:
-            _, gw = run(d, x * x, weight, no_arg, "sum", False, True)
-            grad_w = grad_w + weight * gw
+    if need_w and c is not None:  # w's gradient of the linear part: <c[i], x[j]> + w <d[i], x[j]^2>
+        grad_w = grad_w + run(c, x, weight, no_arg, "sum", False, True)[1]
+        if d is not None:
+            grad_w = grad_w + weight * run(d, x * x, weight, no_arg, "sum", False, True)[1]
     slot = 0
     for code in _ARG_CODES:
         if code in codes:
@@ -130,6 +127,30 @@ def _gradients(grad_out, out, x, rowptr, col, weight, transpose, arg, codes, nee
         gx, gw = run(g[:, codes.index(MUL)], x, weight, no_arg, "mul", need_x, need_w)
         grad_x, grad_w = (grad_x + gx if need_x else grad_x), (grad_w + gw if need_w else grad_w)
     return grad_x, grad_w
+
+
+def _linear_x_grad(c, d, x, weight, transpose):
+    """x's gradient of the linear part dm = c[i] + d[i] m: grad_x[j] = sum_e w c[i] + x[j] sum_e w^2 d[i]
+    over the edges e = (j -> i), as sum passes of the gather-scatter forward over the transpose.
+    Unweighted, c and d ride in one pass of width 2F (the transpose's indices are read once)."""
+    from ..triton.gather_scatter import infer
+
+    t_rowptr, t_col, t_pos = transpose
+    F = x.shape[1]
+    w_t = None if weight is None else weight.index_select(0, t_pos)
+    if d is None:
+        gx = infer(c.contiguous(), t_rowptr, t_col, w_t, "sum")
+    elif weight is None:
+        both = infer(torch.cat([c, d], dim=1), t_rowptr, t_col, None, "sum")
+        gx = both[:, :F] + x[:both.shape[0]] * both[:, F:]
+    else:
+        gx = infer(c.contiguous(), t_rowptr, t_col, w_t, "sum") + \
+            x[:t_rowptr.numel() - 1] * infer(d.contiguous(), t_rowptr, t_col, w_t * w_t, "sum")
+    if gx.shape[0] == x.shape[0]:
+        return gx.to(x.dtype)
+    grad_x = torch.zeros_like(x)
+    grad_x[:gx.shape[0]] = gx
+    return grad_x
 
 
 def _plus(acc, term):

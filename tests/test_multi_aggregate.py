@@ -172,3 +172,13 @@ def test_triton_split_rows_match_one_pass():
         assert torch.equal(split[1], whole[1])
         ref = reference.multi_aggregate(x, csr.col, csr._row(), 12, aggrs, weight)
         torch.testing.assert_close(split[0], ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_degree_output(backend):
+    ei = _graph()
+    x = torch.randn(9, 3, device=DEVICE, requires_grad=True)
+    out, deg = multi_aggregate(x, ei, ["sum", "max"], edge_weight=torch.rand(ei.shape[1], device=DEVICE),
+                               backend=backend, return_degree=True)
+    assert out.shape == (9, 6) and deg.dtype == x.dtype and not deg.requires_grad
+    torch.testing.assert_close(deg, torch.bincount(ei[1], minlength=9).to(x.dtype))

@@ -195,7 +195,7 @@ BACKWARD = OpDef(  # its own derivative is not implemented: double backward rais
 # ---- public API ----------------------------------------------------------------------------------
 def multi_aggregate(x: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, aggrs, *,
                     edge_weight: torch.Tensor | None = None, num_nodes: int | None = None,
-                    backend: str = "auto") -> torch.Tensor:
+                    backend: str = "auto", return_degree: bool = False):
     """Several reductions of the messages ``w[e] * x[src[e]]`` in one pass over the edges.
 
     Args:
@@ -203,10 +203,14 @@ def multi_aggregate(x: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, aggr
         aggrs: a list of "sum" | "mean" | "max" | "min" | "mul" | "var" | "std" (aliases "add",
             "amax", "amin", "prod"). var is mean(m^2) - mean(m)^2; std is sqrt(max(var, 1e-5)),
             0 where that is <= sqrt(1e-5) (PyG's VarAggregation and StdAggregation).
+        return_degree: also return each target's in-degree (edges, not weights) as [N_dst] in x's
+            dtype, not differentiable: what PNA's degree scalers need, read off the CSR's rowptr
+            (no pass over the edges).
 
     Returns:
         [N_dst, len(aggrs) * F] (x of [N, *feat] is flattened to F features): columns
         ``k*F:(k+1)*F`` are ``aggrs[k]``. Empty target rows give 0 for every reduction.
+        With ``return_degree``: (that, degree).
 
     Example::
 
@@ -220,7 +224,9 @@ def multi_aggregate(x: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, aggr
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
     x2 = x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
     if backend == "reference":
-        return reference.multi_aggregate(x2, csr.col, csr._row(), csr.num_dst, names, weight)
-    wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
-    transpose = csr._transpose_parts() if wants_grad else (None, None, None)
-    return FORWARD(x2, csr.rowptr, csr.col, weight, *transpose, ",".join(names), backend=backend)[0]
+        out = reference.multi_aggregate(x2, csr.col, csr._row(), csr.num_dst, names, weight)
+    else:
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+        transpose = csr._transpose_parts() if wants_grad else (None, None, None)
+        out = FORWARD(x2, csr.rowptr, csr.col, weight, *transpose, ",".join(names), backend=backend)[0]
+    return (out, csr.in_degree().to(x.dtype)) if return_degree else out

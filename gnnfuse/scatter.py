@@ -6,7 +6,8 @@ Each call is turned into one segment reduction of a [S, F] matrix into [T, F] ro
 gather-scatter whose gather is the identity (source row s is read once, by the one segment that
 holds it), and runs on the ``gnnfuse::gather_scatter`` op: OpenMP C++ on CPU, Triton on CUDA,
 compile-safe, with the op's gradients. ``segment_csr`` hands ``indptr`` to the kernels as the
-CSR's rowptr; ``scatter`` sorts the index once per call (``segment_coo`` does not, its index is
+CSR's rowptr; ``scatter`` sorts the index once and caches the sort on the index tensor, so a
+repeated index (a GNN's edge index) is not sorted again (``segment_coo`` never sorts, its index is
 sorted).
 
 Semantics follow torch_scatter, including the broadcasting of ``index`` against ``src`` and
@@ -28,6 +29,7 @@ import math
 
 import torch
 
+from ._tensor_cache import cached
 from ._validate import device_assert, require_tensor
 from .ops._library import resolve_backend
 from .ops.gather_scatter import FORWARD
@@ -145,19 +147,30 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
     N = dim_size
     outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
     rows_share_index = all(s == 1 for s in index.shape[dim + 1:])  # one target per source row of F = inner
-    idx = index.expand(shape[:dim + 1] + list(index.shape[dim + 1:])).long()
-    blocks = torch.arange(outer, device=src.device).view(-1, 1) * N
-    if rows_share_index:
-        F = inner
-        targets = (blocks + idx.reshape(outer, E)).reshape(-1)
-    else:  # the index differs along the trailing dims: every element is its own row
-        F = 1
-        idx = idx.expand(shape).reshape(outer, E, inner)
-        targets = ((blocks.view(-1, 1, 1) + idx) * inner + torch.arange(inner, device=src.device)).reshape(-1)
-        presorted = False
-    x = src.reshape(outer * E * (inner if F == 1 else 1), F)
+    F = inner if rows_share_index else 1
     T = outer * N * (inner if F == 1 else 1)
-    rowptr, perm, transpose = _sorted_segments(targets, T, presorted, _wants_transpose(src, reduce))
+    need_transpose = _wants_transpose(src, reduce)
+
+    def segments():
+        """(targets, rowptr, perm, transpose): the flat targets and their sort, the costly part."""
+        idx = index.expand(shape[:dim + 1] + list(index.shape[dim + 1:])).long()
+        blocks = torch.arange(outer, device=src.device).view(-1, 1) * N
+        if rows_share_index:
+            targets = (blocks + idx.reshape(outer, E)).reshape(-1)
+        else:  # the index differs along the trailing dims: every element is its own row
+            idx = idx.expand(shape).reshape(outer, E, inner)
+            targets = ((blocks.view(-1, 1, 1) + idx) * inner + torch.arange(inner, device=src.device)).reshape(-1)
+        return (targets, *_sorted_segments(targets, T, presorted and rows_share_index, need_transpose))
+
+    # A repeated index (a GNN's edge index, layer after layer) is sorted once: the segments are
+    # cached on the index tensor's memory like a graph's CSR (gnnfuse._tensor_cache: a write to the
+    # index invalidates them). Never while Dynamo traces (a cache hit would be baked into the graph).
+    if torch.compiler.is_compiling():
+        targets, rowptr, perm, transpose = segments()
+    else:
+        targets, rowptr, perm, transpose = cached(
+            "scatter", (index,), (tuple(shape), dim, N, presorted, need_transpose), segments)
+    x = src.reshape(outer * E * (inner if F == 1 else 1), F)
     res, arg, counts = _segment_reduce(x, rowptr, perm, transpose, targets, T, reduce, backend)
     out_shape = shape[:dim] + [N] + shape[dim + 1:]
     res = res.reshape(out_shape)

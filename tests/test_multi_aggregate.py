@@ -182,3 +182,18 @@ def test_degree_output(backend):
                                backend=backend, return_degree=True)
     assert out.shape == (9, 6) and deg.dtype == x.dtype and not deg.requires_grad
     torch.testing.assert_close(deg, torch.bincount(ei[1], minlength=9).to(x.dtype))
+
+
+@pytest.mark.parametrize("aggrs", [["mean", "min", "max", "std"], ["var"], ["std", "sum", "amin"], ["max"],
+                                   ["max", "max", "mean"]])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unweighted_x_gradient(aggrs, backend):
+    """x alone needs a gradient, no weights: the Triton backward's one-pass route (coefficients,
+    one transpose pass, winners), and var/std without mean (the mean is computed for them)."""
+    ei = _graph(num_nodes=7, num_edges=20, seed=2)
+    x = torch.randn(7, 3, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: multi_aggregate(x, ei, aggrs, backend=backend), (x,))
+    go = torch.randn(7, 3 * len(aggrs), dtype=torch.float64, device=DEVICE)
+    got = torch.autograd.grad((multi_aggregate(x, ei, aggrs, backend=backend) * go).sum(), x)[0]
+    want = torch.autograd.grad((_ref(x, ei, aggrs) * go).sum(), x)[0]
+    torch.testing.assert_close(got, want)

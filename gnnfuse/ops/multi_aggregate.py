@@ -62,6 +62,16 @@ def _backward_cpu(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos,
 
 
 def _backward_triton(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, aggrs, need_x, need_w):
+    from ..triton import multi_aggregate as kernels
+
+    codes = _codes(aggrs)
+    if kernels.fast_backward_applies(x, weight, codes, need_w):
+        mean = None
+        if (VAR in codes or STD in codes) and MEAN not in codes:
+            mean = GATHER_SCATTER(x, rowptr, col, None, None, None, None, "mean")[0]
+        grad_x = kernels.backward_x(grad_out.contiguous(), out, x, rowptr, col, (t_rowptr, t_col, t_pos), arg, codes,
+                                    mean) if need_x else x.new_empty(0)
+        return grad_x, x.new_empty(0)
     return _gradients(grad_out, out, x, rowptr, col, weight, (t_rowptr, t_col, t_pos), arg, _codes(aggrs), need_x,
                       need_w and weight is not None)
 
@@ -172,9 +182,25 @@ def _backward(ctx, saved, grad_out, _grad_arg):
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
         if any(c in ctx.codes for c in _ARG_CODES):
             arg = FORWARD(x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.aggrs, backend=ctx.backend)[1]
+    aggrs, grad_out, out = _fold_repeats(ctx.aggrs, grad_out, out, x.shape[1])
     grad_x, grad_w = BACKWARD(grad_out.contiguous(), x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg,
-                              ctx.aggrs, need_x, need_w, backend=ctx.backend)
+                              aggrs, need_x, need_w, backend=ctx.backend)
     return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
+
+
+def _fold_repeats(aggrs: str, grad_out, out, F: int):
+    """A reduction listed twice gets the sum of its blocks' gradients, once: the backward kernels
+    (and the winners, recorded once per reduction) see each reduction once."""
+    names = aggrs.split(",")
+    unique = list(dict.fromkeys(names))
+    if len(unique) == len(names):
+        return aggrs, grad_out, out
+    N = grad_out.shape[0]
+    slots = torch.tensor([unique.index(n) for n in names], device=grad_out.device)
+    folded = grad_out.new_zeros(N, len(unique), F).index_add_(1, slots, grad_out.reshape(N, len(names), F))
+    firsts = torch.tensor([names.index(n) for n in unique], device=out.device)
+    out = out.reshape(N, len(names), F).index_select(1, firsts).reshape(N, len(unique) * F)
+    return ",".join(unique), folded.reshape(N, len(unique) * F), out
 
 
 # x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order; t_* the transpose, given exactly

@@ -5,8 +5,14 @@ plan and reuse its per-graph pieces, cached on the rowptr tensor: the plan of a 
 (tiles, short-row limit, row order), the degree-sorted short rows and the work list that cuts
 longer rows into pieces. Short rows go to the row-group kernel, the others to the CSR kernel,
 split (hub) rows through a second, ordered pass. Every statistic the list needs stays in
-registers, so the pass reads each source row once, as one sum pass does. The backward runs
-gather-scatter passes (see the op module).
+registers, so the pass reads each source row once, as one sum pass does.
+
+Backward (:func:`backward_x`, the common case: x's gradient, no edge weights, float32/64, each
+reduction once, no "mul", non-deterministic algorithms allowed; the op module runs the general
+gather-scatter passes otherwise): one kernel forms the per-target coefficients of the linear part
+(sum/mean/var/std), one sum pass over the transpose carries them to the sources, one
+element-wise multiply-add, and one kernel adds max's and min's gradients to their winners'
+sources with atomics (the order of those additions varies from run to run).
 """
 from __future__ import annotations
 
@@ -14,9 +20,16 @@ import torch
 import triton
 
 from ..reductions import CODES, MAX, MEAN, MIN, MUL, STD, SUM, VAR
-from .gather_scatter import plan_for, work_list
+from .gather_scatter import _mean_divisor, infer, plan_for, work_list
 from .gather_scatter_dispatch import Plan
-from .multi_aggregate_kernels import NSTAT, _multi_combine_kernel, _multi_csr_kernel, _multi_rowgroup_kernel
+from .multi_aggregate_kernels import (
+    NSTAT,
+    _coefficients_kernel,
+    _multi_combine_kernel,
+    _multi_csr_kernel,
+    _multi_rowgroup_kernel,
+    _winners_grad_kernel,
+)
 from .schedule import short_rows
 
 
@@ -79,3 +92,38 @@ def _launch(x, rowptr, col, weight, out, arg, unique, num_arg, plan):
         _multi_combine_kernel[(wl.split_rows.numel() * nft,)](
             part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, num_rows, F, **meta,
             BLOCK_F=plan.block_f, num_warps=4)
+
+
+def fast_backward_applies(x, weight, codes, need_w) -> bool:
+    return (x.dtype in (torch.float32, torch.float64) and weight is None and not need_w and MUL not in codes
+            and len(set(codes)) == len(codes) and not torch.are_deterministic_algorithms_enabled())
+
+
+def backward_x(grad_out, out, x, rowptr, col, transpose, arg, codes, mean=None) -> torch.Tensor:
+    """x's gradient (see the module docstring for when this applies); ``mean``: [N, F] row means
+    when var/std are asked for without "mean" (the op module computes them)."""
+    t_rowptr, t_col, _ = transpose
+    N, F, K = rowptr.shape[0] - 1, x.shape[1], len(codes)
+    at = {code: codes.index(code) if code in codes else -1 for code in CODES.values()}
+    has_c = any(at[c] >= 0 for c in (SUM, MEAN, VAR, STD))
+    has_d = at[VAR] >= 0 or at[STD] >= 0
+    rows, block_f = 16, min(max(16, triton.next_power_of_2(F)), 64)
+    grid = (triton.cdiv(N, rows), triton.cdiv(F, block_f))
+    if has_c and N:
+        cd = torch.empty(N, 2 * F if has_d else F, dtype=x.dtype, device=x.device)
+        _coefficients_kernel[grid](grad_out, out, mean if mean is not None else out, _mean_divisor(rowptr, x.dtype),
+                                   cd, N, F, K=K, SUM_AT=at[SUM], MEAN_AT=at[MEAN], VAR_AT=at[VAR], STD_AT=at[STD],
+                                   HAS_D=has_d, ROWS=rows, BLOCK_F=block_f, num_warps=4)
+        moved = infer(cd, t_rowptr, t_col, None, "sum")  # [N_src', W]: the coefficients summed per source
+        part = torch.addcmul(moved[:, :F], x[:moved.shape[0]], moved[:, F:]) if has_d else moved
+        if part.shape[0] == x.shape[0]:
+            grad_x = part
+        else:
+            grad_x = torch.zeros_like(x)
+            grad_x[:part.shape[0]] = part
+    else:
+        grad_x = torch.zeros_like(x)
+    if (at[MAX] >= 0 or at[MIN] >= 0) and N:
+        _winners_grad_kernel[grid](grad_out, arg, col, grad_x, N, F, K=K, MAX_AT=at[MAX], MIN_AT=at[MIN],
+                                   MIN_SLOT=1 if at[MAX] >= 0 else 0, ROWS=rows, BLOCK_F=block_f, num_warps=4)
+    return grad_x

@@ -124,7 +124,8 @@ class PNAConv(pyg_nn.PNAConv):
             return None
         if any(len(nn) != 1 or isinstance(nn[0].weight, UninitializedParameter) for nn in self.pre_nns):
             return None
-        if any(not hasattr(nn[0], "weight") or isinstance(nn[0].weight, UninitializedParameter) for nn in self.post_nns):
+        if any(not hasattr(nn[0], "weight") or isinstance(nn[0].weight, UninitializedParameter)
+               for nn in self.post_nns):
             return None
         names = reduce_of(self.aggr_module.aggr)
         names = [names] if isinstance(names, str) else names

@@ -30,6 +30,7 @@ from ._validate import (
     require_shape,
     require_tensor,
 )
+from .fresh_graph import is_fresh, mark_fresh, unchecked_transpose
 from .ops.coo_to_csr import coo_to_csr, validate_csr
 
 _FIELDS = ("rowptr", "col", "perm")
@@ -118,13 +119,17 @@ class CSR:
         index_dtype = _index_dtype(index_dtype, num_src, num_dst, edge_index.shape[1])
         plain = edge_index.as_subclass(torch.Tensor) if type(edge_index) is not torch.Tensor else edge_index
         if plain.is_cpu:
-            return cls.from_edge_index(plain, (num_src, num_dst), index_dtype=index_dtype)
-        src, dst = plain[0], plain[1]
-        check_sorted_by_target(src, dst, num_src, num_dst)
-        bounds = torch.arange(num_dst + 1, device=dst.device, dtype=dst.dtype)
-        rowptr = torch.searchsorted(dst, bounds, out_int32=index_dtype == torch.int32)
-        perm = torch.arange(src.shape[0], device=src.device, dtype=index_dtype)
-        return cls._built(rowptr, src.to(index_dtype), perm, num_src)
+            csr = cls.from_edge_index(plain, (num_src, num_dst), index_dtype=index_dtype)
+        else:
+            src, dst = plain[0], plain[1]
+            check_sorted_by_target(src, dst, num_src, num_dst)
+            bounds = torch.arange(num_dst + 1, device=dst.device, dtype=dst.dtype)
+            rowptr = torch.searchsorted(dst, bounds, out_int32=index_dtype == torch.int32)
+            perm = torch.arange(src.shape[0], device=src.device, dtype=index_dtype)
+            csr = cls._built(rowptr, src.to(index_dtype), perm, num_src)
+            csr._perm_is_identity = True  # hop_prefix need not check it
+        mark_fresh(csr.rowptr)  # a sampled batch, used once: the GPU path skips per-graph planning
+        return csr
 
     def hop_prefix(self, num_dst: int, num_src: int, num_edges: int) -> CSR:
         """The bipartite sub-graph of the first ``num_dst`` rows, their ``num_edges`` edges and the
@@ -141,10 +146,14 @@ class CSR:
         rowptr, col, perm = self.rowptr[: num_dst + 1], self.col[:num_edges], self.perm[:num_edges]
         ok = rowptr[-1] == num_edges  # the prefix's rows end at num_edges; sources below num_src; perm identity
         if num_edges:
-            ok = ok & (col.max() < num_src) & (perm == torch.arange(num_edges, device=perm.device, dtype=perm.dtype)).all()
+            ok = ok & (col.max() < num_src)
+            if not getattr(self, "_perm_is_identity", False):
+                ok = ok & (perm == torch.arange(num_edges, device=perm.device, dtype=perm.dtype)).all()
         _check(ok, rowptr.is_cpu, f"hop_prefix: the first {num_dst} rows do not hold exactly the first "
                f"{num_edges} edges from sources below {num_src} (is this a neighbour-sampled, target-sorted batch?)")
-        return CSR._built(rowptr, col, perm, num_src)
+        prefix = CSR._built(rowptr, col, perm, num_src)
+        mark_fresh(rowptr)  # a layer of a sampled batch: see gnnfuse.fresh_graph
+        return prefix
 
     @classmethod
     def from_scipy(cls, matrix, *, index_dtype: torch.dtype | None = None) -> CSR:
@@ -235,7 +244,12 @@ class CSR:
     def _transpose_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         parts = self._derived.get("transpose")
         if parts is None:
-            parts = coo_to_csr(self.col, self._row(), self.num_src, self.num_dst)
+            if self.col.is_cpu or not self._trusted:  # the C++ counting sort checks ids in the same pass
+                parts = coo_to_csr(self.col, self._row(), self.num_src, self.num_dst)
+            else:  # ids known in range: no range check, which would read them back to the host
+                parts = unchecked_transpose(self.col, self._row(), self.num_src)
+            if is_fresh(self.rowptr):
+                mark_fresh(parts[0])
             if self._stamps is not None or torch.compiler.is_compiling():
                 self._derived["transpose"] = parts
         return parts  # type: ignore[return-value]

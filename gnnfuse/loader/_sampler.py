@@ -17,6 +17,7 @@ import torch
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
 from .._build import BuildError, load_extension
+from ..csr import _check
 from ..ops.coo_to_csr import coo_to_csr
 from . import _torch_sampling
 
@@ -77,7 +78,7 @@ class NeighborSampler(BaseSampler):
         # no seed: fresh entropy, leaving torch's global generator untouched
         self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") % 2**62)
         self._lock = threading.Lock()  # the scratch maps below serve one call at a time
-        self._local = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.device)
+        self._local = torch.full((self.num_nodes + 1,), -1, dtype=torch.long, device=self.device)  # + a sink
         self._first = torch.full((self.num_nodes + 1,), _torch_sampling.UNSEEN, dtype=torch.long, device=self.device)
         self._ext = _extension_or_none() if self.device.type == "cpu" and not self.disjoint else None
 
@@ -103,8 +104,9 @@ class NeighborSampler(BaseSampler):
                seed_time: torch.Tensor | None = None) -> SamplerOutput:
         """Samples around ``seeds`` [B] (global node ids); ``node[:B]`` are the seeds, in order."""
         seeds = seeds.to(self.device, torch.long).contiguous()
-        if seeds.numel() and not (0 <= int(seeds.min()) and int(seeds.max()) < self.num_nodes):
-            raise ValueError(f"seed nodes must lie in [0, {self.num_nodes})")
+        if seeds.numel():  # on the GPU a device-side assertion: reading the ids back would wait for the device
+            low, high = torch.aminmax(seeds)
+            _check((low >= 0) & (high < self.num_nodes), seeds.is_cpu, f"seed nodes must lie in [0, {self.num_nodes})")
         batch = None
         with self._lock:
             if self.disjoint:

@@ -29,10 +29,13 @@ non-zero messages and the zero count per (row, feature).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import config
 from .._tensor_cache import cached
+from ..fresh_graph import is_fresh
 from ._grid import cdiv, next_power_of_2
 from ._launch import BoundLaunches
 from .gather_scatter_bwd_kernels import _csr_bwd_x_kernel, _grad_w_kernel, _mul_stats_kernel, _winner_scatter_kernel
@@ -101,6 +104,42 @@ def _mean_divisor(rowptr: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
                   lambda: (rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(dtype))
 
 
+# fresh graphs (used once: a sampled mini-batch; see gnnfuse.fresh_graph)
+# =============================================================================================
+class _NoPieces:
+    """The work list of a plan that sends every row to the row-group kernel: no pieces."""
+    num_pieces = num_partials = 0
+
+
+# Row order of the fresh route: "degree" sorts rows by decreasing degree on the device (the
+# row-group programs then hold rows of equal length, the longest first); "id" keeps id order
+# (no sort: balanced when degrees are bounded, as a sampled batch's targets are by the fan-out).
+FRESH_ROW_ORDER = "degree"
+
+
+def fresh_rows(rowptr: torch.Tensor, order: str | None = None) -> torch.Tensor:
+    """Every row of the graph in the fresh route's order, by device-side ops only."""
+    n = rowptr.numel() - 1
+    if (order or FRESH_ROW_ORDER) == "id":
+        return torch.arange(n, device=rowptr.device, dtype=rowptr.dtype)
+    deg = rowptr[1:] - rowptr[:-1]
+    return torch.sort(deg, descending=True).indices
+
+
+@functools.lru_cache(maxsize=256)
+def _fresh_plan(plan: Plan) -> Plan:
+    return Plan(**{**plan.__dict__, "short_max": 2**62, "window": 0,
+                   "reason": "fresh graph (used once): every row in row groups, no work list (no host sync); "
+                             + plan.reason})
+
+
+def _fresh_setup(rowptr, E, F, dtype, reduce, has_w, tracks) -> _ForwardSetup:
+    """The setup of a graph used once: the default plan's row-group tiles for every row (rows longer
+    than the plan's short_max included), no work list, no locality statistic, no host sync."""
+    plan = _fresh_plan(choose(reduce, rowptr.numel() - 1, E, F, dtype, kernel="hybrid"))
+    return _ForwardSetup(plan, rowptr, E, F, dtype, reduce, has_w, tracks, rows=fresh_rows(rowptr))
+
+
 # =============================================================================================
 # launchers
 # =============================================================================================
@@ -167,7 +206,7 @@ class _ForwardSetup:
     is mostly host time, and all of this is the same call after call (see _forward_setup)."""
 
     def __init__(self, plan: Plan, rowptr: torch.Tensor, E: int, F: int, dtype: torch.dtype, reduce: str,
-                 has_w: bool, tracks: bool):
+                 has_w: bool, tracks: bool, rows: torch.Tensor | None = None):
         # (holds tensors derived from rowptr, never rowptr itself: the cache entry must die with it)
         self.plan = plan
         self.launches = BoundLaunches()
@@ -182,13 +221,18 @@ class _ForwardSetup:
                                  BLOCK_F=plan.block_f, num_warps=plan.num_warps)
             return
         hybrid = plan.kernel == "hybrid"
-        self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
-        self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
+        if rows is not None:  # every row in row groups (a fresh graph): no work list
+            self.wl, self.short = _NoPieces(), rows
+        else:
+            self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
+            self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
         if self.short is not None and self.short.numel():
             group_block_f = plan.group_block_f or plan.block_f
             self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))
             self.rowgroup_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
                                       BLOCK_F=group_block_f, num_warps=plan.group_warps)
+        if rows is not None:
+            return
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, SEG=plan.seg,
                              BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
@@ -198,12 +242,16 @@ class _ForwardSetup:
 
 
 def _forward_setup(x, rowptr, col, weight, reduce, tracks, kernel, plan) -> _ForwardSetup:
-    """The cached setup of this call (an explicit ``plan`` builds one, uncached)."""
+    """The cached setup of this call (an explicit ``plan`` builds one, uncached; a fresh graph one
+    without any host synchronisation, uncached: see gnnfuse.fresh_graph)."""
     F, E, has_w = x.shape[1], col.numel(), weight is not None
     if plan is not None:
         return _ForwardSetup(plan, rowptr, E, F, x.dtype, reduce, has_w, tracks)
-    forced = kernel or config.get("GNNFUSE_TRITON_KERNEL") or None
+    env_kernel = config.get("GNNFUSE_TRITON_KERNEL") or None
+    forced = kernel or env_kernel
     tune = autotune_enabled() and x.is_cuda
+    if forced in (None, "hybrid") and env_kernel is None and not tune and is_fresh(rowptr):
+        return _fresh_setup(rowptr, E, F, x.dtype, reduce, has_w, tracks)
     deterministic = torch.are_deterministic_algorithms_enabled()
 
     def build():

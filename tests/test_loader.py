@@ -20,12 +20,19 @@ def graph(seed=0, n=N, e=E):
 
 
 def samplers(data, fanouts, **kwargs):
-    """The C++ kernel and the torch-ops implementation (the CUDA one), both on CPU."""
+    """The C++ kernel, the torch-ops implementation and the GPU's (torch ops with the Triton picks,
+    here under the Triton interpreter), all on CPU."""
     cpp = NeighborSampler(data, fanouts, **kwargs)
     assert cpp._ext is not None
     torch_ops = NeighborSampler(data, fanouts, **kwargs)
     torch_ops._ext = None
-    return {"cpp": cpp, "torch": torch_ops}
+    triton_picks = NeighborSampler(data, fanouts, **kwargs)
+    triton_picks._ext, triton_picks.picks = None, "triton"
+    return {"cpp": cpp, "torch": torch_ops, "triton": triton_picks}
+
+
+# the Triton picks run here on CPU tensors, which needs the interpreter (no GPU: tests/conftest.py sets it)
+IMPLS = ["cpp", "torch"] + (["triton"] if not torch.cuda.is_available() else [])
 
 
 # ---- CSR from a target-sorted edge_index ----------------------------------------------------------
@@ -65,11 +72,13 @@ def test_sorted_edge_index_is_not_modified_and_edge_index_type_is_reused():
 
 
 # ---- the sampler ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("fanouts", [[4, 3, 2], [4, 3, -1]], ids=["padded", "all-neighbours"])
 @pytest.mark.parametrize("replace", [False, True])
-@pytest.mark.parametrize("impl", ["cpp", "torch"])
-def test_sampler_invariants(impl, replace):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_sampler_invariants(impl, replace, fanouts):
+    if replace and -1 in fanouts:
+        pytest.skip("fan-out -1 takes every neighbour: nothing to replace")
     data = graph()
-    fanouts = [4, 3, -1] if not replace else [4, 3]
     sampler = samplers(data, fanouts, replace=replace, seed=3)[impl]
     seeds = torch.randperm(N)[:20]
     out = sampler.sample(seeds)
@@ -104,7 +113,7 @@ def test_sampler_invariants(impl, replace):
         begin, end = end, end + out.num_sampled_nodes[hop + 1]
 
 
-@pytest.mark.parametrize("impl", ["cpp", "torch"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_sampler_is_reproducible(impl):
     data = graph()
     seeds = torch.arange(30)
@@ -134,7 +143,7 @@ def test_cpp_sampler_does_not_depend_on_thread_count():
 
 
 @pytest.mark.parametrize("replace", [False, True])
-@pytest.mark.parametrize("impl", ["cpp", "torch"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_sampler_is_uniform(impl, replace):
     """A star: node 0 has 10 in-neighbours; fan-out 3, 4000 draws: each neighbour is taken with
     probability 0.3 (without replacement) or 3 / 10 per draw slot on average (with)."""
@@ -142,8 +151,9 @@ def test_sampler_is_uniform(impl, replace):
     sampler = samplers(Data(edge_index=ei, num_nodes=11), [3], replace=replace, seed=0)[impl]
     counts = torch.zeros(11)
     draws = 4000
-    seeds = torch.zeros(1, dtype=torch.long)
-    for _ in range(draws):
+    calls = 1 if impl == "triton" else draws  # (the interpreter: one call with node 0 as seed 4000 times)
+    seeds = torch.zeros(draws // calls, dtype=torch.long)
+    for _ in range(calls):
         out = sampler.sample(seeds)
         counts.index_add_(0, out.node[out.row], torch.ones(out.row.numel()))
     freq = counts[1:] / draws

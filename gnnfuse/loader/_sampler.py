@@ -53,7 +53,13 @@ class NeighborSampler(BaseSampler):
 
     The graph is stored once, by target (CSC), int32 where it fits: 4 bytes per edge plus 8 per
     node, plus an edge permutation (8 bytes per edge) for ``edge_permutation``.
+
+    On CUDA each hop's picks run as one Triton kernel (``picks = "auto"``; "torch" takes the
+    torch-ops picks there too, "triton" also on CPU tensors under ``TRITON_INTERPRET=1``), and with
+    every fan-out >= 0 a batch reads its sizes back to the host once.
     """
+
+    picks = "auto"  # "auto" (Triton on CUDA, torch ops elsewhere) | "triton" | "torch"
 
     def __init__(self, data, num_neighbors: list[int], *, replace: bool = False,
                  subgraph_type: str = "directional", disjoint: bool = False, seed: int | None = None,
@@ -77,6 +83,7 @@ class NeighborSampler(BaseSampler):
         self.generator = torch.Generator(self.device)
         # no seed: fresh entropy, leaving torch's global generator untouched
         self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") % 2**62)
+        self._kernel_seed, self._calls = int(self.generator.initial_seed()) % (2**31 - 1), 0
         self._lock = threading.Lock()  # the scratch maps below serve one call at a time
         self._local = torch.full((self.num_nodes + 1,), -1, dtype=torch.long, device=self.device)  # + a sink
         self._first = torch.full((self.num_nodes + 1,), _torch_sampling.UNSEEN, dtype=torch.long, device=self.device)
@@ -90,6 +97,7 @@ class NeighborSampler(BaseSampler):
         moved.colptr, moved.row = self.colptr.to(moved.device), self.row.to(moved.device)
         moved.generator = torch.Generator(moved.device)
         moved.generator.manual_seed(int(torch.randint(2**62, (1,), generator=self.generator, device=self.device)))
+        moved._kernel_seed, moved._calls = int(moved.generator.initial_seed()) % (2**31 - 1), 0
         moved._lock = threading.Lock()
         moved._local = torch.full_like(self._local, -1, device=moved.device)
         moved._first = torch.full_like(self._first, _torch_sampling.UNSEEN, device=moved.device)
@@ -119,8 +127,12 @@ class NeighborSampler(BaseSampler):
                     self._local, self._first)
                 out = [node, row, col, edge, per_hop_nodes.tolist(), per_hop_edges.tolist()]
             else:
+                kernel_seed = None
+                if self.picks == "triton" or (self.picks == "auto" and self.device.type == "cuda"):
+                    self._calls += 1
+                    kernel_seed = (self._kernel_seed + self._calls * 104_729) % (2**31 - 1)
                 out = list(_torch_sampling.sample(self.colptr, self.row, seeds, self.num_neighbors, self.replace,
-                                                  self.generator, self._local, self._first))
+                                                  self.generator, self._local, self._first, kernel_seed))
         node, row, col, edge, per_hop_nodes, per_hop_edges = out
         return SamplerOutput(node=node, row=row, col=col, edge=edge, batch=batch,
                              num_sampled_nodes=per_hop_nodes, num_sampled_edges=per_hop_edges,

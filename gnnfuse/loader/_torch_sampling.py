@@ -49,12 +49,13 @@ def pick_positions(degree: torch.Tensor, fanout: int, replace: bool, generator: 
 
 
 def sample(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, fanouts: list[int], replace: bool,
-           generator: torch.Generator | None, local: torch.Tensor, first: torch.Tensor):
+           generator: torch.Generator | None, local: torch.Tensor, first: torch.Tensor, kernel_seed: int | None = None):
     """Non-disjoint sampling with dense scratch maps ``local`` [N + 1] (all -1) and ``first`` [N + 1]
     (all UNSEEN; slot N of each is a sink), both left as they came. Returns (node, row, col, edge =
-    CSC position, nodes per hop, edges per hop)."""
+    CSC position, nodes per hop, edges per hop). ``kernel_seed``: pick with the Triton kernel
+    (gnnfuse.loader._triton_sampling), its random streams keyed by this seed, not ``generator``."""
     if all(k >= 0 for k in fanouts) and row.numel() and padded_capacity(seeds.shape[0], fanouts) <= MAX_PADDED:
-        return sample_padded(colptr, row, seeds, fanouts, replace, generator, local, first)
+        return sample_padded(colptr, row, seeds, fanouts, replace, generator, local, first, kernel_seed)
     device = seeds.device
     N = local.shape[0] - 1
     nodes = [seeds]
@@ -94,6 +95,11 @@ def sample(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, fanouts
 MAX_PADDED = 2**25  # padded entries per hop above which the exact (per-hop sync) path runs instead
 
 
+def hop_seed(seed: int, hop: int) -> int:
+    """The Philox key of one hop of one batch (a positive int32)."""
+    return (seed * 1_000_003 + hop * 7_919 + 1) % (2**31 - 1)
+
+
 def padded_capacity(num_seeds: int, fanouts: list[int]) -> int:
     """Entries of the last (largest) hop of :func:`sample_padded`: seeds times the fan-outs' product."""
     cap = num_seeds
@@ -128,7 +134,8 @@ def _compact(values: torch.Tensor, valid: torch.Tensor, total: int) -> torch.Ten
 
 
 def sample_padded(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, fanouts: list[int], replace: bool,
-                  generator: torch.Generator | None, local: torch.Tensor, first: torch.Tensor):
+                  generator: torch.Generator | None, local: torch.Tensor, first: torch.Tensor,
+                  kernel_seed: int | None = None):
     """:func:`sample` for fan-outs >= 0 with one host sync per batch (see the module docstring).
     Hop h's frontier is a buffer of the previous hop's capacity whose first ``count`` entries are
     the nodes it added; padded targets have degree 0 and padded slots are masked."""
@@ -139,17 +146,24 @@ def sample_padded(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, 
     num_nodes = torch.full((), B, device=device, dtype=torch.long)  # a device scalar: never read back
     frontier, frontier_valid, frontier_begin = seeds, None, num_nodes * 0
     new_nodes, new_counts, edge_parts, edge_counts = [], [], [], []
-    for fanout in fanouts:
+    count = None
+    for hop, fanout in enumerate(fanouts):
         T = frontier.shape[0]
-        safe = frontier if frontier_valid is None else torch.where(frontier_valid, frontier, 0)
-        start = colptr[safe]
-        degree = colptr[safe + 1] - start
-        if frontier_valid is not None:
-            degree = torch.where(frontier_valid, degree, 0)
-        picks, valid = pick_padded(degree, fanout, replace, generator)
-        valid = valid.reshape(-1)
-        edge = torch.where(valid, (start.unsqueeze(1) + picks).reshape(-1), 0)
-        u = torch.where(valid, row[edge].long(), N)  # padded slots point at the sink
+        if kernel_seed is not None:  # one launch: picks and their sources (padded slots: the sink N)
+            from ._triton_sampling import pick_sources
+
+            u, edge = pick_sources(frontier, count, colptr, row, fanout, replace, hop_seed(kernel_seed, hop), N)
+            valid = u < N
+        else:
+            safe = frontier if frontier_valid is None else torch.where(frontier_valid, frontier, 0)
+            start = colptr[safe]
+            degree = colptr[safe + 1] - start
+            if frontier_valid is not None:
+                degree = torch.where(frontier_valid, degree, 0)
+            picks, valid = pick_padded(degree, fanout, replace, generator)
+            valid = valid.reshape(-1)
+            edge = torch.where(valid, (start.unsqueeze(1) + picks).reshape(-1), 0)
+            u = torch.where(valid, row[edge].long(), N)  # padded slots point at the sink
         is_unknown = valid & (local[u] < 0)
         p = torch.arange(u.shape[0], device=device)
         first.scatter_reduce_(0, torch.where(is_unknown, u, N), p, "amin")

@@ -407,17 +407,18 @@ def test_fresh_graph_route_matches_the_reference(monkeypatch, order, reduce):
     taken = []
     real = tgs._fresh_setup
     monkeypatch.setattr(tgs, "_fresh_setup", lambda rowptr, *a: taken.append(rowptr.numel() - 1) or real(rowptr, *a))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # (on CPU tensors: the interpreter)
     data = graph(n=60, e=500)
-    out = NeighborSampler(data, [4, 3], seed=0).sample(torch.arange(6))
+    out = NeighborSampler(data.edge_index.to(dev), [4, 3], num_nodes=60, seed=0, device=dev).sample(torch.arange(6))
     csrs = layer_csrs(edge_index=torch.stack([out.row, out.col]), num_sampled_nodes=out.num_sampled_nodes,
                       num_sampled_edges=out.num_sampled_edges)
     hub = torch.stack([torch.arange(90) % 30, torch.zeros(90, dtype=torch.long)])  # row 0: 90 edges
-    csrs.append(CSR.from_sorted_edge_index(torch.cat([hub, torch.tensor([[3], [1]])], 1), (30, 2)))
+    csrs.append(CSR.from_sorted_edge_index(torch.cat([hub, torch.tensor([[3], [1]])], 1).to(dev), (30, 2)))
     g = torch.Generator().manual_seed(0)
     for csr in csrs:
         assert is_fresh(csr.rowptr)
-        x = torch.randn(csr.num_src, 5, generator=g, dtype=torch.float64, requires_grad=True)
-        grad = torch.randn(csr.num_dst, 5, generator=g, dtype=torch.float64)
+        x = torch.randn(csr.num_src, 5, generator=g, dtype=torch.float64).to(dev).requires_grad_()
+        grad = torch.randn(csr.num_dst, 5, generator=g, dtype=torch.float64).to(dev)
         results = []
         for backend in ("triton", "reference"):
             y = gnnfuse.fused_gather_scatter(x, csr, reduce, backend=backend)

@@ -9,16 +9,17 @@ node-classification task of examples/train_ddp.py, 3-layer SAGE-mean 100 -> 256 
 [15, 10, 5], 1024 seeds per batch, bipartite layers (each computes only what the next layer reads).
 
 Measured, each table's variants interleaved in one process (median, IQR):
-  * sampling one batch: gnnfuse.loader.NeighborSampler on the device (torch ops on CUDA, C++ on CPU;
-    on CUDA also its exact path, which reads each hop's size back, as before the padded path), its
+  * sampling one batch: gnnfuse.loader.NeighborSampler on the device (on CUDA torch ops with one
+    Triton kernel per hop for the picks, C++ on CPU; on CUDA also with the picks as torch ops, and
+    its exact path, which reads each hop's size back, as before the padded path), its
     C++ kernel on the host CPU (``--host-sampler``: builds the C++ sampler), its torch-ops path on
     CPU; PyG's own NeighborSampler is tried and reported unavailable when it needs pyg-lib /
     torch-sparse (not installable here);
   * graph preparation of one batch: ``layer_csrs`` (O(E) from the target-sorted edges, no sort) vs
     ``CSR.from_edge_index`` per layer (a sort each, what an unsorted edge_index costs);
   * a training step on pre-sampled batches (graph prep + forward + backward + optimizer): gnnfuse
-    layers on ``layer_csrs`` (the fresh-graph route of gnnfuse.fresh_graph, rows degree-sorted or
-    in id order; and the planned route, ``GNNFUSE_TRITON_KERNEL=hybrid``, which builds a work list,
+    layers on ``layer_csrs`` (the fresh-graph route of gnnfuse.fresh_graph, rows in id order or
+    degree-sorted; and the planned route, ``GNNFUSE_TRITON_KERNEL=hybrid``, which builds a work list,
     locality statistic and short-row order per graph) vs stock PyG SAGEConv on the plain edge_index
     prefixes (which need no prep), each step synchronised; then the same steps back to back (one
     synchronisation per round of ``--batches`` steps, so the host runs ahead of the device);
@@ -90,6 +91,9 @@ def profile_steps(directory, fns, device):
         sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
         text = f"# {name}\n\nsync-like events (cudaStreamSynchronize/cudaDeviceSynchronize/item): {syncs}\n\n"
         text += events.table(sort_by=sort, row_limit=40, max_name_column_width=60)
+        if device.type == "cuda":  # the host side: where a launch-bound step spends its time
+            text += "\n\nby host time:\n" + events.table(sort_by="self_cpu_time_total", row_limit=40,
+                                                           max_name_column_width=60)
         slug = "".join(c if c.isalnum() else "_" for c in name).strip("_")
         (Path(directory) / f"profile_{slug}.txt").write_text(text)
         print(text[:6000], flush=True)
@@ -141,6 +145,15 @@ def main(argv=None):
             finally:
                 _torch_sampling.MAX_PADDED = cap
 
+        def torch_picks():  # the padded path with the picks as torch ops (Floyd: ~8 launches per round)
+            sampler = samplers["gnnfuse (device)"]
+            sampler.picks = "torch"
+            try:
+                sampler.sample(seed_sets[0])
+            finally:
+                sampler.picks = "auto"
+
+        fns["gnnfuse (device), picks as torch ops"] = torch_picks
         fns["gnnfuse (device), exact path: a host sync per hop"] = exact
     if pyg is not None:
         fns["PyG NeighborSampler"] = lambda: pyg(seed_sets[0].cpu())
@@ -196,23 +209,23 @@ def main(argv=None):
         loss.backward()
         optims[kind].step()
 
-    from gnnfuse.triton import gather_scatter as triton_gs
+    from gnnfuse import fresh_graph
 
     @contextlib.contextmanager
     def route(name):
-        """gnnfuse's route for this variant: fresh graphs (degree or id row order), or planned."""
-        planned, order = name.endswith("planned route"), triton_gs.FRESH_ROW_ORDER
+        """gnnfuse's route for this variant: fresh graphs (id or degree row order), or planned."""
+        planned, order = name.endswith("planned route"), fresh_graph.FRESH_ROW_ORDER
         if planned:
             os.environ["GNNFUSE_TRITON_KERNEL"] = "hybrid"  # any forced kernel turns the fresh route off
-        if name.endswith("id order"):
-            triton_gs.FRESH_ROW_ORDER = "id"
+        if name.endswith("degree order"):
+            fresh_graph.FRESH_ROW_ORDER = "degree"
         try:
             yield
         finally:
             os.environ.pop("GNNFUSE_TRITON_KERNEL", None)
-            triton_gs.FRESH_ROW_ORDER = order
+            fresh_graph.FRESH_ROW_ORDER = order
 
-    variants = {"gnnfuse, fresh-graph route": "gnnfuse", "gnnfuse, fresh-graph route, id order": "gnnfuse",
+    variants = {"gnnfuse, fresh-graph route": "gnnfuse", "gnnfuse, fresh-graph route, degree order": "gnnfuse",
                 "gnnfuse, planned route": "gnnfuse", "stock PyG SAGEConv": "pyg"}
     if device.type != "cuda":
         variants = {"gnnfuse": "gnnfuse", "stock PyG SAGEConv": "pyg"}

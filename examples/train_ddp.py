@@ -27,13 +27,13 @@ follow the schedule of one process with the same global batch. Each layer is bip
 only the nodes the next layer reads (``gnnfuse.loader.layer_csrs``).
 
 Throughput (the default): nothing waits for the device inside a step except the sampler's one
-read of the hop sizes; on CUDA the next batch is sampled on a side stream while the current step
-runs (``--no-prefetch``: in line), DDP overlaps its all-reduce with the backward, and losses stay on
-the device until the epoch ends. ``--split`` instead times each phase with the device synchronised
-between phases (slower overall): sampling, feature gather, graph prep (the per-layer CSRs),
-forward (with the loss), backward, all-reduce (a DDP communication hook runs each bucket's
-all-reduce synchronously; ``--overlap`` keeps DDP's overlap and reports backward + all-reduce
-together) and optimizer.
+read of the hop sizes; on CUDA the next batches are sampled in a background thread on a side
+stream while the current step runs (``--no-prefetch``: in line), DDP overlaps its all-reduce with
+the backward, and losses stay on the device until the epoch ends. ``--split`` instead times each
+phase with the device synchronised between phases (slower overall): sampling, feature gather,
+graph prep (the per-layer CSRs), forward (with the loss), backward, all-reduce (a DDP
+communication hook runs each bucket's all-reduce synchronously; ``--overlap`` keeps DDP's overlap
+and reports backward + all-reduce together) and optimizer.
 Reported by rank 0 (JSON and markdown under ``--out``): seeds/s, epoch time, the split, test accuracy
 after the fixed number of epochs (test seeds sampled like training ones, shared out over ranks),
 peak GPU memory per rank. Rank 0 saves a checkpoint (``--checkpoint``).
@@ -167,32 +167,63 @@ def timed_allreduce_hook(clock: Clock):
 
 
 class Prefetcher:
-    """Samples batch i + 1 on a side CUDA stream while step i runs on the main one (the sampler's
-    one host sync then waits for the sampling kernels only); in line on CPU or when ``on`` is False.
-    The batch's tensors are recorded on the main stream, so the allocator keeps them until it is done."""
+    """Samples upcoming batches in a background thread on its own CUDA stream while the main thread
+    runs the current step: the sampler's host work (kernel launches, its one read of the hop sizes)
+    overlaps the step's, and its kernels the step's kernels. In line on CPU or when ``on`` is False.
+    Each batch's tensors are recorded on the main stream, so the allocator keeps them until it is done."""
 
-    def __init__(self, sample, device, on: bool = True):
-        self.sample = sample
-        self.stream = torch.cuda.Stream(device) if on and device.type == "cuda" else None
+    def __init__(self, sample, device, on: bool = True, depth: int = 2):
+        self.sample, self.device, self.depth = sample, device, depth
+        self.on = on and device.type == "cuda"
 
     def __call__(self, seed_batches):
-        if self.stream is None:
+        if not self.on:
             yield from ((seeds, self.sample(seeds)) for seeds in seed_batches)
             return
-        main = torch.cuda.current_stream()
-        self.stream.wait_stream(main)  # the seeds are the main stream's (made before the epoch's first step)
-        pending = None
-        for seeds in [*seed_batches, None]:
-            ready = pending
-            if seeds is not None:
-                with torch.cuda.stream(self.stream):
-                    out = self.sample(seeds)
-                pending = (seeds, out)
-            if ready is not None:
-                main.wait_stream(self.stream)
-                for t in (ready[1].node, ready[1].row, ready[1].col, ready[1].edge):
+        import queue
+        import threading
+
+        main = torch.cuda.current_stream(self.device)
+        made = torch.cuda.Event()
+        made.record(main)  # the seeds are the main stream's
+        ready: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+
+        def work():
+            try:
+                torch.cuda.set_device(self.device)
+                stream = torch.cuda.Stream(self.device)
+                stream.wait_event(made)
+                with torch.cuda.stream(stream):
+                    for seeds in seed_batches:
+                        if stop.is_set():
+                            return
+                        out = self.sample(seeds)
+                        done = torch.cuda.Event()
+                        done.record(stream)
+                        ready.put((seeds, out, done))
+                ready.put(None)
+            except BaseException as exc:  # noqa: BLE001  (handed to the main thread, raised there)
+                ready.put(exc)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        try:
+            while (item := ready.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                seeds, out, done = item
+                main.wait_event(done)
+                for t in (out.node, out.row, out.col, out.edge):
                     t.record_stream(main)
-                yield ready
+                yield seeds, out
+        finally:
+            stop.set()
+            while thread.is_alive():  # unblock a producer waiting on a full queue
+                try:
+                    ready.get_nowait()
+                except queue.Empty:
+                    thread.join(0.01)
 
 
 def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
@@ -286,7 +317,7 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
                     global_batch=args.batch_size, epochs=epochs, losses=losses, test_accuracy=accuracy,
                     peak_memory_gib_per_rank=memories, overlap=args.overlap or not args.split,
                     timing="split (synchronised phases)" if args.split else
-                    ("throughput" + ("" if prefetch.stream is None else ", sampling prefetched on a side stream")),
+                    ("throughput" + (", sampling prefetched in a thread on a side stream" if prefetch.on else "")),
                     torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     finally:
@@ -341,7 +372,7 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--split", action="store_true", help="time each phase, synchronising the device between them")
     ap.add_argument("--overlap", action="store_true", help="with --split: keep DDP's all-reduce overlap")
-    ap.add_argument("--no-prefetch", action="store_true", help="sample in line, not on a side CUDA stream")
+    ap.add_argument("--no-prefetch", action="store_true", help="sample in line, not in a background thread")
     ap.add_argument("--checkpoint", help="rank 0 saves the model's state_dict here")
     ap.add_argument("--out", help="directory for the JSON and markdown results")
     args = ap.parse_args(argv)

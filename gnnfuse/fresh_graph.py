@@ -19,6 +19,8 @@ is dropped when the rowptr is written in place (then the graph is planned as usu
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ._tensor_cache import cached
@@ -49,3 +51,40 @@ def unchecked_transpose(col: torch.Tensor, row: torch.Tensor, num_src: int):
     bounds = torch.arange(num_src + 1, device=col.device, dtype=dtype)
     t_rowptr = torch.searchsorted(sorted_src, bounds, out_int32=dtype == torch.int32)
     return t_rowptr, row.index_select(0, order), order.to(dtype)
+
+
+# ---- the route's plan (for gnnfuse/triton/gather_scatter.py; no Triton import here) ------------------
+class NoPieces:
+    """The work list of a plan that sends every row to the row-group kernel: no pieces."""
+    num_pieces = num_partials = 0
+
+
+# Row order of the fresh route: "id" keeps id order (no sort; balanced when degrees are bounded, as a
+# sampled batch's targets' are by the fan-out); "degree" sorts rows by decreasing degree on the device
+# (row-group programs then hold rows of equal length, the longest first). On the H200 products-scale
+# mini-batch step (benchmarks/results/minibatch_h200_2026-11-23b/) id order was the faster: the
+# row-group kernels took 0.40 ms vs 0.44 ms per step, and the sort costs launches besides.
+FRESH_ROW_ORDER = "id"
+_IDS: dict[tuple, torch.Tensor] = {}  # (device, dtype) -> 0, 1, 2, ... grown on demand (slices cost no launch)
+
+
+def fresh_rows(rowptr: torch.Tensor, order: str | None = None) -> torch.Tensor:
+    """Every row of the graph in the fresh route's order, by device-side ops only."""
+    n = rowptr.numel() - 1
+    if (order or FRESH_ROW_ORDER) == "id":
+        key = (rowptr.device, rowptr.dtype)
+        ids = _IDS.get(key)
+        if ids is None or ids.numel() < n:
+            size = max(n, 2 * (0 if ids is None else ids.numel()))
+            ids = _IDS[key] = torch.arange(size, device=rowptr.device, dtype=rowptr.dtype)
+        return ids[:n]
+    deg = rowptr[1:] - rowptr[:-1]
+    return torch.sort(deg, descending=True).indices
+
+
+@functools.lru_cache(maxsize=256)
+def fresh_plan(plan):
+    """The default plan's tiles with every row in row groups (``short_max`` unbounded, no windows)."""
+    return type(plan)(**{**plan.__dict__, "short_max": 2**62, "window": 0,
+                         "reason": "fresh graph (used once): every row in row groups, no work list (no host sync); "
+                                   + plan.reason})

@@ -401,9 +401,10 @@ def test_fresh_graph_route_matches_the_reference(monkeypatch, order, reduce):
     fresh route under the Triton interpreter, and matches the reference, forward and backward; a
     hub row far longer than the planner's short rows included."""
     from gnnfuse.fresh_graph import is_fresh
+    from gnnfuse import fresh_graph
     from gnnfuse.triton import gather_scatter as tgs
 
-    monkeypatch.setattr(tgs, "FRESH_ROW_ORDER", order)
+    monkeypatch.setattr(fresh_graph, "FRESH_ROW_ORDER", order)
     taken = []
     real = tgs._fresh_setup
     monkeypatch.setattr(tgs, "_fresh_setup", lambda rowptr, *a: taken.append(rowptr.numel() - 1) or real(rowptr, *a))

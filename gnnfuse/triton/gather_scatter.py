@@ -29,13 +29,11 @@ non-zero messages and the zero count per (row, feature).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .. import config
 from .._tensor_cache import cached
-from ..fresh_graph import is_fresh
+from ..fresh_graph import NoPieces, fresh_plan, fresh_rows, is_fresh
 from ._grid import cdiv, next_power_of_2
 from ._launch import BoundLaunches
 from .gather_scatter_bwd_kernels import _csr_bwd_x_kernel, _grad_w_kernel, _mul_stats_kernel, _winner_scatter_kernel
@@ -106,37 +104,10 @@ def _mean_divisor(rowptr: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # fresh graphs (used once: a sampled mini-batch; see gnnfuse.fresh_graph)
 # =============================================================================================
-class _NoPieces:
-    """The work list of a plan that sends every row to the row-group kernel: no pieces."""
-    num_pieces = num_partials = 0
-
-
-# Row order of the fresh route: "degree" sorts rows by decreasing degree on the device (the
-# row-group programs then hold rows of equal length, the longest first); "id" keeps id order
-# (no sort: balanced when degrees are bounded, as a sampled batch's targets are by the fan-out).
-FRESH_ROW_ORDER = "degree"
-
-
-def fresh_rows(rowptr: torch.Tensor, order: str | None = None) -> torch.Tensor:
-    """Every row of the graph in the fresh route's order, by device-side ops only."""
-    n = rowptr.numel() - 1
-    if (order or FRESH_ROW_ORDER) == "id":
-        return torch.arange(n, device=rowptr.device, dtype=rowptr.dtype)
-    deg = rowptr[1:] - rowptr[:-1]
-    return torch.sort(deg, descending=True).indices
-
-
-@functools.lru_cache(maxsize=256)
-def _fresh_plan(plan: Plan) -> Plan:
-    return Plan(**{**plan.__dict__, "short_max": 2**62, "window": 0,
-                   "reason": "fresh graph (used once): every row in row groups, no work list (no host sync); "
-                             + plan.reason})
-
-
 def _fresh_setup(rowptr, E, F, dtype, reduce, has_w, tracks) -> _ForwardSetup:
     """The setup of a graph used once: the default plan's row-group tiles for every row (rows longer
     than the plan's short_max included), no work list, no locality statistic, no host sync."""
-    plan = _fresh_plan(choose(reduce, rowptr.numel() - 1, E, F, dtype, kernel="hybrid"))
+    plan = fresh_plan(choose(reduce, rowptr.numel() - 1, E, F, dtype, kernel="hybrid"))
     return _ForwardSetup(plan, rowptr, E, F, dtype, reduce, has_w, tracks, rows=fresh_rows(rowptr))
 
 
@@ -222,7 +193,7 @@ class _ForwardSetup:
             return
         hybrid = plan.kernel == "hybrid"
         if rows is not None:  # every row in row groups (a fresh graph): no work list
-            self.wl, self.short = _NoPieces(), rows
+            self.wl, self.short = NoPieces(), rows
         else:
             self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
             self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None

@@ -325,6 +325,7 @@ def test_cuda_sampler_and_fused_sage_on_sampled_batch():
     sampler = NeighborSampler(data.edge_index.cuda(), [6, 4], num_nodes=5000, seed=0, device="cuda")
     seeds = torch.randperm(5000)[:128].cuda()
     out = sampler.sample(seeds)
+    assert sampler.picks == "auto"  # the Triton picks ran (no fallback to torch ops)
     assert out.node.is_cuda and torch.equal(out.node[:128], seeds)
     assert (out.col[1:] >= out.col[:-1]).all() and out.node.unique().numel() == out.node.numel()
     original = sampler.edge_permutation[out.edge]

@@ -24,6 +24,19 @@ from . import _torch_sampling
 _SUBGRAPH_TYPES = ("directional",)
 
 
+def triton_errors() -> type[Exception]:
+    """Triton's compile-error base class where Triton is installed (else a class nothing raises)."""
+    try:
+        from triton.compiler.errors import CompilationError
+        return CompilationError
+    except ImportError:
+        return _NeverRaised
+
+
+class _NeverRaised(Exception):
+    pass
+
+
 def _extension_or_none():
     try:
         return load_extension("sampler")
@@ -131,12 +144,25 @@ class NeighborSampler(BaseSampler):
                 if self.picks == "triton" or (self.picks == "auto" and self.device.type == "cuda"):
                     self._calls += 1
                     kernel_seed = (self._kernel_seed + self._calls * 104_729) % (2**31 - 1)
-                out = list(_torch_sampling.sample(self.colptr, self.row, seeds, self.num_neighbors, self.replace,
-                                                  self.generator, self._local, self._first, kernel_seed))
+                out = self._sample_torch(seeds, kernel_seed)
         node, row, col, edge, per_hop_nodes, per_hop_edges = out
         return SamplerOutput(node=node, row=row, col=col, edge=edge, batch=batch,
                              num_sampled_nodes=per_hop_nodes, num_sampled_edges=per_hop_edges,
                              metadata=(input_id, seed_time))
+
+    def _sample_torch(self, seeds: torch.Tensor, kernel_seed: int | None) -> list:
+        try:
+            return list(_torch_sampling.sample(self.colptr, self.row, seeds, self.num_neighbors, self.replace,
+                                               self.generator, self._local, self._first, kernel_seed))
+        except (ImportError, RuntimeError, triton_errors()) as exc:  # e.g. a Triton that cannot compile the picks
+            if kernel_seed is None:
+                raise
+            warnings.warn(f"gnnfuse: the Triton neighbour picks failed ({type(exc).__name__}: {exc}); "
+                          "sampling with torch ops instead", stacklevel=3)
+            self.picks = "torch"
+            self._local.fill_(-1)  # scratch maps as they came (a failed call may have left marks)
+            self._first.fill_(_torch_sampling.UNSEEN)
+            return self._sample_torch(seeds, None)
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs) -> SamplerOutput:
         if index.time is not None:

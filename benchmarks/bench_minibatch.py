@@ -194,7 +194,8 @@ def main(argv=None):
     torch.manual_seed(0)
     models = {"gnnfuse": ex.SAGE("gnnfuse", dims, 0.5).to(device), "pyg": ex.SAGE("pyg", dims, 0.5).to(device)}
     models["pyg"].load_state_dict(models["gnnfuse"].state_dict())
-    optims = {k: torch.optim.Adam(m.parameters(), lr=0.003) for k, m in models.items()}
+    # fused Adam on CUDA (one launch per step instead of a few per parameter group), for both variants
+    optims = {k: torch.optim.Adam(m.parameters(), lr=0.003, fused=device.type == "cuda") for k, m in models.items()}
     counter = {"gnnfuse": 0, "pyg": 0}
 
     def step(kind):

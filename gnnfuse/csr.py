@@ -139,21 +139,35 @@ class CSR:
         :meth:`from_sorted_edge_index`, where a GNN layer's targets, sources and edges are
         prefixes (see :func:`gnnfuse.loader.layer_csrs`). The conditions are checked like
         :meth:`from_sorted_edge_index`'s (device-side on CUDA)."""
-        if not (0 <= num_dst <= self.num_dst and 0 <= num_edges <= self.num_edges and num_src >= 0):
-            raise ValueError(f"hop_prefix(num_dst={num_dst}, num_src={num_src}, num_edges={num_edges}) does not fit "
-                             f"a CSR with {self.num_dst} rows and {self.num_edges} edges")
+        return self.hop_prefixes([(num_dst, num_src, num_edges)])[0]
+
+    def hop_prefixes(self, sizes) -> list[CSR]:
+        """:meth:`hop_prefix` for each ``(num_dst, num_src, num_edges)`` of ``sizes``, checked
+        together (on CUDA one device-side assertion for all of them). Each is marked fresh (used
+        once: see gnnfuse.fresh_graph)."""
+        for num_dst, num_src, num_edges in sizes:
+            if not (0 <= num_dst <= self.num_dst and 0 <= num_edges <= self.num_edges and num_src >= 0):
+                raise ValueError(f"hop_prefix(num_dst={num_dst}, num_src={num_src}, num_edges={num_edges}) does "
+                                 f"not fit a CSR with {self.num_dst} rows and {self.num_edges} edges")
         self.checked()
-        rowptr, col, perm = self.rowptr[: num_dst + 1], self.col[:num_edges], self.perm[:num_edges]
-        ok = rowptr[-1] == num_edges  # the prefix's rows end at num_edges; sources below num_src; perm identity
-        if num_edges:
-            ok = ok & (col.max() < num_src)
-            if not getattr(self, "_perm_is_identity", False):
-                ok = ok & (perm == torch.arange(num_edges, device=perm.device, dtype=perm.dtype)).all()
-        _check(ok, rowptr.is_cpu, f"hop_prefix: the first {num_dst} rows do not hold exactly the first "
-               f"{num_edges} edges from sources below {num_src} (is this a neighbour-sampled, target-sorted batch?)")
-        prefix = CSR._built(rowptr, col, perm, num_src)
-        mark_fresh(rowptr)  # a layer of a sampled batch: see gnnfuse.fresh_graph
-        return prefix
+        conds = []  # each prefix's rows end at its num_edges, its sources lie below its num_src, perm identity
+        for num_dst, num_src, num_edges in sizes:
+            conds.append(self.rowptr[num_dst] == num_edges)
+            if num_edges:
+                conds.append(self.col[:num_edges].max() < num_src)
+                if not getattr(self, "_perm_is_identity", False):
+                    perm = self.perm[:num_edges]
+                    conds.append((perm == torch.arange(num_edges, device=perm.device, dtype=perm.dtype)).all())
+        if conds:
+            _check(torch.stack(conds).all(), self.rowptr.is_cpu, "hop_prefix: the first rows do not hold exactly "
+                   f"the first edges from sources below num_src, for (num_dst, num_src, num_edges) in {list(sizes)} "
+                   "(is this a neighbour-sampled, target-sorted batch?)")
+        prefixes = []
+        for num_dst, num_src, num_edges in sizes:
+            rowptr = self.rowptr[: num_dst + 1]
+            prefixes.append(CSR._built(rowptr, self.col[:num_edges], self.perm[:num_edges], num_src))
+            mark_fresh(rowptr)  # a layer of a sampled batch: see gnnfuse.fresh_graph
+        return prefixes
 
     @classmethod
     def from_scipy(cls, matrix, *, index_dtype: torch.dtype | None = None) -> CSR:
@@ -247,7 +261,7 @@ class CSR:
             if self.col.is_cpu or not self._trusted:  # the C++ counting sort checks ids in the same pass
                 parts = coo_to_csr(self.col, self._row(), self.num_src, self.num_dst)
             else:  # ids known in range: no range check, which would read them back to the host
-                parts = unchecked_transpose(self.col, self._row(), self.num_src)
+                parts = unchecked_transpose(self.rowptr, self.col, self.num_src)
             if is_fresh(self.rowptr):
                 mark_fresh(parts[0])
             if self._stamps is not None or torch.compiler.is_compiling():

@@ -41,16 +41,19 @@ def is_fresh(rowptr: torch.Tensor) -> bool:
     return bool(cached(_KIND, (rowptr,), (), lambda: False))
 
 
-def unchecked_transpose(col: torch.Tensor, row: torch.Tensor, num_src: int):
+def unchecked_transpose(rowptr: torch.Tensor, col: torch.Tensor, num_src: int):
     """(t_rowptr, t_col, t_pos) of a CSR whose ids are known to be in range (a validated or
     gnnfuse-built CSR), with device-side torch ops only: a stable sort of the sources, row pointers by
-    binary search. Unlike the general build (gnnfuse::coo_to_csr), no range check reads ids back to
-    the host, so nothing waits for the device."""
+    binary search, and each edge's target by binary search of its CSR position in ``rowptr`` (no
+    expanded row list). Unlike the general build (gnnfuse::coo_to_csr), no range check reads ids
+    back to the host, so nothing waits for the device."""
     dtype = col.dtype
     sorted_src, order = torch.sort(col, stable=True)
     bounds = torch.arange(num_src + 1, device=col.device, dtype=dtype)
     t_rowptr = torch.searchsorted(sorted_src, bounds, out_int32=dtype == torch.int32)
-    return t_rowptr, row.index_select(0, order), order.to(dtype)
+    t_pos = order.to(dtype)
+    t_col = torch.searchsorted(rowptr, t_pos, right=True, out_int32=dtype == torch.int32).sub_(1)
+    return t_rowptr, t_col, t_pos
 
 
 # ---- the route's plan (for gnnfuse/triton/gather_scatter.py; no Triton import here) ------------------

@@ -439,6 +439,6 @@ def test_graphs_built_to_be_reused_are_not_fresh_and_the_unchecked_transpose_mat
     assert not is_fresh(csr.rowptr)
     for dtype in (torch.int32, torch.int64):
         c = CSR.from_edge_index(graph(1).edge_index, (N, 40 + N), index_dtype=dtype)
-        got, want = unchecked_transpose(c.col, c.row(), N), coo_to_csr(c.col, c.row(), N, 40 + N)
+        got, want = unchecked_transpose(c.rowptr, c.col, N), coo_to_csr(c.col, c.row(), N, 40 + N)
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and torch.equal(a, b)

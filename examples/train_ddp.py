@@ -27,9 +27,9 @@ follow the schedule of one process with the same global batch. Each layer is bip
 only the nodes the next layer reads (``gnnfuse.loader.layer_csrs``).
 
 Throughput (the default): nothing waits for the device inside a step except the sampler's one
-read of the hop sizes; on CUDA the next batches are sampled in a background thread on a side
-stream while the current step runs (``--no-prefetch``: in line), DDP overlaps its all-reduce with
-the backward, and losses stay on the device until the epoch ends. ``--split`` instead times each
+read of the hop sizes, DDP overlaps its all-reduce with the backward, and losses stay on the device
+until the epoch ends. ``--prefetch`` samples the next batches in a background thread on a side CUDA
+stream (on an H200 it gained nothing: the step is bound by host time, which the GIL serialises). ``--split`` instead times each
 phase with the device synchronised between phases (slower overall): sampling, feature gather,
 graph prep (the per-layer CSRs), forward (with the loss), backward, all-reduce (a DDP
 communication hook runs each bucket's all-reduce synchronously; ``--overlap`` keeps DDP's overlap
@@ -251,7 +251,7 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
         clock = Clock(device, on=args.split)
         if args.split and not args.overlap:
             ddp.register_comm_hook(None, timed_allreduce_hook(clock))
-        prefetch = Prefetcher(sampler.sample, device, on=not (args.split or args.no_prefetch))
+        prefetch = Prefetcher(sampler.sample, device, on=args.prefetch and not args.split)
         optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr, fused=cuda)  # fused: one launch per step
         train = task["train"].to(device)
         per_rank = args.batch_size // world
@@ -372,7 +372,7 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--split", action="store_true", help="time each phase, synchronising the device between them")
     ap.add_argument("--overlap", action="store_true", help="with --split: keep DDP's all-reduce overlap")
-    ap.add_argument("--no-prefetch", action="store_true", help="sample in line, not in a background thread")
+    ap.add_argument("--prefetch", action="store_true", help="sample the next batches in a background thread")
     ap.add_argument("--checkpoint", help="rank 0 saves the model's state_dict here")
     ap.add_argument("--out", help="directory for the JSON and markdown results")
     args = ap.parse_args(argv)

@@ -28,16 +28,12 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/su
 [ "${TESTS:-1}" != 0 ] && run tests 120 "$PY" -m pytest tests/test_loader.py -q -p no:cacheprovider -k "${TESTS_K:-cuda or fresh}"
 [ "${BENCH:-1}" != 0 ] && run bench "${BENCH_TIMEOUT_S:-240}" "$PY" -m benchmarks.bench_minibatch --device cuda \
   --out "$OUT/bench" --profile "$OUT/profile" ${BENCH_ARGS:-}
-for spec in ${DDP_RUNS:-1:1024 $NGPU:1024}; do  # GPUS:GLOBAL_BATCH, or GPUS:GLOBAL_BATCH:inline (--no-prefetch)
+for spec in ${DDP_RUNS:-1:1024 $NGPU:1024}; do  # GPUS:GLOBAL_BATCH, or GPUS:GLOBAL_BATCH:prefetch (--prefetch)
   IFS=: read -r n batch mode <<< "$spec"
   [ "$n" -gt "$NGPU" ] && continue
   name="ddp_${n}gpu_b${batch}${mode:+_$mode}"
   run "$name" "${DDP_TIMEOUT_S:-120}" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" \
-    examples/train_ddp.py --batch-size "$batch" --out "$OUT/$name" ${mode:+--no-prefetch} ${DDP_ARGS:-}
-  # (a failure with the prefetching thread: once more sampling in line)
-  [ -z "$mode" ] && ! grep -q "$name rc=0" "$OUT/summary.txt" && run "${name}_inline" "${DDP_TIMEOUT_S:-120}" \
-    "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" examples/train_ddp.py --batch-size "$batch" \
-    --no-prefetch --out "$OUT/${name}_inline" ${DDP_ARGS:-}
+    examples/train_ddp.py --batch-size "$batch" --out "$OUT/$name" ${mode:+--prefetch} ${DDP_ARGS:-}
 done
 grep -hE "^\| (train step|graph prep|fused step split|sampling)" "$OUT"/bench/*.md 2>/dev/null
 for f in "$OUT"/ddp_*/*.md; do [ -f "$f" ] && { echo "== $f"; tail -n 8 "$f"; }; done

@@ -24,7 +24,7 @@ from ..triton._grid import cdiv, next_power_of_2
 BLOCK_T = 64  # targets per program
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # a new seed every batch: no recompile when it happens to be 1 or 16k
 def _pick_kernel(frontier_ptr, count_ptr, colptr_ptr, row_ptr, u_ptr, edge_ptr, T, N, seed,
                  FANOUT: tl.constexpr, KP: tl.constexpr, REPLACE: tl.constexpr, HAS_COUNT: tl.constexpr,
                  BLOCK: tl.constexpr):

@@ -9,9 +9,9 @@ sizes back to the host (a synchronisation that stalls the launch queue) several 
 A CSR whose ``rowptr`` is marked fresh (:func:`mark_fresh`; :meth:`gnnfuse.CSR.from_sorted_edge_index`
 and :meth:`gnnfuse.CSR.hop_prefix` do it, so every :func:`gnnfuse.loader.layer_csrs` batch is) takes
 the "fresh graph" route of the Triton gather-scatter instead (gnnfuse/triton/gather_scatter.py):
-every row in row groups of the row-group kernel, in a row order computed on the device, no work
+every row in row groups of the row-group kernel, in id order (:data:`FRESH_ROW_ORDER`), no work
 list, no statistic, nothing read back to the host; its transpose (for the backward) is marked fresh
-too. The results are the same reductions in the same per-row edge order (atomic-free and
+too, and on CUDA built without the range check's host sync (:func:`unchecked_transpose`). The results are the same reductions in the same per-row edge order (atomic-free and
 deterministic); only the schedule differs. ``GNNFUSE_TRITON_KERNEL`` (any value) turns the route off.
 
 The mark lives in gnnfuse's tensor cache, keyed on the rowptr's memory: it dies with that memory and
@@ -37,7 +37,10 @@ def mark_fresh(rowptr: torch.Tensor) -> None:
 
 def is_fresh(rowptr: torch.Tensor) -> bool:
     """True if :func:`mark_fresh` marked this ``rowptr`` (unchanged since). A first query of an
-    unmarked rowptr records that it is not fresh, so a later mark does not apply to it."""
+    unmarked rowptr records that it is not fresh, so a later mark does not apply to it. False while
+    torch.compile traces (the cache is Python state; compiled code keeps the planned route)."""
+    if torch.compiler.is_compiling():
+        return False
     return bool(cached(_KIND, (rowptr,), (), lambda: False))
 
 

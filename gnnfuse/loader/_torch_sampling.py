@@ -29,21 +29,7 @@ def pick_positions(degree: torch.Tensor, fanout: int, replace: bool, generator: 
         target = torch.repeat_interleave(torch.arange(T, device=device), count, output_size=total)
         starts = torch.cumsum(count, 0) - count
         return target, torch.arange(total, device=device) - starts[target]
-    slots = torch.arange(fanout, device=device)
-    if replace:
-        draws = torch.rand((T, fanout), generator=generator, device=device, dtype=torch.float64)
-        picks = (draws * degree.unsqueeze(1)).long()
-        valid = (degree > 0).unsqueeze(1).expand(T, fanout)
-    else:
-        picks = slots.expand(T, fanout).clone()  # rows with degree <= fanout take every neighbour
-        big = degree > fanout
-        draws = torch.rand((T, fanout), generator=generator, device=device, dtype=torch.float64)
-        for i in range(fanout):  # Floyd: j = degree - fanout + i; r uniform in [0, j]; r if new, else j
-            j = (degree - fanout + i).clamp(min=0)
-            r = (draws[:, i] * (j + 1)).long().clamp(max=j)
-            taken = (picks[:, :i] == r.unsqueeze(1)).any(1) if i else torch.zeros_like(big)
-            picks[:, i] = torch.where(big, torch.where(taken, j, r), picks[:, i])
-        valid = slots.unsqueeze(0) < degree.unsqueeze(1)
+    picks, valid = pick_padded(degree, fanout, replace, generator)
     target = torch.arange(T, device=device).unsqueeze(1).expand(T, fanout)
     return target[valid], picks[valid]
 

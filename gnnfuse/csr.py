@@ -103,7 +103,7 @@ class CSR:
 
     @classmethod
     def from_sorted_edge_index(cls, edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = None, *,
-                               index_dtype: torch.dtype | None = None) -> CSR:
+                               index_dtype: torch.dtype | None = None, fresh: bool = True) -> CSR:
         """From an ``edge_index`` already sorted by target (row 1), as a neighbour sampler emits
         it: O(E) with no sort (rowptr by a binary search per row), and no host sync on CUDA.
 
@@ -112,7 +112,8 @@ class CSR:
         at the next synchronisation. On CPU the C++ counting sort (one multithreaded O(E) pass with
         the range checks) is no dearer than a check, so it runs: sorted input keeps its order, and
         unsorted input is simply sorted. ``num_nodes`` and ``index_dtype`` as in
-        :meth:`from_edge_index`.
+        :meth:`from_edge_index`. ``fresh``: the graph is used once (a sampled batch), so the GPU
+        path skips per-graph planning (gnnfuse.fresh_graph); pass False for a graph you reuse.
         """
         check_edge_index(edge_index)
         num_src, num_dst = _sizes(edge_index, num_nodes)
@@ -128,7 +129,8 @@ class CSR:
             perm = torch.arange(src.shape[0], device=src.device, dtype=index_dtype)
             csr = cls._built(rowptr, src.to(index_dtype), perm, num_src)
             csr._perm_is_identity = True  # hop_prefix need not check it
-        mark_fresh(csr.rowptr)  # a sampled batch, used once: the GPU path skips per-graph planning
+        if fresh:  # a sampled batch, used once: the GPU path skips per-graph planning
+            mark_fresh(csr.rowptr)
         return csr
 
     def hop_prefix(self, num_dst: int, num_src: int, num_edges: int) -> CSR:

@@ -437,6 +437,9 @@ def test_graphs_built_to_be_reused_are_not_fresh_and_the_unchecked_transpose_mat
 
     csr = CSR.from_edge_index(graph().edge_index, N)
     assert not is_fresh(csr.rowptr)
+    ei = torch.tensor([[1, 2, 0, 2], [0, 0, 1, 2]])
+    assert not is_fresh(CSR.from_sorted_edge_index(ei, 3, fresh=False).rowptr)
+    assert is_fresh(CSR.from_sorted_edge_index(ei, 3).rowptr)
     for dtype in (torch.int32, torch.int64):
         c = CSR.from_edge_index(graph(1).edge_index, (N, 40 + N), index_dtype=dtype)
         got, want = unchecked_transpose(c.rowptr, c.col, N), coo_to_csr(c.col, c.row(), N, 40 + N)

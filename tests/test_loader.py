@@ -276,9 +276,11 @@ def test_ddp_example_two_gloo_processes_match_one(tmp_path):
     batch is shared out, so only the summation order differs."""
     import json
     import os
+    import signal
     import socket
     import subprocess
     import sys
+    import time
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -294,16 +296,25 @@ def test_ddp_example_two_gloo_processes_match_one(tmp_path):
         ranks = []
         for rank in range(world):
             env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank),
-                       WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                       WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       PYTHONFAULTHANDLER="1")  # a rank stopped with SIGABRT writes every thread's stack
             log = open(tmp_path / f"rank{rank}_of_{world}.log", "w")
             ranks.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        deadline = time.monotonic() + 150
         try:
-            rcs = [proc.wait(timeout=150) for proc, _ in ranks]
+            while time.monotonic() < deadline and any(proc.poll() is None for proc, _ in ranks):
+                time.sleep(0.2)
         finally:
-            for proc, log in ranks:  # a rank still running (a hang) is killed; every rank's log is kept
+            for proc, log in ranks:  # a rank still running (a hang) is stopped: its log shows where
                 if proc.poll() is None:
-                    proc.kill()
+                    proc.send_signal(signal.SIGABRT)
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
                 log.close()
+        rcs = [proc.returncode for proc, _ in ranks]
         for rank, rc in enumerate(rcs):
             assert rc == 0, f"rank {rank} of {world}: exit {rc}\n" + Path(ranks[rank][1].name).read_text()[-3000:]
         result = json.loads((out / f"ddp_gnnfuse_{world}x.json").read_text())

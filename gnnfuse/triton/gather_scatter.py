@@ -35,6 +35,7 @@ import torch
 
 from .. import config
 from .._tensor_cache import cached
+from ..fresh_graph import NoPieces, fresh_plan, fresh_rows, is_fresh
 from ._grid import cdiv, next_power_of_2
 from ._launch import BoundLaunches
 from .gather_scatter_bwd_kernels import _csr_bwd_x_kernel, _grad_w_kernel, _mul_stats_kernel, _winner_scatter_kernel
@@ -104,6 +105,15 @@ def _mean_divisor(rowptr: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
                   lambda: (rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(dtype))
 
 
+# fresh graphs (used once: a sampled mini-batch; see gnnfuse.fresh_graph)
+# =============================================================================================
+def _fresh_setup(rowptr, E, F, dtype, reduce, has_w, tracks) -> _ForwardSetup:
+    """The setup of a graph used once: the default plan's row-group tiles for every row (rows longer
+    than the plan's short_max included), no work list, no locality statistic, no host sync."""
+    plan = fresh_plan(choose(reduce, rowptr.numel() - 1, E, F, dtype, kernel="hybrid"))
+    return _ForwardSetup(plan, rowptr, E, F, dtype, reduce, has_w, tracks, rows=fresh_rows(rowptr))
+
+
 # =============================================================================================
 # launchers
 # =============================================================================================
@@ -170,7 +180,7 @@ class _ForwardSetup:
     is mostly host time, and all of this is the same call after call (see _forward_setup)."""
 
     def __init__(self, plan: Plan, rowptr: torch.Tensor, E: int, F: int, dtype: torch.dtype, reduce: str,
-                 has_w: bool, tracks: bool):
+                 has_w: bool, tracks: bool, rows: torch.Tensor | None = None):
         # (holds tensors derived from rowptr, never rowptr itself: the cache entry must die with it)
         self.plan = plan
         self.launches = BoundLaunches()
@@ -185,13 +195,18 @@ class _ForwardSetup:
                                  BLOCK_F=plan.block_f, num_warps=plan.num_warps)
             return
         hybrid = plan.kernel == "hybrid"
-        self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
-        self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
+        if rows is not None:  # every row in row groups (a fresh graph): no work list
+            self.wl, self.short = NoPieces(), rows
+        else:
+            self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
+            self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
         if self.short is not None and self.short.numel():
             group_block_f = plan.group_block_f or plan.block_f
             self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))
             self.rowgroup_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
                                       BLOCK_F=group_block_f, num_warps=plan.group_warps)
+        if rows is not None:
+            return
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, SEG=plan.seg,
                              BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
@@ -209,12 +224,16 @@ class _ForwardSetup:
 
 
 def _forward_setup(x, rowptr, col, weight, reduce, tracks, kernel, plan) -> _ForwardSetup:
-    """The cached setup of this call (an explicit ``plan`` builds one, uncached)."""
+    """The cached setup of this call (an explicit ``plan`` builds one, uncached; a fresh graph one
+    without any host synchronisation, uncached: see gnnfuse.fresh_graph)."""
     F, E, has_w = x.shape[1], col.numel(), weight is not None
     if plan is not None:
         return _ForwardSetup(plan, rowptr, E, F, x.dtype, reduce, has_w, tracks)
-    forced = kernel or config.get("GNNFUSE_TRITON_KERNEL") or None
+    env_kernel = config.get("GNNFUSE_TRITON_KERNEL") or None
+    forced = kernel or env_kernel
     tune = autotune_enabled() and x.is_cuda
+    if forced in (None, "hybrid") and env_kernel is None and not tune and is_fresh(rowptr):
+        return _fresh_setup(rowptr, E, F, x.dtype, reduce, has_w, tracks)
     deterministic = torch.are_deterministic_algorithms_enabled()
 
     def build():

@@ -195,6 +195,7 @@ class _ForwardSetup:
                                  BLOCK_F=plan.block_f, num_warps=plan.num_warps)
             return
         hybrid = plan.kernel == "hybrid"
+        self.tasks: torch.Tensor | None = None  # the one-launch plan's task list (set below when it applies)
         if rows is not None:  # every row in row groups (a fresh graph): no work list
             self.wl, self.short = NoPieces(), rows
         else:
@@ -210,7 +211,6 @@ class _ForwardSetup:
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, SEG=plan.seg,
                              BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
-        self.tasks = None
         if hybrid and plan.one_pass:  # one launch: the long rows' pieces take the row groups' tiles
             group_block_f = plan.group_block_f or plan.block_f
             self.tasks = task_list(rowptr, self.short, self.wl, plan.group_rows, plan.seg, plan.short_max, plan.window)

@@ -35,10 +35,29 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from .._build import load_extension
 from ._library import NAMESPACE, lib
 
 # backend -> the device its registered kernel serves ("cuda": a CUDA kernel written in plain torch)
 DISPATCH_KEYS = {"cpu": "cpu", "triton": "cuda", "cuda": "cuda"}
+
+
+class CppKernel:
+    """A CPU kernel registered in C++: ``TORCH_LIBRARY_IMPL(gnnfuse, CPU, m)`` in the sources of
+    ``extension`` (csrc/) registers it for the op, and the extension's pybind function ``name``,
+    taking the op's arguments, is the same C++ function for the eager route. The dispatcher then
+    runs CPU calls without coming back into Python.
+
+    The extension is built and loaded on first use, after the op was defined: until then a Python
+    loader serves the op's ``CompositeExplicitAutograd`` key, which the dispatcher uses only where
+    no kernel of the device's own key exists. It loads the extension (whose CPU kernel then takes
+    precedence: no Python CPU kernel is ever registered, so nothing is overridden) and calls again."""
+
+    def __init__(self, extension: str, name: str):
+        self.extension, self.name = extension, name
+
+    def load(self) -> Callable:
+        return getattr(load_extension(self.extension), self.name)
 
 
 # ---- the eager route's gate -------------------------------------------------------------------------
@@ -203,8 +222,14 @@ class OpDef:
         kernels = {b: _on_tensor_device(k) if b == "triton" else k for b, k in kernels.items()}
         self.kernels, self.save, self.backward = kernels, save, backward
         lib.define(schema)
+        self._cpp: CppKernel | None = None
         for backend, kernel in kernels.items():
-            torch.library.impl(self.qualname, DISPATCH_KEYS[backend], lib=lib)(kernel)
+            if isinstance(kernel, CppKernel):  # registered in C++ when its extension loads
+                self._cpp = kernel
+                kernels[backend] = self._first_cpp_call
+                torch.library.impl(self.qualname, "default", lib=lib)(self._load_cpp_kernel)
+            else:
+                torch.library.impl(self.qualname, DISPATCH_KEYS[backend], lib=lib)(kernel)
         torch.library.register_fake(self.qualname, fake, lib=lib)
         if backward is not None:
             torch.library.register_autograd(self.qualname, self._registered_backward,
@@ -219,6 +244,24 @@ class OpDef:
         self.num_outputs = returns.count(",") + 1 if returns.startswith("(") else 1
         self.visible_outputs = tuple(i for i in range(self.num_outputs) if i not in backward_only_outputs) \
             if backward_only_outputs else None
+
+    # ---- a kernel registered in C++ (see CppKernel) ----
+    def _first_cpp_call(self, *args):
+        """The eager route's first CPU call: loads the extension (which registers the op's CPU
+        kernel) and puts its pybind function in place of this one."""
+        self.kernels["cpu"] = kernel = self._cpp.load()  # type: ignore[union-attr]
+        return kernel(*args)
+
+    def _load_cpp_kernel(self, *args):
+        """The registered op where its device has no kernel: on CPU before the extension is loaded."""
+        device = next(a.device for a in _flatten(args)[0] if isinstance(a, torch.Tensor))
+        if device.type != "cpu":
+            raise NotImplementedError(f"{self.qualname} has no kernel for {device.type} tensors")
+        if self.kernels["cpu"] != self._first_cpp_call:  # loaded, yet no C++ kernel took over
+            raise RuntimeError(f"the '{self._cpp.extension}' extension registered no CPU kernel for "  # type: ignore[union-attr]
+                               f"{self.qualname}; rebuild it (python -m gnnfuse build)")
+        self.kernels["cpu"] = self._cpp.load()  # type: ignore[union-attr]
+        return self.overload(*args)  # now dispatched to the C++ kernel
 
     # the registered op's autograd rule: the same save and backward as the eager route
     def _registered_setup(self, ctx, inputs, output) -> None:

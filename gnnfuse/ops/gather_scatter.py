@@ -16,7 +16,6 @@ import math
 import torch
 
 from .. import reference
-from .._build import load_extension
 from .._tensor_cache import cached
 from .._validate import (
     require_floating,
@@ -30,7 +29,7 @@ from ..reductions import ARG as ARG_REDUCTIONS  # reductions whose forward recor
 from ..reductions import SINGLE as REDUCTIONS
 from ..reductions import canonical_reduce
 from ._library import resolve_backend
-from ._opdef import OpDef
+from ._opdef import CppKernel, OpDef
 
 # The forward op: x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order with x's
 # dtype; t_* the cached transpose, passed exactly when gradients are wanted. Returns out
@@ -40,16 +39,9 @@ from ._opdef import OpDef
 
 
 # ---- kernels --------------------------------------------------------------------------------
-def _forward_cpu(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
-    return tuple(load_extension().gather_scatter_forward(x, rowptr, col, weight, reduce, t_rowptr is not None))
-
-
-def _backward_cpu(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
-    return tuple(
-        load_extension().gather_scatter_backward(
-            grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad
-        )
-    )
+# CPU: registered in C++ (csrc/gather_scatter.cpp, TORCH_LIBRARY_IMPL), the same function for the eager route
+_FORWARD_CPU = CppKernel("graph", "gather_scatter")
+_BACKWARD_CPU = CppKernel("graph", "gather_scatter_backward")
 
 
 def _triton():
@@ -111,13 +103,13 @@ def _backward(ctx, saved, grad_out, _grad_arg):
 FORWARD = OpDef(
     "gather_scatter(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
     "Tensor? t_pos, str reduce) -> (Tensor, Tensor)",
-    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+    kernels={"cpu": _FORWARD_CPU, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
 # (the winners output is returned on every route: gnnfuse.scatter_max/min return it to the user)
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "gather_scatter_backward(Tensor grad_out, Tensor x, Tensor rowptr, Tensor col, Tensor? weight, "
     "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, str reduce, bool need_x_grad, "
     "bool need_weight_grad) -> (Tensor, Tensor)",
-    kernels={"cpu": _backward_cpu, "triton": _backward_triton}, fake=_backward_fake,
+    kernels={"cpu": _BACKWARD_CPU, "triton": _backward_triton}, fake=_backward_fake,
     public_name="fused_gather_scatter")
 
 

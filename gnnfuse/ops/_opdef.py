@@ -73,16 +73,15 @@ def _torch_version() -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-def _private_gate() -> Callable[[], bool] | None:
+def _private_gate() -> tuple[Callable, Callable, Callable] | None:
+    """The three dispatcher-state readers of the gate, on the tested torch versions only."""
     if not TESTED_TORCH[0] <= _torch_version() <= TESTED_TORCH[1]:
         return None
     C = torch._C
     try:
-        stack, mode, level = C._len_torch_dispatch_stack, C._is_torch_function_mode_enabled, \
-            C._functorch.maybe_current_level
+        return C._len_torch_dispatch_stack, C._is_torch_function_mode_enabled, C._functorch.maybe_current_level
     except AttributeError:
         return None
-    return lambda: stack() == 0 and not mode() and level() is None
 
 
 _gate = _private_gate()
@@ -95,17 +94,27 @@ def eager_route_ok(tensors: Sequence[torch.Tensor]) -> bool:
 
 def _scan(values: Sequence) -> tuple[bool, tuple[int, ...]]:
     """(may these arguments take the eager route, the positions of the tensors that require grad),
-    in one pass: this runs on every call, and each loop over the arguments costs a microsecond."""
+    in one pass: this runs on every call, so it is written for speed (each Python call in it costs
+    about 0.1 us): no dispatch or function mode, no functorch transform, only plain CPU/CUDA tensors."""
     if _gate is None or torch.compiler.is_compiling():
         return False, ()
+    dispatch_modes, function_mode, functorch_level = _gate
+    if dispatch_modes() or function_mode() or functorch_level() is not None:
+        return False, ()
     grad_pos: tuple[int, ...] = ()
-    for i, t in enumerate(values):
-        if isinstance(t, torch.Tensor):
-            if type(t) not in _PLAIN_TENSORS or not (t.is_cpu or t.is_cuda):
+    i = -1
+    for t in values:
+        i += 1
+        if t is None:  # (optional tensors: the commonest non-tensor argument, first)
+            continue
+        if type(t) in _PLAIN_TENSORS:
+            if not (t.is_cpu or t.is_cuda):
                 return False, ()
             if t.requires_grad:
                 grad_pos += (i,)
-    return _gate(), grad_pos
+        elif isinstance(t, torch.Tensor):  # a subclass
+            return False, ()
+    return True, grad_pos
 
 
 # ---- Tensor[] arguments travel flat through autograd.Function ------------------------------------
@@ -161,14 +170,16 @@ def _grads(ctx, op: OpDef, needs: tuple[bool, ...], grads: tuple) -> tuple:
 
 class _Eager(torch.autograd.Function):
     """The eager route's autograd node for every op (see the module docstring). Only the tensors
-    that require grad are arguments of their own; the rest travel in one tuple (``flat``): each
-    argument of ``apply`` costs autograd time on every call, and these never get a gradient."""
+    that require grad are arguments of their own; the rest travel in one tuple (``flat``), and the
+    op's description in another (``route``): each argument of ``apply`` costs autograd time on
+    every call, and these never get a gradient."""
 
     @staticmethod
-    def forward(ctx, op: OpDef, backend: str, layout: tuple | None, flat: tuple, grad_pos: tuple, *_grad_inputs):
+    def forward(ctx, route: tuple, flat: tuple, *_grad_inputs):
+        op, backend, layout, _ = route
         inputs = _unflatten(flat, layout)
         output = op.kernels[backend](*inputs)
-        ctx.op, ctx.backend, ctx.layout, ctx.grad_pos, ctx.num_flat = op, backend, layout, grad_pos, len(flat)
+        ctx.route, ctx.backend, ctx.num_flat = route, backend, len(flat)
         _save(ctx, op, inputs, output)
         if op.visible_outputs is None:
             return output
@@ -177,18 +188,19 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        if ctx.op.visible_outputs is not None:  # the backward-only outputs get no gradient
-            full = [None] * ctx.op.num_outputs
-            for i, g in zip(ctx.op.visible_outputs, grads):
+        op, _, layout, grad_pos = ctx.route
+        if op.visible_outputs is not None:  # the backward-only outputs get no gradient
+            full = [None] * op.num_outputs
+            for i, g in zip(op.visible_outputs, grads):
                 full[i] = g
             grads = tuple(full)
         needs = [False] * ctx.num_flat
-        for k, i in enumerate(ctx.grad_pos):
-            needs[i] = ctx.needs_input_grad[5 + k]
-        grads = _grads(ctx, ctx.op, _needs(needs, ctx.layout), grads)
-        if ctx.layout is not None:
-            grads, _ = _flatten(_list_of_nones(g, n) for g, n in zip(grads, ctx.layout))
-        return (None, None, None, None, None, *(grads[i] for i in ctx.grad_pos))
+        for k, i in enumerate(grad_pos):
+            needs[i] = ctx.needs_input_grad[2 + k]
+        grads = _grads(ctx, op, _needs(needs, layout), grads)
+        if layout is not None:
+            grads, _ = _flatten(_list_of_nones(g, n) for g, n in zip(grads, layout))
+        return (None, None, *(grads[i] for i in grad_pos))
 
 
 # ---- the op definition ------------------------------------------------------------------------------
@@ -305,7 +317,8 @@ class OpDef:
             return self.kernels[backend](*args)  # nothing to differentiate: no autograd node
         if self.backward is None:
             return self.overload(*args)  # its autograd rule raises on backward
-        output = _Eager.apply(self, backend, layout, tuple(flat), grad_pos, *(flat[i] for i in grad_pos))
+        output = _Eager.apply((self, backend, layout, grad_pos), flat if layout is None else tuple(flat),
+                              *(flat[i] for i in grad_pos))
         if self.visible_outputs is None:
             return output
         full = [None] * self.num_outputs

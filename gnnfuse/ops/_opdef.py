@@ -96,7 +96,9 @@ def _scan(values: Sequence) -> tuple[bool, tuple[int, ...]]:
     """(may these arguments take the eager route, the positions of the tensors that require grad),
     in one pass: this runs on every call, so it is written for speed (each Python call in it costs
     about 0.1 us): no dispatch or function mode, no functorch transform, only plain CPU/CUDA tensors."""
-    if _gate is None or torch.compiler.is_compiling():
+    # (Dynamo's tracing first: it must not trace the gate; other tracers, such as non-strict
+    # export, run under a dispatch mode, which the gate sees)
+    if _gate is None or torch.compiler.is_dynamo_compiling():
         return False, ()
     dispatch_modes, function_mode, functorch_level = _gate
     if dispatch_modes() or function_mode() or functorch_level() is not None:

@@ -18,6 +18,7 @@ import torch
 from .. import reference
 from .._tensor_cache import cached
 from .._validate import (
+    VALUE_DTYPES,
     require_floating,
     require_node_count,
     require_same_device,
@@ -155,17 +156,18 @@ def fused_gather_scatter(
         out = _multi_aggregate(x, edge_index_or_csr, [reduce] if isinstance(reduce, str) else reduce,
                                edge_weight=edge_weight, num_nodes=num_nodes, backend=backend)
         return out.reshape(out.shape[0], *x.shape[1:]) if isinstance(reduce, str) else out
+    # (this runs on every call: on small graphs each Python call in it is a visible share of the time)
     reduce = canonical_reduce(reduce)
     csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
-    weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
+    weight = None if edge_weight is None else _weight_in_csr_order(edge_weight, csr, x.dtype)
     flat = x.dim() == 2  # the common case skips two reshapes (a few us a call on small graphs)
     x2 = x.contiguous() if flat else x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
     if backend == "reference":
         out = reference.gather_scatter(x2, csr.col, csr._row(), csr.num_dst, reduce, weight)
-    else:
-        wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
-        transpose = csr._transpose_parts() if wants_grad else (None, None, None)
-        out = FORWARD(x2, csr.rowptr, csr.col, weight, *transpose, reduce, backend=backend)[0]
+    elif torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+        out = FORWARD(x2, csr.rowptr, csr.col, weight, *csr._transpose_parts(), reduce, backend=backend)[0]
+    else:  # no gradient wanted: no transpose (and no max/min winners kept)
+        out = FORWARD(x2, csr.rowptr, csr.col, weight, None, None, None, reduce, backend=backend)[0]
     return out if flat else out.reshape(csr.num_dst, *x.shape[1:])
 
 
@@ -173,10 +175,11 @@ def check_call(x: torch.Tensor, graph: torch.Tensor | CSR, reduce: str, edge_wei
                num_nodes: int | None, backend: str) -> tuple[CSR, str]:
     """Every check of a :func:`fused_gather_scatter` call (shared with :func:`gnnfuse.explain`):
     returns the call's validated CSR (a raw edge_index sorted, or taken from the cache) and the
-    backend that runs. Messages are formatted only on failure (see gnnfuse._validate)."""
-    x = require_tensor("x", x)
-    require_floating("x", x)
-    if x.dim() < 1:
+    backend that runs. Messages are formatted only on failure (see gnnfuse._validate); the common
+    case costs one test per argument."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in VALUE_DTYPES or x.dim() < 1:
+        require_tensor("x", x)
+        require_floating("x", x)
         require_shape("x", x, "[N, *feat]", False)
     canonical_reduce(reduce)
     if edge_weight is not None:

@@ -23,6 +23,13 @@ What one description gives:
     Triton kernels on CPU tensors under ``TRITON_INTERPRET=1``, which the dispatcher cannot pick.
     Tracing (torch.compile, export), dispatch/function modes, functorch transforms and tensor
     subclasses always take the registered op (see :func:`eager_route_ok`).
+  * a CPU kernel written in C++ is best registered there (``kernels={"cpu": CppKernel("graph",
+    "my_op")}``, with ``TORCH_LIBRARY_IMPL(gnnfuse, CPU, m) { m.impl("my_op", &my_op); }`` and a
+    pybind ``m.def("my_op", &my_op)`` of the same function in csrc/): the dispatcher then runs it
+    without coming back into Python (compiled graphs, direct ``torch.ops`` calls), and the eager
+    route calls the same function. See :class:`CppKernel` for how the lazily built extension is
+    loaded. An op whose CPU errors are translated in Python (gnnfuse.IndexOutOfRange) or which
+    falls back to torch without a compiler keeps a Python CPU kernel.
 
 ``backward(ctx, saved, *grads)`` returns one gradient (or None) per op input, a list for a
 Tensor[] input. It finds ``ctx.needs`` (per input: does it need a gradient; any() over a list) and
@@ -166,7 +173,7 @@ def _save(ctx, op: OpDef, inputs: Sequence, output) -> None:
 
 def _grads(ctx, op: OpDef, needs: tuple[bool, ...], grads: tuple) -> tuple:
     ctx.needs = needs
-    saved = _unflatten(ctx.saved_tensors, ctx.saved_layout)
+    saved = ctx.saved_tensors if ctx.saved_layout is None else _unflatten(ctx.saved_tensors, ctx.saved_layout)
     return tuple(op.backward(ctx, saved, *grads))  # type: ignore[misc]
 
 
@@ -174,35 +181,42 @@ class _Eager(torch.autograd.Function):
     """The eager route's autograd node for every op (see the module docstring). Only the tensors
     that require grad are arguments of their own; the rest travel in one tuple (``flat``), and the
     op's description in another (``route``): each argument of ``apply`` costs autograd time on
-    every call, and these never get a gradient."""
+    every call, and these never get a gradient. For the same reason only the differentiable
+    outputs leave through the node: non-differentiable ones go out through ``side`` (a list).
+    (The common single-tensor cases are spelled out: a generator costs ~0.3 us a call.)"""
 
     @staticmethod
-    def forward(ctx, route: tuple, flat: tuple, *_grad_inputs):
+    def forward(ctx, route: tuple, flat: tuple, side: list, *_grad_inputs):
         op, backend, layout, _ = route
-        inputs = _unflatten(flat, layout)
+        inputs = flat if layout is None else _unflatten(flat, layout)
         output = op.kernels[backend](*inputs)
         ctx.route, ctx.backend, ctx.num_flat = route, backend, len(flat)
         _save(ctx, op, inputs, output)
-        if op.visible_outputs is None:
+        through = op.autograd_outputs
+        if through is None:
             return output
-        visible = tuple(output[i] for i in op.visible_outputs)  # each output costs autograd time too
-        return visible[0] if len(visible) == 1 else visible
+        for i in op.side_outputs:
+            side.append(output[i])
+        return output[through[0]] if len(through) == 1 else tuple(output[i] for i in through)
 
     @staticmethod
     def backward(ctx, *grads):
         op, _, layout, grad_pos = ctx.route
-        if op.visible_outputs is not None:  # the backward-only outputs get no gradient
+        if op.autograd_outputs is not None:  # the other outputs get no gradient
             full = [None] * op.num_outputs
-            for i, g in zip(op.visible_outputs, grads):
+            for i, g in zip(op.autograd_outputs, grads):
                 full[i] = g
-            grads = tuple(full)
+            grads = full
         needs = [False] * ctx.num_flat
+        flags = ctx.needs_input_grad
         for k, i in enumerate(grad_pos):
-            needs[i] = ctx.needs_input_grad[2 + k]
-        grads = _grads(ctx, op, _needs(needs, layout), grads)
+            needs[i] = flags[3 + k]
+        grads = _grads(ctx, op, tuple(needs) if layout is None else _needs(needs, layout), grads)
         if layout is not None:
             grads, _ = _flatten(_list_of_nones(g, n) for g, n in zip(grads, layout))
-        return (None, None, *(grads[i] for i in grad_pos))
+        if len(grad_pos) == 1:
+            return None, None, None, grads[grad_pos[0]]
+        return (None, None, None, *[grads[i] for i in grad_pos])
 
 
 # ---- the op definition ------------------------------------------------------------------------------
@@ -223,13 +237,18 @@ class OpDef:
         backward_only_outputs: positions of outputs that only the backward uses (e.g. winners or
             normals it saves): the eager route returns None in their place, which spares autograd
             an output per call; the registered op returns them.
+        non_differentiable_outputs: positions of outputs that are returned but never
+            differentiated (e.g. index outputs): the registered op marks them non-differentiable,
+            and the eager route returns them beside its autograd node, not through it (an output
+            through the node costs ~1-2 us per call).
         public_name: the public function named in the error raised when an op without
             ``backward`` is differentiated.
     """
 
     def __init__(self, schema: str, *, kernels: dict[str, Callable], fake: Callable,
                  save: Callable | None = None, backward: Callable | None = None, differentiable: bool = True,
-                 backward_only_outputs: tuple[int, ...] = (), public_name: str | None = None):
+                 backward_only_outputs: tuple[int, ...] = (), non_differentiable_outputs: tuple[int, ...] = (),
+                 public_name: str | None = None):
         self.name = schema.split("(", 1)[0]
         self.qualname = f"{NAMESPACE}::{self.name}"
         # Triton launches on the current GPU: every "triton" kernel runs with its tensors' GPU current
@@ -256,8 +275,10 @@ class OpDef:
         self._has_lists = "[]" in schema.split("->")[0]
         returns = schema.rsplit("->", 1)[1].strip()
         self.num_outputs = returns.count(",") + 1 if returns.startswith("(") else 1
-        self.visible_outputs = tuple(i for i in range(self.num_outputs) if i not in backward_only_outputs) \
-            if backward_only_outputs else None
+        # the eager route: outputs through its autograd node (None: all) and beside it
+        self.side_outputs = tuple(non_differentiable_outputs)
+        hidden = set(backward_only_outputs) | set(non_differentiable_outputs)
+        self.autograd_outputs = tuple(i for i in range(self.num_outputs) if i not in hidden) if hidden else None
 
     # ---- a kernel registered in C++ (see CppKernel) ----
     def _first_cpp_call(self, *args):
@@ -280,6 +301,8 @@ class OpDef:
     # the registered op's autograd rule: the same save and backward as the eager route
     def _registered_setup(self, ctx, inputs, output) -> None:
         ctx.backend, ctx.layout = None, (_flatten(inputs)[1] if self._has_lists else None)
+        if self.side_outputs:
+            ctx.mark_non_differentiable(*(output[i] for i in self.side_outputs))
         _save(ctx, self, inputs, output)
 
     def _registered_backward(self, ctx, *grads):
@@ -319,12 +342,17 @@ class OpDef:
             return self.kernels[backend](*args)  # nothing to differentiate: no autograd node
         if self.backward is None:
             return self.overload(*args)  # its autograd rule raises on backward
-        output = _Eager.apply((self, backend, layout, grad_pos), flat if layout is None else tuple(flat),
-                              *(flat[i] for i in grad_pos))
-        if self.visible_outputs is None:
+        side: list = []
+        route = (self, backend, layout, grad_pos)
+        flat = flat if layout is None else tuple(flat)
+        output = _Eager.apply(route, flat, side, flat[grad_pos[0]]) if len(grad_pos) == 1 else \
+            _Eager.apply(route, flat, side, *[flat[i] for i in grad_pos])
+        if self.autograd_outputs is None:
             return output
         full = [None] * self.num_outputs
-        for i, o in zip(self.visible_outputs, output if len(self.visible_outputs) > 1 else (output,)):
+        for i, o in zip(self.autograd_outputs, output if len(self.autograd_outputs) > 1 else (output,)):
+            full[i] = o
+        for i, o in zip(self.side_outputs, side):
             full[i] = o
         return tuple(full)
 

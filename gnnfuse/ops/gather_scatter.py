@@ -27,6 +27,7 @@ from .._validate import (
 )
 from ..csr import CSR, check_edge_index, csr_for_edge_index, transpose_parts_of
 from ..reductions import ARG as ARG_REDUCTIONS  # reductions whose forward records the winning edge
+from ..reductions import ALIASES
 from ..reductions import SINGLE as REDUCTIONS
 from ..reductions import canonical_reduce
 from ._library import resolve_backend
@@ -85,7 +86,6 @@ def _backward_fake(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg
 def _save(ctx, inputs, output):
     x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce = inputs
     ctx.reduce = reduce
-    ctx.mark_non_differentiable(output[1])
     return x, rowptr, col, weight, t_rowptr, t_col, t_pos, output[1]
 
 
@@ -104,7 +104,8 @@ def _backward(ctx, saved, grad_out, _grad_arg):
 FORWARD = OpDef(
     "gather_scatter(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
     "Tensor? t_pos, str reduce) -> (Tensor, Tensor)",
-    kernels={"cpu": _FORWARD_CPU, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+    kernels={"cpu": _FORWARD_CPU, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward,
+    non_differentiable_outputs=(1,))
 # (the winners output is returned on every route: gnnfuse.scatter_max/min return it to the user)
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "gather_scatter_backward(Tensor grad_out, Tensor x, Tensor rowptr, Tensor col, Tensor? weight, "
@@ -157,7 +158,7 @@ def fused_gather_scatter(
                                edge_weight=edge_weight, num_nodes=num_nodes, backend=backend)
         return out.reshape(out.shape[0], *x.shape[1:]) if isinstance(reduce, str) else out
     # (this runs on every call: on small graphs each Python call in it is a visible share of the time)
-    reduce = canonical_reduce(reduce)
+    reduce = ALIASES.get(reduce, reduce)  # (check_call validates it)
     csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     weight = None if edge_weight is None else _weight_in_csr_order(edge_weight, csr, x.dtype)
     flat = x.dim() == 2  # the common case skips two reshapes (a few us a call on small graphs)

@@ -258,14 +258,17 @@ def test_gpu_csr_build_matches_the_reference(index_dtype):
 
 _FRESH_PROCESS = """
 import torch, gnnfuse
-from gnnfuse import reference
+from gnnfuse import _build, reference
 from gnnfuse.ops import gather_scatter as gs
 x = torch.randn(7, 3, dtype=torch.float64)
-csr = gnnfuse.CSR.from_edge_index(torch.tensor([[0, 1, 2, 3, 6], [1, 2, 3, 0, 1]]), 7)
-assert gs.FORWARD.kernels["cpu"] == gs.FORWARD._first_cpp_call  # nothing loaded the kernels yet
-out = torch.ops.gnnfuse.gather_scatter(x, csr.rowptr, csr.col, None, None, None, None, "sum")[0]
-assert torch.equal(out, reference.gather_scatter(x, csr.col, csr._row(), 7, "sum", None))
-assert gs.FORWARD.kernels["cpu"] is not gs.FORWARD._first_cpp_call  # the eager route has the C++ function
+rowptr, col = torch.tensor([0, 0, 2, 3, 4, 4, 4, 4]), torch.tensor([0, 6, 1, 2])  # by hand: no CSR build,
+row = torch.tensor([1, 1, 2, 3])                                                   # which loads the extension
+assert "graph" not in _build._modules  # nothing loaded the kernels yet
+assert gs.FORWARD.kernels["cpu"] == gs.FORWARD._first_cpp_call
+out = torch.ops.gnnfuse.gather_scatter(x, rowptr, col, None, None, None, None, "sum")[0]
+assert torch.equal(out, reference.gather_scatter(x, col, row, 7, "sum", None))
+assert "graph" in _build._modules  # the loader ran ...
+assert gs.FORWARD.kernels["cpu"] != gs.FORWARD._first_cpp_call  # ... and gave the eager route the C++ function
 print("ok")
 """
 

@@ -245,24 +245,26 @@ class OpDef:
             ``backward`` is differentiated.
     """
 
-    def __init__(self, schema: str, *, kernels: dict[str, Callable], fake: Callable,
+    def __init__(self, schema: str, *, kernels: dict[str, Callable | CppKernel], fake: Callable,
                  save: Callable | None = None, backward: Callable | None = None, differentiable: bool = True,
                  backward_only_outputs: tuple[int, ...] = (), non_differentiable_outputs: tuple[int, ...] = (),
                  public_name: str | None = None):
         self.name = schema.split("(", 1)[0]
         self.qualname = f"{NAMESPACE}::{self.name}"
-        # Triton launches on the current GPU: every "triton" kernel runs with its tensors' GPU current
-        kernels = {b: _on_tensor_device(k) if b == "triton" else k for b, k in kernels.items()}
-        self.kernels, self.save, self.backward = kernels, save, backward
+        self.save, self.backward = save, backward
         lib.define(schema)
+        self.kernels: dict[str, Callable] = {}
         self._cpp: CppKernel | None = None
         for backend, kernel in kernels.items():
             if isinstance(kernel, CppKernel):  # registered in C++ when its extension loads
                 self._cpp = kernel
-                kernels[backend] = self._first_cpp_call
+                self.kernels[backend] = self._first_cpp_call
                 torch.library.impl(self.qualname, "default", lib=lib)(self._load_cpp_kernel)
-            else:
-                torch.library.impl(self.qualname, DISPATCH_KEYS[backend], lib=lib)(kernel)
+                continue
+            if backend == "triton":  # Triton launches on the current GPU: run with the tensors' GPU current
+                kernel = _on_tensor_device(kernel)
+            self.kernels[backend] = kernel
+            torch.library.impl(self.qualname, DISPATCH_KEYS[backend], lib=lib)(kernel)
         torch.library.register_fake(self.qualname, fake, lib=lib)
         if backward is not None:
             torch.library.register_autograd(self.qualname, self._registered_backward,

@@ -291,13 +291,15 @@ class OpDef:
 
     def _load_cpp_kernel(self, *args):
         """The registered op where its device has no kernel: on CPU before the extension is loaded."""
+        cpp = self._cpp
+        assert cpp is not None  # registered only for an op with a CppKernel
         device = next(a.device for a in _flatten(args)[0] if isinstance(a, torch.Tensor))
         if device.type != "cpu":
             raise NotImplementedError(f"{self.qualname} has no kernel for {device.type} tensors")
         if self.kernels["cpu"] != self._first_cpp_call:  # loaded, yet no C++ kernel took over
-            raise RuntimeError(f"the '{self._cpp.extension}' extension registered no CPU kernel for "  # type: ignore[union-attr]
-                               f"{self.qualname}; rebuild it (python -m gnnfuse build)")
-        self.kernels["cpu"] = self._cpp.load()  # type: ignore[union-attr]
+            raise RuntimeError(f"the '{cpp.extension}' extension registered no CPU kernel for {self.qualname}; "
+                               "rebuild it (python -m gnnfuse build)")
+        self.kernels["cpu"] = cpp.load()
         return self.overload(*args)  # now dispatched to the C++ kernel
 
     # the registered op's autograd rule: the same save and backward as the eager route

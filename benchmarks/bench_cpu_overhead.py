@@ -12,7 +12,8 @@ torch.sparse.mm (prebuilt CSR, forward and forward+backward) and ``x * 1`` forwa
 autograd round trip's floor). ``above_kernel_us`` = the row's time minus the kernels alone (same
 graph and width). The default clock is the process's CPU time (``--clock cpu``): on a shared,
 loaded machine it leaves out the time other processes hold the core, which wall time counts (with
-one thread the two agree on a quiet machine). Cora comes from the shared data folder when present,
+one thread the two agree on a quiet machine; with several, CPU time adds the threads up: use
+``--clock wall``). Cora comes from the shared data folder when present,
 else a random graph of Cora's size (2708 nodes, 10556 edges) is used (the ``graph`` column says which).
 """
 from __future__ import annotations
@@ -104,9 +105,9 @@ def _rows(graph: str, csr, ext, F: int, clock, calls: int) -> list[dict]:
     times = {name: med for name, (med, _) in timed.items()}
     rows = []
     for name, us in times.items():
-        backward = "backward" in name
-        anchor = times["torch.sparse.mm, forward+backward" if backward else "torch.sparse.mm, forward"]
-        kernel = times["kernels alone (C++), forward+backward" if backward else "kernel alone (C++), forward"]
+        both = "backward" in name
+        anchor = times["torch.sparse.mm, forward+backward" if both else "torch.sparse.mm, forward"]
+        kernel = times["kernels alone (C++), forward+backward" if both else "kernel alone (C++), forward"]
         rows.append(dict(graph=graph, F=F, call=name, us_per_call=round(us, 2), min_us=round(timed[name][1], 2),
                          above_kernel_us=None if "floor" in name or "sparse" in name else round(us - kernel, 2),
                          vs_sparse_mm=round(anchor / us, 2)))

@@ -9,19 +9,30 @@ node-classification task of examples/train_ddp.py, 3-layer SAGE-mean 100 -> 256 
 [15, 10, 5], 1024 seeds per batch, bipartite layers (each computes only what the next layer reads).
 
 Measured, each table's variants interleaved in one process (median, IQR):
-  * sampling one batch: gnnfuse.loader.NeighborSampler on the device (torch ops on CUDA, C++ on CPU),
-    its C++ kernel on the host CPU, its torch-ops path on CPU; PyG's own NeighborSampler is tried and
-    reported unavailable when it needs pyg-lib / torch-sparse (not installable here);
+  * sampling one batch: gnnfuse.loader.NeighborSampler on the device (on CUDA torch ops with one
+    Triton kernel per hop for the picks, C++ on CPU; on CUDA also with the picks as torch ops, and
+    its exact path, which reads each hop's size back, as before the padded path), its
+    C++ kernel on the host CPU (``--host-sampler``: builds the C++ sampler), its torch-ops path on
+    CPU; PyG's own NeighborSampler is tried and reported unavailable when it needs pyg-lib /
+    torch-sparse (not installable here);
   * graph preparation of one batch: ``layer_csrs`` (O(E) from the target-sorted edges, no sort) vs
     ``CSR.from_edge_index`` per layer (a sort each, what an unsorted edge_index costs);
   * a training step on pre-sampled batches (graph prep + forward + backward + optimizer): gnnfuse
-    layers on ``layer_csrs`` vs stock PyG SAGEConv on the plain edge_index prefixes (which need no
-    prep); plus the fused step's split, with the device synchronised between phases.
+    layers on ``layer_csrs`` (the fresh-graph route of gnnfuse.fresh_graph, rows in id order or
+    degree-sorted; and the planned route, ``GNNFUSE_TRITON_KERNEL=hybrid``, which builds a work list,
+    locality statistic and short-row order per graph) vs stock PyG SAGEConv on the plain edge_index
+    prefixes (which need no prep), each step synchronised; then the same steps back to back (one
+    synchronisation per round of ``--batches`` steps, so the host runs ahead of the device);
+  * the fused step's split, with the device synchronised between phases;
+  * with ``--profile DIR``: torch.profiler tables of one fused and one stock step (CUDA time per op,
+    host-device synchronisations), as text files in DIR.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import os
 import statistics
 import time
 from pathlib import Path
@@ -61,6 +72,33 @@ def pyg_sampler_or_reason(edge_index, num_nodes):
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
 
 
+def profile_steps(directory, fns, device):
+    """torch.profiler tables of one call of each of ``fns`` (after a warm-up call): ops by device
+    time, with the host-device synchronisations counted."""
+    from torch.profiler import ProfilerActivity, profile
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for name, fn in fns.items():
+        fn()
+        _sync(device)
+        with profile(activities=activities) as prof:
+            fn()
+            _sync(device)
+        events = prof.key_averages()
+        syncs = sum(e.count for e in events
+                    if "Synchronize" in e.key or e.key in ("aten::item", "aten::_local_scalar_dense"))
+        sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        text = f"# {name}\n\nsync-like events (cudaStreamSynchronize/cudaDeviceSynchronize/item): {syncs}\n\n"
+        text += events.table(sort_by=sort, row_limit=40, max_name_column_width=60)
+        if device.type == "cuda":  # the host side: where a launch-bound step spends its time
+            text += "\n\nby host time:\n" + events.table(sort_by="self_cpu_time_total", row_limit=40,
+                                                           max_name_column_width=60)
+        slug = "".join(c if c.isalnum() else "_" for c in name).strip("_")
+        (Path(directory) / f"profile_{slug}.txt").write_text(text)
+        print(text[:6000], flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
@@ -68,6 +106,8 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, default=8, help="pre-sampled batches the steps cycle through")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--host-sampler", action="store_true", help="on CUDA: also time the C++ sampler on the host")
+    ap.add_argument("--profile", default=None, help="directory for torch.profiler tables of one step each")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.02)
@@ -85,7 +125,7 @@ def main(argv=None):
 
     # ---- sampling ----------------------------------------------------------------------------------
     samplers = {"gnnfuse (device)": NeighborSampler(task["edge_index"], FANOUTS, num_nodes=n, seed=0, device=device)}
-    if device.type == "cuda":  # the same graph on the host (copied, not sorted again)
+    if device.type == "cuda" and args.host_sampler:  # the same graph on the host (copied, not sorted again)
         samplers["gnnfuse C++ (host CPU)"] = samplers["gnnfuse (device)"].to("cpu")
     else:  # the CUDA implementation's torch ops, here on CPU (too slow to time at products scale)
         torch_ops = NeighborSampler(task["edge_index"], FANOUTS, num_nodes=n, seed=0)
@@ -95,6 +135,26 @@ def main(argv=None):
     g = torch.Generator().manual_seed(0)
     seed_sets = [train[torch.randperm(train.numel(), generator=g)[:BATCH].to(train.device)] for _ in range(args.batches)]
     fns = {name: (lambda s=s: s.sample(seed_sets[0])) for name, s in samplers.items()}
+    if device.type == "cuda":
+        from gnnfuse.loader import _torch_sampling
+
+        def exact():  # the per-hop-sync path (what every fan-out >= 0 took before the padded path)
+            cap, _torch_sampling.MAX_PADDED = _torch_sampling.MAX_PADDED, 0
+            try:
+                samplers["gnnfuse (device)"].sample(seed_sets[0])
+            finally:
+                _torch_sampling.MAX_PADDED = cap
+
+        def torch_picks():  # the padded path with the picks as torch ops (Floyd: ~8 launches per round)
+            sampler = samplers["gnnfuse (device)"]
+            sampler.picks = "torch"
+            try:
+                sampler.sample(seed_sets[0])
+            finally:
+                sampler.picks = "auto"
+
+        fns["gnnfuse (device), picks as torch ops"] = torch_picks
+        fns["gnnfuse (device), exact path: a host sync per hop"] = exact
     if pyg is not None:
         fns["PyG NeighborSampler"] = lambda: pyg(seed_sets[0].cpu())
     timing = bench_interleaved(fns, device, rounds=args.rounds)
@@ -134,7 +194,8 @@ def main(argv=None):
     torch.manual_seed(0)
     models = {"gnnfuse": ex.SAGE("gnnfuse", dims, 0.5).to(device), "pyg": ex.SAGE("pyg", dims, 0.5).to(device)}
     models["pyg"].load_state_dict(models["gnnfuse"].state_dict())
-    optims = {k: torch.optim.Adam(m.parameters(), lr=0.003) for k, m in models.items()}
+    # fused Adam on CUDA (one launch per step instead of a few per parameter group), for both variants
+    optims = {k: torch.optim.Adam(m.parameters(), lr=0.003, fused=device.type == "cuda") for k, m in models.items()}
     counter = {"gnnfuse": 0, "pyg": 0}
 
     def step(kind):
@@ -149,17 +210,46 @@ def main(argv=None):
         loss.backward()
         optims[kind].step()
 
-    for kind in models:  # warm-up: Triton compiles, C++ loads
-        for _ in range(3):
-            step(kind)
-    timing = bench_interleaved({"gnnfuse layers + layer_csrs": lambda: step("gnnfuse"),
-                                "stock PyG SAGEConv": lambda: step("pyg")}, device,
-                               rounds=args.rounds * len(batches), max_seconds=60)
-    fused, stock = timing["gnnfuse layers + layer_csrs"], timing["stock PyG SAGEConv"]
-    for name, t in timing.items():
-        rows.append(dict(table="train step", variant=name, median_ms=t["median_ms"], iqr_ms=t["iqr_ms"],
-                         note=f"speed-up {stock['median_ms'] / fused['median_ms']:.2f}x" if name.startswith("gnnfuse")
-                         else ""))
+    from gnnfuse import fresh_graph
+
+    @contextlib.contextmanager
+    def route(name):
+        """gnnfuse's route for this variant: fresh graphs (id or degree row order), or planned."""
+        planned, order = name.endswith("planned route"), fresh_graph.FRESH_ROW_ORDER
+        if planned:
+            os.environ["GNNFUSE_TRITON_KERNEL"] = "hybrid"  # any forced kernel turns the fresh route off
+        if name.endswith("degree order"):
+            fresh_graph.FRESH_ROW_ORDER = "degree"
+        try:
+            yield
+        finally:
+            os.environ.pop("GNNFUSE_TRITON_KERNEL", None)
+            fresh_graph.FRESH_ROW_ORDER = order
+
+    variants = {"gnnfuse, fresh-graph route": "gnnfuse", "gnnfuse, fresh-graph route, degree order": "gnnfuse",
+                "gnnfuse, planned route": "gnnfuse", "stock PyG SAGEConv": "pyg"}
+    if device.type != "cuda":
+        variants = {"gnnfuse": "gnnfuse", "stock PyG SAGEConv": "pyg"}
+
+    def run(name, steps=1):
+        with route(name):
+            for _ in range(steps):
+                step(variants[name])
+
+    for name in variants:  # warm-up: Triton compiles, C++ loads
+        run(name, 3)
+    for table, steps, rounds in (("train step", 1, args.rounds * len(batches)),
+                                 ("train step, back to back", len(batches), args.rounds)):
+        timing = bench_interleaved({name: (lambda name=name: run(name, steps)) for name in variants}, device,
+                                   rounds=rounds, max_seconds=60)
+        stock = timing["stock PyG SAGEConv"]["median_ms"] / steps
+        for name, t in timing.items():
+            ms = t["median_ms"] / steps
+            rows.append(dict(table=table, variant=name, median_ms=ms, iqr_ms=t["iqr_ms"] / steps,
+                             note=f"speed-up {stock / ms:.2f}x" if name.startswith("gnnfuse") else ""))
+
+    if args.profile:
+        profile_steps(args.profile, {name: (lambda name=name: run(name)) for name in variants}, device)
 
     # ---- the fused step's split (synchronised phases, a sampled batch each step) -----------------------
     phases = {k: [] for k in ("sampling", "gather", "graph prep", "forward", "backward", "optimizer")}

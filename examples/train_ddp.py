@@ -26,10 +26,14 @@ each. The loss is the mean over a rank's seeds and DDP averages gradients over r
 follow the schedule of one process with the same global batch. Each layer is bipartite: it computes
 only the nodes the next layer reads (``gnnfuse.loader.layer_csrs``).
 
-Measured per step (device synchronised between phases): sampling, feature gather, graph prep (the
-per-layer CSRs), forward (with the loss), backward, all-reduce and optimizer. To time the
-all-reduce apart, a DDP communication hook runs each bucket's all-reduce synchronously (no overlap
-with the backward; ``--overlap`` keeps DDP's overlap and reports backward + all-reduce together).
+Throughput (the default): nothing waits for the device inside a step except the sampler's one
+read of the hop sizes, DDP overlaps its all-reduce with the backward, and losses stay on the device
+until the epoch ends. ``--prefetch`` samples the next batches in a background thread on a side CUDA
+stream (on an H200 it gained nothing: the step is bound by host time, which the GIL serialises). ``--split`` instead times each
+phase with the device synchronised between phases (slower overall): sampling, feature gather,
+graph prep (the per-layer CSRs), forward (with the loss), backward, all-reduce (a DDP
+communication hook runs each bucket's all-reduce synchronously; ``--overlap`` keeps DDP's overlap
+and reports backward + all-reduce together) and optimizer.
 Reported by rank 0 (JSON and markdown under ``--out``): seeds/s, epoch time, the split, test accuracy
 after the fixed number of epochs (test seeds sampled like training ones, shared out over ranks),
 peak GPU memory per rank. Rank 0 saves a checkpoint (``--checkpoint``).
@@ -127,14 +131,17 @@ def layer_graphs(backend: str, out, device) -> tuple[list, list]:
 
 # ---- one rank -------------------------------------------------------------------------------------
 class Clock:
-    """Wall time per phase, the device synchronised at each boundary."""
+    """Wall time per phase, the device synchronised at each boundary (``on``), or nothing at all."""
 
-    def __init__(self, device):
+    def __init__(self, device, on: bool = True):
         self.cuda = device.type == "cuda"
+        self.on = on
         self.totals = dict.fromkeys(PHASES, 0.0)
         self.t = time.perf_counter()
 
     def lap(self, phase: str) -> None:
+        if not self.on:
+            return
         if self.cuda:
             torch.cuda.synchronize()
         now = time.perf_counter()
@@ -159,6 +166,66 @@ def timed_allreduce_hook(clock: Clock):
     return hook
 
 
+class Prefetcher:
+    """Samples upcoming batches in a background thread on its own CUDA stream while the main thread
+    runs the current step: the sampler's host work (kernel launches, its one read of the hop sizes)
+    overlaps the step's, and its kernels the step's kernels. In line on CPU or when ``on`` is False.
+    Each batch's tensors are recorded on the main stream, so the allocator keeps them until it is done."""
+
+    def __init__(self, sample, device, on: bool = True, depth: int = 2):
+        self.sample, self.device, self.depth = sample, device, depth
+        self.on = on and device.type == "cuda"
+
+    def __call__(self, seed_batches):
+        if not self.on:
+            yield from ((seeds, self.sample(seeds)) for seeds in seed_batches)
+            return
+        import queue
+        import threading
+
+        main = torch.cuda.current_stream(self.device)
+        made = torch.cuda.Event()
+        made.record(main)  # the seeds are the main stream's
+        ready: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+
+        def work():
+            try:
+                torch.cuda.set_device(self.device)
+                stream = torch.cuda.Stream(self.device)
+                stream.wait_event(made)
+                with torch.cuda.stream(stream):
+                    for seeds in seed_batches:
+                        if stop.is_set():
+                            return
+                        out = self.sample(seeds)
+                        done = torch.cuda.Event()
+                        done.record(stream)
+                        ready.put((seeds, out, done))
+                ready.put(None)
+            except BaseException as exc:  # noqa: BLE001  (handed to the main thread, raised there)
+                ready.put(exc)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        try:
+            while (item := ready.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                seeds, out, done = item
+                main.wait_event(done)
+                for t in (out.node, out.row, out.col, out.edge):
+                    t.record_stream(main)
+                yield seeds, out
+        finally:
+            stop.set()
+            while thread.is_alive():  # unblock a producer waiting on a full queue
+                try:
+                    ready.get_nowait()
+                except queue.Empty:
+                    thread.join(0.01)
+
+
 def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -181,10 +248,11 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
         dims = [x.shape[1]] + [args.hidden] * (len(args.fanouts) - 1) + [task["num_classes"]]
         model = SAGE(args.backend, dims, args.dropout).to(device)
         ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
-        clock = Clock(device)
-        if not args.overlap:
+        clock = Clock(device, on=args.split)
+        if args.split and not args.overlap:
             ddp.register_comm_hook(None, timed_allreduce_hook(clock))
-        optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+        prefetch = Prefetcher(sampler.sample, device, on=args.prefetch and not args.split)
+        optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr, fused=cuda)  # fused: one launch per step
         train = task["train"].to(device)
         per_rank = args.batch_size // world
         epochs, losses = [], []
@@ -198,10 +266,12 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
                 steps = min(steps, args.max_steps)
             clock.totals = dict.fromkeys(PHASES, 0.0)
             ddp.train()
+            epoch_losses = []
+            if cuda:
+                torch.cuda.synchronize(device)
             start = clock.t = time.perf_counter()
-            for step in range(steps):
-                seeds = order[step * args.batch_size + rank * per_rank:][:per_rank]
-                out = sampler.sample(seeds)
+            batches = (order[step * args.batch_size + rank * per_rank:][:per_rank] for step in range(steps))
+            for seeds, out in prefetch(batches):
                 clock.lap("sampling")
                 xb, yb = x[out.node], y[seeds]
                 clock.lap("gather")
@@ -216,14 +286,19 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
                 clock.totals["backward"] -= clock.totals["allreduce"] - before  # the hook's share
                 optimizer.step()
                 clock.lap("optimizer")
-                mean_loss = loss.detach().clone()
-                dist.all_reduce(mean_loss)
-                losses.append(float(mean_loss) / world)
-                clock.t = time.perf_counter()  # the loss bookkeeping is not part of the step
+                epoch_losses.append(loss.detach())  # read back once per epoch
+                clock.t = time.perf_counter()
+            if cuda:
+                torch.cuda.synchronize(device)
             seconds = time.perf_counter() - start
+            if epoch_losses:
+                mean_losses = torch.stack(epoch_losses)
+                dist.all_reduce(mean_losses)
+                losses += (mean_losses / world).tolist()
             epochs.append(dict(epoch=epoch, steps=steps, seconds=seconds,
                                seeds_per_s=steps * args.batch_size / seconds,
-                               split_ms={k: 1000 * v / max(steps, 1) for k, v in clock.totals.items()}))
+                               split_ms={k: 1000 * v / max(steps, 1) for k, v in clock.totals.items()}
+                               if args.split else {}))
         accuracy = evaluate(ddp.module, sampler, x, y, task["test"].to(device), args, rank, world, device)
         memory = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
         memories = [None] * world
@@ -240,7 +315,10 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
                     world_size=world, backend=args.backend, device=args.device,
                     gpu=torch.cuda.get_device_name(device) if cuda else None, fanouts=args.fanouts,
                     global_batch=args.batch_size, epochs=epochs, losses=losses, test_accuracy=accuracy,
-                    peak_memory_gib_per_rank=memories, overlap=args.overlap, torch=torch.__version__,
+                    peak_memory_gib_per_rank=memories, overlap=args.overlap or not args.split,
+                    timing="split (synchronised phases)" if args.split else
+                    ("throughput" + (", sampling prefetched in a thread on a side stream" if prefetch.on else "")),
+                    torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     finally:
         dist.destroy_process_group()
@@ -292,7 +370,9 @@ def parse_args(argv=None):
     ap.add_argument("--max-steps", type=int, default=0, help="per epoch (0: the whole training set)")
     ap.add_argument("--eval-nodes", type=int, default=20_000, help="test nodes evaluated (0: all)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--overlap", action="store_true", help="keep DDP's all-reduce overlap (no separate timing)")
+    ap.add_argument("--split", action="store_true", help="time each phase, synchronising the device between them")
+    ap.add_argument("--overlap", action="store_true", help="with --split: keep DDP's all-reduce overlap")
+    ap.add_argument("--prefetch", action="store_true", help="sample the next batches in a background thread")
     ap.add_argument("--checkpoint", help="rank 0 saves the model's state_dict here")
     ap.add_argument("--out", help="directory for the JSON and markdown results")
     args = ap.parse_args(argv)
@@ -334,11 +414,12 @@ def report(result: dict, out: str | None) -> None:
     last = result["epochs"][-1]
     lines = [f"# DDP mini-batch SAGE: {result['graph']}, {result['world_size']} x {result['gpu'] or 'CPU'}",
              "", f"{result['date']}, torch {result['torch']}, backend {result['backend']}, fan-outs "
-             f"{result['fanouts']}, global batch {result['global_batch']}", "",
+             f"{result['fanouts']}, global batch {result['global_batch']}; timing: {result['timing']}", "",
              "| epoch | steps | seconds | seeds/s |", "|---|---|---|---|"]
     lines += [f"| {e['epoch']} | {e['steps']} | {e['seconds']:.2f} | {e['seeds_per_s']:.0f} |" for e in result["epochs"]]
-    lines += ["", "Step split (ms, last epoch): " + ", ".join(f"{k} {v:.2f}" for k, v in last["split_ms"].items()),
-              f"Test accuracy after {len(result['epochs'])} epochs of {last['steps']} steps: "
+    if last["split_ms"]:
+        lines += ["", "Step split (ms, last epoch): " + ", ".join(f"{k} {v:.2f}" for k, v in last["split_ms"].items())]
+    lines += ["", f"Test accuracy after {len(result['epochs'])} epochs of {last['steps']} steps: "
               f"{result['test_accuracy']:.4f}",
               f"Peak GPU memory per rank (GiB): {result['peak_memory_gib_per_rank']}"]
     text = "\n".join(lines)

@@ -30,6 +30,7 @@ from ._validate import (
     require_shape,
     require_tensor,
 )
+from .fresh_graph import is_fresh, mark_fresh, unchecked_transpose
 from .ops.coo_to_csr import coo_to_csr, validate_csr
 
 _FIELDS = ("rowptr", "col", "perm")
@@ -102,7 +103,7 @@ class CSR:
 
     @classmethod
     def from_sorted_edge_index(cls, edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = None, *,
-                               index_dtype: torch.dtype | None = None) -> CSR:
+                               index_dtype: torch.dtype | None = None, fresh: bool = True) -> CSR:
         """From an ``edge_index`` already sorted by target (row 1), as a neighbour sampler emits
         it: O(E) with no sort (rowptr by a binary search per row), and no host sync on CUDA.
 
@@ -111,20 +112,26 @@ class CSR:
         at the next synchronisation. On CPU the C++ counting sort (one multithreaded O(E) pass with
         the range checks) is no dearer than a check, so it runs: sorted input keeps its order, and
         unsorted input is simply sorted. ``num_nodes`` and ``index_dtype`` as in
-        :meth:`from_edge_index`.
+        :meth:`from_edge_index`. ``fresh``: the graph is used once (a sampled batch), so the GPU
+        path skips per-graph planning (gnnfuse.fresh_graph); pass False for a graph you reuse.
         """
         check_edge_index(edge_index)
         num_src, num_dst = _sizes(edge_index, num_nodes)
         index_dtype = _index_dtype(index_dtype, num_src, num_dst, edge_index.shape[1])
         plain = edge_index.as_subclass(torch.Tensor) if type(edge_index) is not torch.Tensor else edge_index
         if plain.is_cpu:
-            return cls.from_edge_index(plain, (num_src, num_dst), index_dtype=index_dtype)
-        src, dst = plain[0], plain[1]
-        check_sorted_by_target(src, dst, num_src, num_dst)
-        bounds = torch.arange(num_dst + 1, device=dst.device, dtype=dst.dtype)
-        rowptr = torch.searchsorted(dst, bounds, out_int32=index_dtype == torch.int32)
-        perm = torch.arange(src.shape[0], device=src.device, dtype=index_dtype)
-        return cls._built(rowptr, src.to(index_dtype), perm, num_src)
+            csr = cls.from_edge_index(plain, (num_src, num_dst), index_dtype=index_dtype)
+        else:
+            src, dst = plain[0], plain[1]
+            check_sorted_by_target(src, dst, num_src, num_dst)
+            bounds = torch.arange(num_dst + 1, device=dst.device, dtype=dst.dtype)
+            rowptr = torch.searchsorted(dst, bounds, out_int32=index_dtype == torch.int32)
+            perm = torch.arange(src.shape[0], device=src.device, dtype=index_dtype)
+            csr = cls._built(rowptr, src.to(index_dtype), perm, num_src)
+            csr._perm_is_identity = True  # hop_prefix need not check it
+        if fresh:  # a sampled batch, used once: the GPU path skips per-graph planning
+            mark_fresh(csr.rowptr)
+        return csr
 
     def hop_prefix(self, num_dst: int, num_src: int, num_edges: int) -> CSR:
         """The bipartite sub-graph of the first ``num_dst`` rows, their ``num_edges`` edges and the
@@ -134,17 +141,35 @@ class CSR:
         :meth:`from_sorted_edge_index`, where a GNN layer's targets, sources and edges are
         prefixes (see :func:`gnnfuse.loader.layer_csrs`). The conditions are checked like
         :meth:`from_sorted_edge_index`'s (device-side on CUDA)."""
-        if not (0 <= num_dst <= self.num_dst and 0 <= num_edges <= self.num_edges and num_src >= 0):
-            raise ValueError(f"hop_prefix(num_dst={num_dst}, num_src={num_src}, num_edges={num_edges}) does not fit "
-                             f"a CSR with {self.num_dst} rows and {self.num_edges} edges")
+        return self.hop_prefixes([(num_dst, num_src, num_edges)])[0]
+
+    def hop_prefixes(self, sizes) -> list[CSR]:
+        """:meth:`hop_prefix` for each ``(num_dst, num_src, num_edges)`` of ``sizes``, checked
+        together (on CUDA one device-side assertion for all of them). Each is marked fresh (used
+        once: see gnnfuse.fresh_graph)."""
+        for num_dst, num_src, num_edges in sizes:
+            if not (0 <= num_dst <= self.num_dst and 0 <= num_edges <= self.num_edges and num_src >= 0):
+                raise ValueError(f"hop_prefix(num_dst={num_dst}, num_src={num_src}, num_edges={num_edges}) does "
+                                 f"not fit a CSR with {self.num_dst} rows and {self.num_edges} edges")
         self.checked()
-        rowptr, col, perm = self.rowptr[: num_dst + 1], self.col[:num_edges], self.perm[:num_edges]
-        ok = rowptr[-1] == num_edges  # the prefix's rows end at num_edges; sources below num_src; perm identity
-        if num_edges:
-            ok = ok & (col.max() < num_src) & (perm == torch.arange(num_edges, device=perm.device, dtype=perm.dtype)).all()
-        _check(ok, rowptr.is_cpu, f"hop_prefix: the first {num_dst} rows do not hold exactly the first "
-               f"{num_edges} edges from sources below {num_src} (is this a neighbour-sampled, target-sorted batch?)")
-        return CSR._built(rowptr, col, perm, num_src)
+        conds = []  # each prefix's rows end at its num_edges, its sources lie below its num_src, perm identity
+        for num_dst, num_src, num_edges in sizes:
+            conds.append(self.rowptr[num_dst] == num_edges)
+            if num_edges:
+                conds.append(self.col[:num_edges].max() < num_src)
+                if not getattr(self, "_perm_is_identity", False):
+                    perm = self.perm[:num_edges]
+                    conds.append((perm == torch.arange(num_edges, device=perm.device, dtype=perm.dtype)).all())
+        if conds:
+            _check(torch.stack(conds).all(), self.rowptr.is_cpu, "hop_prefix: the first rows do not hold exactly "
+                   f"the first edges from sources below num_src, for (num_dst, num_src, num_edges) in {list(sizes)} "
+                   "(is this a neighbour-sampled, target-sorted batch?)")
+        prefixes = []
+        for num_dst, num_src, num_edges in sizes:
+            rowptr = self.rowptr[: num_dst + 1]
+            prefixes.append(CSR._built(rowptr, self.col[:num_edges], self.perm[:num_edges], num_src))
+            mark_fresh(rowptr)  # a layer of a sampled batch: see gnnfuse.fresh_graph
+        return prefixes
 
     @classmethod
     def from_scipy(cls, matrix, *, index_dtype: torch.dtype | None = None) -> CSR:
@@ -235,7 +260,12 @@ class CSR:
     def _transpose_parts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         parts = self._derived.get("transpose")
         if parts is None:
-            parts = coo_to_csr(self.col, self._row(), self.num_src, self.num_dst)
+            if self.col.is_cpu or not self._trusted:  # the C++ counting sort checks ids in the same pass
+                parts = coo_to_csr(self.col, self._row(), self.num_src, self.num_dst)
+            else:  # ids known in range: no range check, which would read them back to the host
+                parts = unchecked_transpose(self.rowptr, self.col, self.num_src)
+            if is_fresh(self.rowptr):
+                mark_fresh(parts[0])
             if self._stamps is not None or torch.compiler.is_compiling():
                 self._derived["transpose"] = parts
         return parts  # type: ignore[return-value]

@@ -20,12 +20,19 @@ def graph(seed=0, n=N, e=E):
 
 
 def samplers(data, fanouts, **kwargs):
-    """The C++ kernel and the torch-ops implementation (the CUDA one), both on CPU."""
+    """The C++ kernel, the torch-ops implementation and the GPU's (torch ops with the Triton picks,
+    here under the Triton interpreter), all on CPU."""
     cpp = NeighborSampler(data, fanouts, **kwargs)
     assert cpp._ext is not None
     torch_ops = NeighborSampler(data, fanouts, **kwargs)
     torch_ops._ext = None
-    return {"cpp": cpp, "torch": torch_ops}
+    triton_picks = NeighborSampler(data, fanouts, **kwargs)
+    triton_picks._ext, triton_picks.picks = None, "triton"
+    return {"cpp": cpp, "torch": torch_ops, "triton": triton_picks}
+
+
+# the Triton picks run here on CPU tensors, which needs the interpreter (no GPU: tests/conftest.py sets it)
+IMPLS = ["cpp", "torch"] + (["triton"] if not torch.cuda.is_available() else [])
 
 
 # ---- CSR from a target-sorted edge_index ----------------------------------------------------------
@@ -65,11 +72,13 @@ def test_sorted_edge_index_is_not_modified_and_edge_index_type_is_reused():
 
 
 # ---- the sampler ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("fanouts", [[4, 3, 2], [4, 3, -1]], ids=["padded", "all-neighbours"])
 @pytest.mark.parametrize("replace", [False, True])
-@pytest.mark.parametrize("impl", ["cpp", "torch"])
-def test_sampler_invariants(impl, replace):
+@pytest.mark.parametrize("impl", IMPLS)
+def test_sampler_invariants(impl, replace, fanouts):
+    if replace and -1 in fanouts:
+        pytest.skip("fan-out -1 takes every neighbour: nothing to replace")
     data = graph()
-    fanouts = [4, 3, -1] if not replace else [4, 3]
     sampler = samplers(data, fanouts, replace=replace, seed=3)[impl]
     seeds = torch.randperm(N)[:20]
     out = sampler.sample(seeds)
@@ -104,7 +113,7 @@ def test_sampler_invariants(impl, replace):
         begin, end = end, end + out.num_sampled_nodes[hop + 1]
 
 
-@pytest.mark.parametrize("impl", ["cpp", "torch"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_sampler_is_reproducible(impl):
     data = graph()
     seeds = torch.arange(30)
@@ -134,7 +143,7 @@ def test_cpp_sampler_does_not_depend_on_thread_count():
 
 
 @pytest.mark.parametrize("replace", [False, True])
-@pytest.mark.parametrize("impl", ["cpp", "torch"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_sampler_is_uniform(impl, replace):
     """A star: node 0 has 10 in-neighbours; fan-out 3, 4000 draws: each neighbour is taken with
     probability 0.3 (without replacement) or 3 / 10 per draw slot on average (with)."""
@@ -142,8 +151,9 @@ def test_sampler_is_uniform(impl, replace):
     sampler = samplers(Data(edge_index=ei, num_nodes=11), [3], replace=replace, seed=0)[impl]
     counts = torch.zeros(11)
     draws = 4000
-    seeds = torch.zeros(1, dtype=torch.long)
-    for _ in range(draws):
+    calls = 1 if impl == "triton" else draws  # (the interpreter: one call with node 0 as seed 4000 times)
+    seeds = torch.zeros(draws // calls, dtype=torch.long)
+    for _ in range(calls):
         out = sampler.sample(seeds)
         counts.index_add_(0, out.node[out.row], torch.ones(out.row.numel()))
     freq = counts[1:] / draws
@@ -266,9 +276,11 @@ def test_ddp_example_two_gloo_processes_match_one(tmp_path):
     batch is shared out, so only the summation order differs."""
     import json
     import os
+    import signal
     import socket
     import subprocess
     import sys
+    import time
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -277,23 +289,32 @@ def test_ddp_example_two_gloo_processes_match_one(tmp_path):
         out = tmp_path / str(world)
         cmd = [sys.executable, str(root / "examples" / "train_ddp.py"), "--device", "cpu", "--scale", "0.0005",
                "--fanouts=-1,-1", "--hidden", "16", "--dropout", "0", "--batch-size", "32", "--epochs", "1",
-               "--max-steps", "3", "--eval-nodes", "64", "--out", str(out)]
+               "--max-steps", "3", "--eval-nodes", "64", "--split", "--out", str(out)]
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         ranks = []
         for rank in range(world):
             env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank),
-                       WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                       WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       PYTHONFAULTHANDLER="1")  # a rank stopped with SIGABRT writes every thread's stack
             log = open(tmp_path / f"rank{rank}_of_{world}.log", "w")
             ranks.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        deadline = time.monotonic() + 150
         try:
-            rcs = [proc.wait(timeout=150) for proc, _ in ranks]
+            while time.monotonic() < deadline and any(proc.poll() is None for proc, _ in ranks):
+                time.sleep(0.2)
         finally:
-            for proc, log in ranks:  # a rank still running (a hang) is killed; every rank's log is kept
+            for proc, log in ranks:  # a rank still running (a hang) is stopped: its log shows where
                 if proc.poll() is None:
-                    proc.kill()
+                    proc.send_signal(signal.SIGABRT)
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
                 log.close()
+        rcs = [proc.returncode for proc, _ in ranks]
         for rank, rc in enumerate(rcs):
             assert rc == 0, f"rank {rank} of {world}: exit {rc}\n" + Path(ranks[rank][1].name).read_text()[-3000:]
         result = json.loads((out / f"ddp_gnnfuse_{world}x.json").read_text())
@@ -315,29 +336,42 @@ def test_cuda_sampler_and_fused_sage_on_sampled_batch():
     sampler = NeighborSampler(data.edge_index.cuda(), [6, 4], num_nodes=5000, seed=0, device="cuda")
     seeds = torch.randperm(5000)[:128].cuda()
     out = sampler.sample(seeds)
+    assert sampler.picks == "auto"  # the Triton picks ran (no fallback to torch ops)
     assert out.node.is_cuda and torch.equal(out.node[:128], seeds)
     assert (out.col[1:] >= out.col[:-1]).all() and out.node.unique().numel() == out.node.numel()
     original = sampler.edge_permutation[out.edge]
     ei = data.edge_index.cuda()
     assert torch.equal(ei[0][original], out.node[out.row]) and torch.equal(ei[1][original], out.node[out.col])
-    host = sampler.to("cpu").sample(seeds.cpu())  # the same graph on the host, C++ kernel
-    assert (host.col[1:] >= host.col[:-1]).all()
     x = data.x.cuda()[out.node]
     sizes = layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)
-    csrs = layer_csrs(edge_index=torch.stack([out.row, out.col]), num_sampled_nodes=out.num_sampled_nodes,
-                      num_sampled_edges=out.num_sampled_edges)
+    edge_index = torch.stack([out.row, out.col])
     torch.manual_seed(0)
     ours = torch.nn.ModuleList([SAGEConv(6, 16), SAGEConv(16, 3)]).cuda()
     theirs = torch.nn.ModuleList([PygSAGE(6, 16), PygSAGE(16, 3)]).cuda()
     theirs.load_state_dict(ours.state_dict())
     results = []
-    for model, graphs in ((ours, csrs), (theirs, [torch.stack([out.row, out.col])[:, :e] for _, _, e in sizes])):
-        h = x
-        for conv, g, (d, s, _) in zip(model, graphs, sizes):
-            h = conv((h, h[:d]), g, size=(s, d)).relu()
-        h.square().sum().backward()
+    for model in (ours, theirs, ours):
+        for p in model.parameters():
+            p.grad = None
+        # the fused step on a sampled batch (the fresh-graph route) never waits for the device: graph prep,
+        # forward and backward under CUDA's sync check (after a first step, so that Triton has compiled)
+        check = model is ours and len(results) == 2
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if check else "default")
+        try:
+            graphs = (layer_csrs(edge_index=edge_index, num_sampled_nodes=out.num_sampled_nodes,
+                                 num_sampled_edges=out.num_sampled_edges) if model is ours
+                      else [edge_index[:, :e] for _, _, e in sizes])
+            h = x
+            for conv, g, (d, s, _) in zip(model, graphs, sizes):
+                h = conv((h, h[:d]), g, size=(s, d)).relu()
+            h.square().sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
         results.append((h, [p.grad for p in model.parameters()]))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-4)
+    for a, b in zip([results[0][0], *results[0][1]], [results[2][0], *results[2][1]]):
+        assert torch.equal(a, b)  # the fresh route is atomic-free: the same bits step after step
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
@@ -369,3 +403,56 @@ def test_device_paths_of_the_sorted_build_checked_on_cpu_tensors():
         csr_module.check_sorted_by_target(ei[0], ei[1].flip(0), 3, 3)
     with pytest.raises(RuntimeError, match="sources"):
         csr_module.check_sorted_by_target(ei[0] + 5, ei[1], 3, 3)
+
+
+# ---- the fresh-graph route (graphs used once: no per-graph planning, no host sync) -----------------
+@pytest.mark.parametrize("order", ["degree", "id"])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+def test_fresh_graph_route_matches_the_reference(monkeypatch, order, reduce):
+    """Every layer of a sampled batch (and, for sum/mean, its transpose in the backward) takes the
+    fresh route under the Triton interpreter, and matches the reference, forward and backward; a
+    hub row far longer than the planner's short rows included."""
+    from gnnfuse.fresh_graph import is_fresh
+    from gnnfuse import fresh_graph
+    from gnnfuse.triton import gather_scatter as tgs
+
+    monkeypatch.setattr(fresh_graph, "FRESH_ROW_ORDER", order)
+    taken = []
+    real = tgs._fresh_setup
+    monkeypatch.setattr(tgs, "_fresh_setup", lambda rowptr, *a: taken.append(rowptr.numel() - 1) or real(rowptr, *a))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # (on CPU tensors: the interpreter)
+    data = graph(n=60, e=500)
+    out = NeighborSampler(data.edge_index.to(dev), [4, 3], num_nodes=60, seed=0, device=dev).sample(torch.arange(6))
+    csrs = layer_csrs(edge_index=torch.stack([out.row, out.col]), num_sampled_nodes=out.num_sampled_nodes,
+                      num_sampled_edges=out.num_sampled_edges)
+    hub = torch.stack([torch.arange(90) % 30, torch.zeros(90, dtype=torch.long)])  # row 0: 90 edges
+    csrs.append(CSR.from_sorted_edge_index(torch.cat([hub, torch.tensor([[3], [1]])], 1).to(dev), (30, 2)))
+    g = torch.Generator().manual_seed(0)
+    for csr in csrs:
+        assert is_fresh(csr.rowptr)
+        x = torch.randn(csr.num_src, 5, generator=g, dtype=torch.float64).to(dev).requires_grad_()
+        grad = torch.randn(csr.num_dst, 5, generator=g, dtype=torch.float64).to(dev)
+        results = []
+        for backend in ("triton", "reference"):
+            y = gnnfuse.fused_gather_scatter(x, csr, reduce, backend=backend)
+            results.append((y, torch.autograd.grad(y, x, grad)[0]))
+        torch.testing.assert_close(results[0][0], results[1][0])
+        torch.testing.assert_close(results[0][1], results[1][1])
+    per_layer = 2 if reduce in ("sum", "mean") else 1  # forward, and the backward over the transpose
+    assert len(taken) == per_layer * len(csrs)
+
+
+def test_graphs_built_to_be_reused_are_not_fresh_and_the_unchecked_transpose_matches():
+    from gnnfuse.fresh_graph import is_fresh, unchecked_transpose
+    from gnnfuse.ops.coo_to_csr import coo_to_csr
+
+    csr = CSR.from_edge_index(graph().edge_index, N)
+    assert not is_fresh(csr.rowptr)
+    ei = torch.tensor([[1, 2, 0, 2], [0, 0, 1, 2]])
+    assert not is_fresh(CSR.from_sorted_edge_index(ei, 3, fresh=False).rowptr)
+    assert is_fresh(CSR.from_sorted_edge_index(ei, 3).rowptr)
+    for dtype in (torch.int32, torch.int64):
+        c = CSR.from_edge_index(graph(1).edge_index, (N, 40 + N), index_dtype=dtype)
+        got, want = unchecked_transpose(c.rowptr, c.col, N), coo_to_csr(c.col, c.row(), N, 40 + N)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b)

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Mini-batch GPU session in one call: the DDP example (NCCL) for each "GPUS:GLOBAL_BATCH" of DDP_RUNS,
-# the loader's CUDA test, and the single-GPU mini-batch benchmark once per Triton kernel choice
-# of KERNELS ("default" = gnnfuse's own choice; else GNNFUSE_TRITON_KERNEL).
+# Mini-batch GPU session in one call: the loader's CUDA tests, the single-GPU mini-batch benchmark
+# (with torch.profiler tables), then the DDP example (NCCL) for each "GPUS:GLOBAL_BATCH" of DDP_RUNS.
 #   PYTHONPATH=. OUT=/some/dir bash benchmarks/gpu/minibatch.sh
-# BENCH_ARGS goes to benchmarks.bench_minibatch, DDP_ARGS to examples/train_ddp.py.
+# BENCH_ARGS goes to benchmarks.bench_minibatch (BENCH=0 skips it), DDP_ARGS to examples/train_ddp.py,
+# TESTS=0 skips the tests. Nothing here needs the C++ extensions (the GPU path is Triton and torch
+# ops), so nothing is built. Everything is packed into $OUT/results.tgz (the device tool brings back
+# only a few files) next to $OUT/summary.txt; the Triton kernel cache goes to $OUT/triton_cache.tgz,
+# which a later call can unpack into TRITON_CACHE_DIR (TRITON_CACHE_TGZ) to skip the compiles.
 set -uo pipefail
 : "${OUT:?set OUT to the output directory}"
-export PYTHONPATH="${PYTHONPATH:-.}" MAX_JOBS="${MAX_JOBS:-16}"
+export PYTHONPATH="${PYTHONPATH:-.}" PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/triton_cache}"
 PY="${PYTHON:-python}"
+FINAL="$OUT"
+OUT="$(mktemp -d)"
 NGPU=$(nvidia-smi -L | wc -l)
+mkdir -p "$TRITON_CACHE_DIR"
+[ -n "${TRITON_CACHE_TGZ:-}" ] && [ -f "$TRITON_CACHE_TGZ" ] && tar xzf "$TRITON_CACHE_TGZ" -C "$TRITON_CACHE_DIR"
 run() {  # run STEP TIMEOUT_S CMD...: log to $OUT/STEP.log, rc and seconds to $OUT/summary.txt
   local step=$1 limit=$2
   shift 2
@@ -17,20 +25,22 @@ run() {  # run STEP TIMEOUT_S CMD...: log to $OUT/STEP.log, rc and seconds to $O
   echo "$step rc=$? $((SECONDS - start))s" | tee -a "$OUT/summary.txt"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
-# the host sampler's C++ kernel builds meanwhile (the GPU runs do not need it)
-timeout 120 "$PY" -c "from gnnfuse._build import load_extension; load_extension('sampler')" > "$OUT/build.log" 2>&1 &
-for spec in ${DDP_RUNS:-1:1024 $NGPU:1024}; do
-  n=${spec%%:*} batch=${spec##*:}
+[ "${TESTS:-1}" != 0 ] && run tests 120 "$PY" -m pytest tests/test_loader.py -q -p no:cacheprovider -k "${TESTS_K:-cuda or fresh}"
+[ "${BENCH:-1}" != 0 ] && run bench "${BENCH_TIMEOUT_S:-240}" "$PY" -m benchmarks.bench_minibatch --device cuda \
+  --out "$OUT/bench" --profile "$OUT/profile" ${BENCH_ARGS:-}
+for spec in ${DDP_RUNS:-1:1024 $NGPU:1024}; do  # GPUS:GLOBAL_BATCH, or GPUS:GLOBAL_BATCH:prefetch (--prefetch)
+  IFS=: read -r n batch mode <<< "$spec"
   [ "$n" -gt "$NGPU" ] && continue
-  run "ddp_${n}gpu_b${batch}" "${DDP_TIMEOUT_S:-120}" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" \
-    examples/train_ddp.py --batch-size "$batch" --out "$OUT/ddp_${n}gpu_b${batch}" ${DDP_ARGS:-}
+  name="ddp_${n}gpu_b${batch}${mode:+_$mode}"
+  run "$name" "${DDP_TIMEOUT_S:-120}" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" \
+    examples/train_ddp.py --batch-size "$batch" --out "$OUT/$name" ${mode:+--prefetch} ${DDP_ARGS:-}
 done
-wait
-[ -n "${TESTS:-1}" ] && run tests 60 "$PY" -m pytest tests/test_loader.py -q -p no:cacheprovider -k cuda
-for k in ${KERNELS:-default}; do
-  env $([ "$k" != default ] && echo GNNFUSE_TRITON_KERNEL=$k) timeout "${BENCH_TIMEOUT_S:-120}" \
-    "$PY" -m benchmarks.bench_minibatch --device cuda --out "$OUT/bench_$k" ${BENCH_ARGS:-} > "$OUT/bench_$k.log" 2>&1
-  echo "bench_$k rc=$?" | tee -a "$OUT/summary.txt"
-  grep -E "^\| (train step|graph prep|fused step split|sampling)" "$OUT/bench_$k/"*.md
-done
-for f in "$OUT"/ddp_*/*.md; do echo "== $f"; tail -n 6 "$f"; done
+grep -hE "^\| (train step|graph prep|fused step split|sampling)" "$OUT"/bench/*.md 2>/dev/null
+for f in "$OUT"/ddp_*/*.md; do [ -f "$f" ] && { echo "== $f"; tail -n 8 "$f"; }; done
+tail -n 3 "$OUT/tests.log" 2>/dev/null
+mkdir -p "$FINAL"
+cp "$OUT/summary.txt" "$FINAL/summary.txt"
+cp "$OUT"/bench/*.md "$FINAL/" 2>/dev/null
+tar czf "$FINAL/results.tgz" -C "$OUT" .
+tar czf "$FINAL/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
+exit 0

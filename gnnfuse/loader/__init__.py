@@ -60,7 +60,7 @@ def layer_csrs(batch=None, *, edge_index: torch.Tensor | None = None, num_sample
     sizes = layer_sizes(num_sampled_nodes, num_sampled_edges)
     num_nodes = sum(int(n) for n in num_sampled_nodes)
     csr = CSR.from_sorted_edge_index(edge_index, num_nodes, index_dtype=index_dtype)
-    return [csr.hop_prefix(num_dst, num_src, num_edges) for num_dst, num_src, num_edges in sizes]
+    return csr.hop_prefixes(sizes)
 
 
 def sorted_edge_index(data):

@@ -17,10 +17,24 @@ import torch
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
 from .._build import BuildError, load_extension
+from ..csr import _check
 from ..ops.coo_to_csr import coo_to_csr
 from . import _torch_sampling
 
 _SUBGRAPH_TYPES = ("directional",)
+
+
+def triton_errors() -> type[Exception]:
+    """Triton's compile-error base class where Triton is installed (else a class nothing raises)."""
+    try:
+        from triton.compiler.errors import CompilationError
+        return CompilationError
+    except ImportError:
+        return _NeverRaised
+
+
+class _NeverRaised(Exception):
+    pass
 
 
 def _extension_or_none():
@@ -52,7 +66,13 @@ class NeighborSampler(BaseSampler):
 
     The graph is stored once, by target (CSC), int32 where it fits: 4 bytes per edge plus 8 per
     node, plus an edge permutation (8 bytes per edge) for ``edge_permutation``.
+
+    On CUDA each hop's picks run as one Triton kernel (``picks = "auto"``; "torch" takes the
+    torch-ops picks there too, "triton" also on CPU tensors under ``TRITON_INTERPRET=1``), and with
+    every fan-out >= 0 a batch reads its sizes back to the host once.
     """
+
+    picks = "auto"  # "auto" (Triton on CUDA, torch ops elsewhere) | "triton" | "torch"
 
     def __init__(self, data, num_neighbors: list[int], *, replace: bool = False,
                  subgraph_type: str = "directional", disjoint: bool = False, seed: int | None = None,
@@ -76,8 +96,9 @@ class NeighborSampler(BaseSampler):
         self.generator = torch.Generator(self.device)
         # no seed: fresh entropy, leaving torch's global generator untouched
         self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") % 2**62)
+        self._kernel_seed, self._calls = int(self.generator.initial_seed()) % (2**31 - 1), 0
         self._lock = threading.Lock()  # the scratch maps below serve one call at a time
-        self._local = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.device)
+        self._local = torch.full((self.num_nodes + 1,), -1, dtype=torch.long, device=self.device)  # + a sink
         self._first = torch.full((self.num_nodes + 1,), _torch_sampling.UNSEEN, dtype=torch.long, device=self.device)
         self._ext = _extension_or_none() if self.device.type == "cpu" and not self.disjoint else None
 
@@ -89,6 +110,7 @@ class NeighborSampler(BaseSampler):
         moved.colptr, moved.row = self.colptr.to(moved.device), self.row.to(moved.device)
         moved.generator = torch.Generator(moved.device)
         moved.generator.manual_seed(int(torch.randint(2**62, (1,), generator=self.generator, device=self.device)))
+        moved._kernel_seed, moved._calls = int(moved.generator.initial_seed()) % (2**31 - 1), 0
         moved._lock = threading.Lock()
         moved._local = torch.full_like(self._local, -1, device=moved.device)
         moved._first = torch.full_like(self._first, _torch_sampling.UNSEEN, device=moved.device)
@@ -103,8 +125,9 @@ class NeighborSampler(BaseSampler):
                seed_time: torch.Tensor | None = None) -> SamplerOutput:
         """Samples around ``seeds`` [B] (global node ids); ``node[:B]`` are the seeds, in order."""
         seeds = seeds.to(self.device, torch.long).contiguous()
-        if seeds.numel() and not (0 <= int(seeds.min()) and int(seeds.max()) < self.num_nodes):
-            raise ValueError(f"seed nodes must lie in [0, {self.num_nodes})")
+        if seeds.numel():  # on the GPU a device-side assertion: reading the ids back would wait for the device
+            low, high = torch.aminmax(seeds)
+            _check((low >= 0) & (high < self.num_nodes), seeds.is_cpu, f"seed nodes must lie in [0, {self.num_nodes})")
         batch = None
         with self._lock:
             if self.disjoint:
@@ -117,12 +140,29 @@ class NeighborSampler(BaseSampler):
                     self._local, self._first)
                 out = [node, row, col, edge, per_hop_nodes.tolist(), per_hop_edges.tolist()]
             else:
-                out = list(_torch_sampling.sample(self.colptr, self.row, seeds, self.num_neighbors, self.replace,
-                                                  self.generator, self._local, self._first))
+                kernel_seed = None
+                if self.picks == "triton" or (self.picks == "auto" and self.device.type == "cuda"):
+                    self._calls += 1
+                    kernel_seed = (self._kernel_seed + self._calls * 104_729) % (2**31 - 1)
+                out = self._sample_torch(seeds, kernel_seed)
         node, row, col, edge, per_hop_nodes, per_hop_edges = out
         return SamplerOutput(node=node, row=row, col=col, edge=edge, batch=batch,
                              num_sampled_nodes=per_hop_nodes, num_sampled_edges=per_hop_edges,
                              metadata=(input_id, seed_time))
+
+    def _sample_torch(self, seeds: torch.Tensor, kernel_seed: int | None) -> list:
+        try:
+            return list(_torch_sampling.sample(self.colptr, self.row, seeds, self.num_neighbors, self.replace,
+                                               self.generator, self._local, self._first, kernel_seed))
+        except (ImportError, RuntimeError, triton_errors()) as exc:  # e.g. a Triton that cannot compile the picks
+            if kernel_seed is None:
+                raise
+            warnings.warn(f"gnnfuse: the Triton neighbour picks failed ({type(exc).__name__}: {exc}); "
+                          "sampling with torch ops instead", stacklevel=3)
+            self.picks = "torch"
+            self._local.fill_(-1)  # scratch maps as they came (a failed call may have left marks)
+            self._first.fill_(_torch_sampling.UNSEEN)
+            return self._sample_torch(seeds, None)
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs) -> SamplerOutput:
         if index.time is not None:

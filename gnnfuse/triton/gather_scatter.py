@@ -8,7 +8,9 @@ choice in gather_scatter_dispatch.py, the row schedule in schedule.py.
 Forward kernels (see the dispatch module for when each runs):
   * ``_rowgroup_kernel`` (the default "hybrid" plan's short rows): rows of at most short_max
     edges, sorted by degree, ``ROWS`` per program; step j gathers the j-th edge of each row.
-    The hybrid plan sends the remaining rows through the CSR kernel below.
+    The hybrid plan sends the remaining rows through the CSR kernel below; from 256-byte rows
+    (``plan.one_pass``) ``_one_pass_kernel`` runs both as one launch over an id-ordered task list
+    (schedule.task_list), so a window's long and short rows share the source rows they read.
   * ``_csr_fwd_kernel`` + ``_combine_kernel``: a work list splits every row into pieces of at
     most SEG edges; one program per (piece, feature tile) gathers [BLOCK_E, BLOCK_F] tiles of x
     and reduces them in registers. Rows of one piece write ``out`` directly; pieces of split
@@ -33,6 +35,7 @@ import torch
 
 from .. import config
 from .._tensor_cache import cached
+from ..fresh_graph import NoPieces, fresh_plan, fresh_rows, is_fresh
 from ._grid import cdiv, next_power_of_2
 from ._launch import BoundLaunches
 from .gather_scatter_bwd_kernels import _csr_bwd_x_kernel, _grad_w_kernel, _mul_stats_kernel, _winner_scatter_kernel
@@ -45,9 +48,10 @@ from .gather_scatter_fwd_kernels import (
     _coo_kernel,
     _combine_kernel,
     _csr_fwd_kernel,
+    _one_pass_kernel,
     _rowgroup_kernel,
 )
-from .schedule import choose_window, short_rows
+from .schedule import choose_window, short_rows, task_list
 
 
 # work lists (cached per rowptr tensor object)
@@ -99,6 +103,15 @@ def _mean_divisor(rowptr: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[N_dst, 1] in-degrees clamped to 1 (empty rows stay 0), cached on rowptr: one kernel per mean."""
     return cached("degree", (rowptr,), (dtype,),
                   lambda: (rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(dtype))
+
+
+# fresh graphs (used once: a sampled mini-batch; see gnnfuse.fresh_graph)
+# =============================================================================================
+def _fresh_setup(rowptr, E, F, dtype, reduce, has_w, tracks) -> _ForwardSetup:
+    """The setup of a graph used once: the default plan's row-group tiles for every row (rows longer
+    than the plan's short_max included), no work list, no locality statistic, no host sync."""
+    plan = fresh_plan(choose(reduce, rowptr.numel() - 1, E, F, dtype, kernel="hybrid"))
+    return _ForwardSetup(plan, rowptr, E, F, dtype, reduce, has_w, tracks, rows=fresh_rows(rowptr))
 
 
 # =============================================================================================
@@ -167,7 +180,7 @@ class _ForwardSetup:
     is mostly host time, and all of this is the same call after call (see _forward_setup)."""
 
     def __init__(self, plan: Plan, rowptr: torch.Tensor, E: int, F: int, dtype: torch.dtype, reduce: str,
-                 has_w: bool, tracks: bool):
+                 has_w: bool, tracks: bool, rows: torch.Tensor | None = None):
         # (holds tensors derived from rowptr, never rowptr itself: the cache entry must die with it)
         self.plan = plan
         self.launches = BoundLaunches()
@@ -182,28 +195,45 @@ class _ForwardSetup:
                                  BLOCK_F=plan.block_f, num_warps=plan.num_warps)
             return
         hybrid = plan.kernel == "hybrid"
-        self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
-        self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
+        if rows is not None:  # every row in row groups (a fresh graph): no work list
+            self.wl, self.short = NoPieces(), rows
+        else:
+            self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
+            self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
         if self.short is not None and self.short.numel():
             group_block_f = plan.group_block_f or plan.block_f
             self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))
             self.rowgroup_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
                                       BLOCK_F=group_block_f, num_warps=plan.group_warps)
+        if rows is not None:
+            return
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, SEG=plan.seg,
                              BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+        self.tasks = None
+        if hybrid and plan.one_pass:  # one launch: the long rows' pieces take the row groups' tiles
+            group_block_f = plan.group_block_f or plan.block_f
+            self.tasks = task_list(rowptr, self.short, self.wl, plan.group_rows, plan.seg, plan.short_max, plan.window)
+            self.one_pass_grid = (self.tasks.numel(), cdiv(F, group_block_f))
+            self.one_pass_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
+                                      SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=group_block_f,
+                                      num_warps=plan.group_warps)
         self.combine_grid = (self.wl.split_rows.numel() * nft,)
         self.combine_meta = dict(REDUCE=code, ACC64=acc64, TRACK=tracks, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f,
                                  num_warps=4)
 
 
 def _forward_setup(x, rowptr, col, weight, reduce, tracks, kernel, plan) -> _ForwardSetup:
-    """The cached setup of this call (an explicit ``plan`` builds one, uncached)."""
+    """The cached setup of this call (an explicit ``plan`` builds one, uncached; a fresh graph one
+    without any host synchronisation, uncached: see gnnfuse.fresh_graph)."""
     F, E, has_w = x.shape[1], col.numel(), weight is not None
     if plan is not None:
         return _ForwardSetup(plan, rowptr, E, F, x.dtype, reduce, has_w, tracks)
-    forced = kernel or config.get("GNNFUSE_TRITON_KERNEL") or None
+    env_kernel = config.get("GNNFUSE_TRITON_KERNEL") or None
+    forced = kernel or env_kernel
     tune = autotune_enabled() and x.is_cuda
+    if forced in (None, "hybrid") and env_kernel is None and not tune and is_fresh(rowptr):
+        return _fresh_setup(rowptr, E, F, x.dtype, reduce, has_w, tracks)
     deterministic = torch.are_deterministic_algorithms_enabled()
 
     def build():
@@ -252,16 +282,21 @@ def _forward(x, rowptr, col, weight, reduce, tracks: bool, kernel, plan) -> tupl
     # (unused pointer arguments get any tensor: no allocation for them)
     arg_p = arg if tracks else col
     short = setup.short
-    if short is not None and short.numel():
-        launch("rowgroup", _rowgroup_kernel, setup.rowgroup_grid,
-               (x, short, rowptr, col, w, out, arg_p, short.numel(), F), setup.rowgroup_meta, fast)
     wl = setup.wl
-    if wl.num_pieces == 0:
-        return out, arg
     part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device) if wl.num_partials else out
     parg = torch.empty(wl.num_partials, F, dtype=torch.long, device=x.device) if wl.num_partials and tracks else col
-    launch("csr", _csr_fwd_kernel, setup.csr_grid,
-           (x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F), setup.csr_meta, fast)
+    if setup.tasks is not None and setup.tasks.numel():
+        launch("one_pass", _one_pass_kernel, setup.one_pass_grid,
+               (x, short, short.numel(), setup.tasks, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr,
+                wl.slot, F), setup.one_pass_meta, fast)
+    elif short is not None and short.numel():
+        launch("rowgroup", _rowgroup_kernel, setup.rowgroup_grid,
+               (x, short, rowptr, col, w, out, arg_p, short.numel(), F), setup.rowgroup_meta, fast)
+    if wl.num_pieces == 0:
+        return out, arg
+    if setup.tasks is None:
+        launch("csr", _csr_fwd_kernel, setup.csr_grid,
+               (x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F), setup.csr_meta, fast)
     if wl.split_rows.numel():
         launch("combine", _combine_kernel, setup.combine_grid,
                (part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F), setup.combine_meta, fast)

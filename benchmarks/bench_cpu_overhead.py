@@ -1,13 +1,19 @@
-"""Per-call cost on CPU where the graph is small (Cora-sized): what a call spends above its kernel.
+"""Per-call cost on CPU where the graph is small (Cora-sized, and a tiny 4-node ring where the
+kernel is ~1 us): what a call spends above its kernel.
 
     python -m benchmarks.bench_cpu_overhead --out "$OUT" [--graph Cora] [--widths 16,64] [--threads 1]
+        [--clock cpu|wall]
 
 Rows, timed in turns (variants interleaved; median and min of per-call times over batches of calls): the
 public call given a CSR (inference and forward+backward), the registered op
-``torch.ops.gnnfuse.gather_scatter`` (the route torch.compile takes), the C++ kernel called alone,
-and the anchors torch.sparse.mm (prebuilt CSR, forward and forward+backward) and ``x * 1``
-forward+backward (the autograd round trip's floor). ``above_kernel_us`` = the row's time minus the
-kernel alone (same reduction and width). Cora comes from the shared data folder when present,
+``torch.ops.gnnfuse.gather_scatter`` (the route torch.compile takes; its CPU kernel is registered
+in C++), the C++ kernels called alone (forward; forward then backward), and the anchors
+torch.sparse.mm (prebuilt CSR, forward and forward+backward) and ``x * 1`` forward+backward (the
+autograd round trip's floor). ``above_kernel_us`` = the row's time minus the kernels alone (same
+graph and width). The default clock is the process's CPU time (``--clock cpu``): on a shared,
+loaded machine it leaves out the time other processes hold the core, which wall time counts (with
+one thread the two agree on a quiet machine; with several, CPU time adds the threads up: use
+``--clock wall``). Cora comes from the shared data folder when present,
 else a random graph of Cora's size (2708 nodes, 10556 edges) is used (the ``graph`` column says which).
 """
 from __future__ import annotations
@@ -22,7 +28,7 @@ import torch
 from benchmarks.common import device_label, machine, save_results
 
 
-def per_call_us(fns: dict, calls: int = 200, rounds: int = 9) -> dict[str, float]:
+def per_call_us(fns: dict, calls: int = 200, rounds: int = 9, clock=time.perf_counter) -> dict[str, float]:
     """Median over rounds of (time of ``calls`` back-to-back calls) / calls, variants in turns."""
     names = list(fns)
     for name in names:
@@ -35,10 +41,10 @@ def per_call_us(fns: dict, calls: int = 200, rounds: int = 9) -> dict[str, float
             for k in range(len(names)):
                 name = names[(r + k) % len(names)]
                 fn = fns[name]
-                t0 = time.perf_counter()
+                t0 = clock()
                 for _ in range(calls):
                     fn()
-                samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+                samples[name].append((clock() - t0) / calls * 1e6)
     finally:
         gc.enable()
     return {n: (statistics.median(v), min(v)) for n, v in samples.items()}
@@ -58,6 +64,57 @@ def _graph(name: str) -> tuple[torch.Tensor, int, str]:
     return torch.randint(0, n, (2, e), generator=g), n, f"random({n} nodes, {e} edges)"
 
 
+def _kernels(ext):
+    """The C++ forward and backward kernels with the ops' arguments (pybind), also on code from
+    before they were registered in C++ (whose pybind forward took a flag instead of the transpose)."""
+    if hasattr(ext, "gather_scatter"):
+        return ext.gather_scatter, ext.gather_scatter_backward
+    old = ext.gather_scatter_forward
+    return (lambda x, rowptr, col, w, t_rowptr, t_col, t_pos, reduce: old(x, rowptr, col, w, reduce,
+                                                                           t_rowptr is not None),
+            ext.gather_scatter_backward)
+
+
+def _rows(graph: str, csr, ext, F: int, clock, calls: int) -> list[dict]:
+    import gnnfuse
+
+    n = csr.num_dst
+    adj = torch.sparse_csr_tensor(csr.rowptr.long(), csr.col.long(), torch.ones(csr.num_edges), (n, n))
+    x = torch.randn(n, F)
+    xr = x.clone().requires_grad_()
+    g = torch.randn(n, F)
+    t = csr.transpose_parts()
+    forward, backward = _kernels(ext)
+    fns = {
+        "kernel alone (C++), forward": lambda: forward(x, csr.rowptr, csr.col, None, None, None, None, "sum"),
+        "kernels alone (C++), forward+backward": lambda: backward(
+            g, x, csr.rowptr, csr.col, None, *t, forward(x, csr.rowptr, csr.col, None, *t, "sum")[1], "sum", True,
+            False),
+        "public call, forward (no grad)": lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"),
+        "registered op, forward": lambda: torch.ops.gnnfuse.gather_scatter(x, csr.rowptr, csr.col, None,
+                                                                           None, None, None, "sum"),
+        "torch.sparse.mm, forward": lambda: torch.sparse.mm(adj, x),
+        "public call, forward+backward": lambda: torch.autograd.grad(
+            gnnfuse.fused_gather_scatter(xr, csr, "sum"), xr, g),
+        "registered op, forward+backward": lambda: torch.autograd.grad(
+            torch.ops.gnnfuse.gather_scatter(xr, csr.rowptr, csr.col, None, *t, "sum")[0], xr, g),
+        "torch.sparse.mm, forward+backward": lambda: torch.autograd.grad(torch.sparse.mm(adj, xr), xr, g),
+        "autograd floor: (x * 1) forward+backward": lambda: torch.autograd.grad(xr * 1.0, xr, g),
+    }
+    timed = per_call_us(fns, calls=calls, clock=clock)
+    times = {name: med for name, (med, _) in timed.items()}
+    rows = []
+    for name, us in times.items():
+        both = "backward" in name
+        anchor = times["torch.sparse.mm, forward+backward" if both else "torch.sparse.mm, forward"]
+        kernel = times["kernels alone (C++), forward+backward" if both else "kernel alone (C++), forward"]
+        rows.append(dict(graph=graph, F=F, call=name, us_per_call=round(us, 2), min_us=round(timed[name][1], 2),
+                         above_kernel_us=None if "floor" in name or "sparse" in name else round(us - kernel, 2),
+                         vs_sparse_mm=round(anchor / us, 2)))
+        print(f"{graph[:10]:10s} F={F:4d} {name:42s} {us:8.2f} us  x{anchor / us:.2f}", flush=True)
+    return rows
+
+
 def main(argv=None):
     import gnnfuse
     from gnnfuse._build import load_extension
@@ -67,46 +124,23 @@ def main(argv=None):
     ap.add_argument("--graph", default="Cora")
     ap.add_argument("--widths", default="16,64")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="cpu: the process's CPU time (default; robust on a loaded machine); wall: elapsed time")
     ap.add_argument("--label", default="", help="a tag for the result file name (e.g. before/after)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     ei, n, graph = _graph(args.graph)
-    csr = gnnfuse.CSR.from_edge_index(ei, n)
     ext = load_extension()
-    adj = torch.sparse_csr_tensor(csr.rowptr.long(), csr.col.long(), torch.ones(csr.num_edges), (n, n))
-    rows = []
+    tiny = gnnfuse.CSR.from_edge_index(torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), 4)
+    rows = _rows("tiny (4-node ring)", tiny, ext, 8, clock, calls=1000)
+    csr = gnnfuse.CSR.from_edge_index(ei, n)
     for F in map(int, args.widths.split(",")):
-        x = torch.randn(n, F)
-        xr = x.clone().requires_grad_()
-        g = torch.randn(n, F)
-        t = csr.transpose_parts()
-        fns = {
-            "kernel alone (C++), forward": lambda: ext.gather_scatter_forward(x, csr.rowptr, csr.col, None, "sum",
-                                                                              False),
-            "public call, forward (no grad)": lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"),
-            "registered op, forward": lambda: torch.ops.gnnfuse.gather_scatter(x, csr.rowptr, csr.col, None,
-                                                                               None, None, None, "sum"),
-            "torch.sparse.mm, forward": lambda: torch.sparse.mm(adj, x),
-            "public call, forward+backward": lambda: torch.autograd.grad(
-                gnnfuse.fused_gather_scatter(xr, csr, "sum"), xr, g),
-            "registered op, forward+backward": lambda: torch.autograd.grad(
-                torch.ops.gnnfuse.gather_scatter(xr, csr.rowptr, csr.col, None, *t, "sum")[0], xr, g),
-            "torch.sparse.mm, forward+backward": lambda: torch.autograd.grad(torch.sparse.mm(adj, xr), xr, g),
-            "autograd floor: (x * 1) forward+backward": lambda: torch.autograd.grad(xr * 1.0, xr, g),
-        }
-        timed = per_call_us(fns)
-        times = {name: med for name, (med, _) in timed.items()}
-        kernel = times["kernel alone (C++), forward"]
-        for name, us in times.items():
-            anchor = times["torch.sparse.mm, forward+backward" if "backward" in name else "torch.sparse.mm, forward"]
-            rows.append(dict(graph=graph, F=F, call=name, us_per_call=round(us, 2), min_us=round(timed[name][1], 2),
-                             above_kernel_us=None if "backward" in name else round(us - kernel, 2),
-                             vs_sparse_mm=round(anchor / us, 2)))
-            print(f"F={F:4d} {name:42s} {us:8.2f} us  x{anchor / us:.2f}", flush=True)
+        rows += _rows(graph, csr, ext, F, clock, calls=200)
     meta = machine("cpu")
     meta.update(benchmark="bench_cpu_overhead", graph=graph, nodes=n, edges=csr.num_edges,
-                threads=torch.get_num_threads())
+                threads=torch.get_num_threads(), clock=args.clock)
     tag = f"_{args.label}" if args.label else ""
     save_results(f"cpu-overhead_{device_label('cpu')}_{time.strftime('%Y-%m-%d')}{tag}", meta, rows,
                  ["graph", "F", "call", "us_per_call", "min_us", "above_kernel_us", "vs_sparse_mm"], args.out,

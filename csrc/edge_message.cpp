@@ -147,10 +147,26 @@ std::tuple<at::Tensor, at::Tensor> gine_aggregate_backward(
   return {grad_x, grad_ea};
 }
 
+// The registered op's CPU kernel, with its schema's arguments (gnnfuse/ops/edge_message.py defines
+// the schemas; the transpose is passed for the backward and not read here).
+at::Tensor gine_aggregate_op(const at::Tensor& x, const at::Tensor& ea, const at::Tensor& rowptr, const at::Tensor& col,
+                             const at::Tensor& perm, const c10::optional<at::Tensor>& /*t_rowptr*/,
+                             const c10::optional<at::Tensor>& /*t_col*/, const c10::optional<at::Tensor>& /*t_pos*/,
+                             bool mean) {
+  return gine_aggregate(x, ea, rowptr, col, perm, mean);
+}
+
 }  // namespace
 }  // namespace gnnfuse
 
+// CPU kernels of gnnfuse::gine_aggregate(_backward), called by the dispatcher without Python; the
+// eager route calls the same functions through pybind.
+TORCH_LIBRARY_IMPL(gnnfuse, CPU, m) {
+  m.impl("gine_aggregate", &gnnfuse::gine_aggregate_op);
+  m.impl("gine_aggregate_backward", &gnnfuse::gine_aggregate_backward);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gine_aggregate", &gnnfuse::gine_aggregate);
+  m.def("gine_aggregate", &gnnfuse::gine_aggregate_op);
   m.def("gine_aggregate_backward", &gnnfuse::gine_aggregate_backward);
 }

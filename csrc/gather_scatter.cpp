@@ -332,11 +332,39 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
   return {grad_x, grad_w};
 }
 
+// The kernels of the registered ops, with their schemas' arguments (gnnfuse/ops/gather_scatter.py
+// defines the schemas): the dispatcher calls them for CPU tensors without going back into Python,
+// and the ops' eager route calls the same functions through pybind.
+std::tuple<at::Tensor, at::Tensor> gather_scatter_op(const at::Tensor& x, const at::Tensor& rowptr,
+                                                     const at::Tensor& col, const c10::optional<at::Tensor>& weight,
+                                                     const c10::optional<at::Tensor>& t_rowptr,
+                                                     const c10::optional<at::Tensor>& /*t_col*/,
+                                                     const c10::optional<at::Tensor>& /*t_pos*/,
+                                                     c10::string_view reduce) {
+  // the transpose is passed exactly when gradients are wanted: only then are max/min winners kept
+  return gather_scatter_forward(x, rowptr, col, weight, std::string(reduce), t_rowptr.has_value());
+}
+
+std::tuple<at::Tensor, at::Tensor> gather_scatter_backward_op(
+    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,
+    const c10::optional<at::Tensor>& weight, const at::Tensor& t_rowptr, const at::Tensor& t_col,
+    const at::Tensor& t_pos, const at::Tensor& arg, c10::string_view reduce, bool need_x_grad,
+    bool need_weight_grad) {
+  return gather_scatter_backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, std::string(reduce),
+                                 need_x_grad, need_weight_grad);
+}
+
 }  // namespace
 
+TORCH_LIBRARY_IMPL(gnnfuse, CPU, m) {
+  m.impl("gather_scatter", &gather_scatter_op);
+  m.impl("gather_scatter_backward", &gather_scatter_backward_op);
+}
+
 void register_gather_scatter(pybind11::module& m) {
-  m.def("gather_scatter_forward", &gather_scatter_forward);
-  m.def("gather_scatter_backward", &gather_scatter_backward);
+  m.def("gather_scatter", &gather_scatter_op);
+  m.def("gather_scatter_backward", &gather_scatter_backward_op);
+  m.def("gather_scatter_forward", &gather_scatter_forward);  // the kernel alone (benchmarks)
 }
 
 }  // namespace gnnfuse

@@ -254,3 +254,43 @@ def test_gpu_csr_build_matches_the_reference(index_dtype):
     bad = torch.tensor([0, 9], dtype=index_dtype, device=DEVICE)
     with pytest.raises(gnnfuse.IndexOutOfRange, match="node id 9"):
         _coo_to_csr_cuda(bad, bad, 5, 10)
+
+
+_FRESH_PROCESS = """
+import torch, gnnfuse
+from gnnfuse import _build, reference
+from gnnfuse.ops import gather_scatter as gs
+x = torch.randn(7, 3, dtype=torch.float64)
+rowptr, col = torch.tensor([0, 0, 2, 3, 4, 4, 4, 4]), torch.tensor([0, 6, 1, 2])  # by hand: no CSR build,
+row = torch.tensor([1, 1, 2, 3])                                                   # which loads the extension
+assert "graph" not in _build._modules  # nothing loaded the kernels yet
+assert gs.FORWARD.kernels["cpu"] == gs.FORWARD._first_cpp_call
+out = torch.ops.gnnfuse.gather_scatter(x, rowptr, col, None, None, None, None, "sum")[0]
+assert torch.equal(out, reference.gather_scatter(x, col, row, 7, "sum", None))
+assert "graph" in _build._modules  # the loader ran ...
+assert gs.FORWARD.kernels["cpu"] != gs.FORWARD._first_cpp_call  # ... and gave the eager route the C++ function
+print("ok")
+"""
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="CPU kernels")
+def test_cpp_registered_kernel_loads_on_first_dispatch():
+    """gather_scatter's CPU kernels are registered in C++ when their extension loads: a first call
+    through the dispatcher, before any eager call, finds the Python loader, which loads the extension
+    and dispatches again (to the C++ kernel)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's gnnfuse
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+
+
+def test_a_missing_cpp_kernel_raises_instead_of_recursing():
+    """An op whose extension loads without registering its CPU kernel fails with a message."""
+    op = _opdef.OpDef("_test_missing_cpp_kernel(Tensor x) -> Tensor",
+                      kernels={"cpu": _opdef.CppKernel("graph", "gather_scatter_forward")},
+                      fake=lambda x: torch.empty_like(x))
+    with pytest.raises(RuntimeError, match="registered no CPU kernel"):
+        op.overload(torch.zeros(2))

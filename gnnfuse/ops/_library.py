@@ -24,7 +24,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     ``auto`` means the compiled kernel of the tensors' device; the environment variable
     ``GNNFUSE_BACKEND`` replaces ``auto`` (useful to run a whole program on the reference).
     """
-    if torch.compiler.is_compiling():  # no memo while tracing: Dynamo guards on its contents,
+    if torch.compiler.is_dynamo_compiling():  # no memo while tracing: Dynamo guards on its contents,
         kind = device.type  # and an eager call filling it later would recompile
     else:
         kind = _device_types.get(device) or _device_types.setdefault(device, device.type)

@@ -23,6 +23,13 @@ What one description gives:
     Triton kernels on CPU tensors under ``TRITON_INTERPRET=1``, which the dispatcher cannot pick.
     Tracing (torch.compile, export), dispatch/function modes, functorch transforms and tensor
     subclasses always take the registered op (see :func:`eager_route_ok`).
+  * a CPU kernel written in C++ is best registered there (``kernels={"cpu": CppKernel("graph",
+    "my_op")}``, with ``TORCH_LIBRARY_IMPL(gnnfuse, CPU, m) { m.impl("my_op", &my_op); }`` and a
+    pybind ``m.def("my_op", &my_op)`` of the same function in csrc/): the dispatcher then runs it
+    without coming back into Python (compiled graphs, direct ``torch.ops`` calls), and the eager
+    route calls the same function. See :class:`CppKernel` for how the lazily built extension is
+    loaded. An op whose CPU errors are translated in Python (gnnfuse.IndexOutOfRange) or which
+    falls back to torch without a compiler keeps a Python CPU kernel.
 
 ``backward(ctx, saved, *grads)`` returns one gradient (or None) per op input, a list for a
 Tensor[] input. It finds ``ctx.needs`` (per input: does it need a gradient; any() over a list) and
@@ -35,10 +42,29 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from .._build import load_extension
 from ._library import NAMESPACE, lib
 
 # backend -> the device its registered kernel serves ("cuda": a CUDA kernel written in plain torch)
 DISPATCH_KEYS = {"cpu": "cpu", "triton": "cuda", "cuda": "cuda"}
+
+
+class CppKernel:
+    """A CPU kernel registered in C++: ``TORCH_LIBRARY_IMPL(gnnfuse, CPU, m)`` in the sources of
+    ``extension`` (csrc/) registers it for the op, and the extension's pybind function ``name``,
+    taking the op's arguments, is the same C++ function for the eager route. The dispatcher then
+    runs CPU calls without coming back into Python.
+
+    The extension is built and loaded on first use, after the op was defined: until then a Python
+    loader serves the op's ``CompositeExplicitAutograd`` key, which the dispatcher uses only where
+    no kernel of the device's own key exists. It loads the extension (whose CPU kernel then takes
+    precedence: no Python CPU kernel is ever registered, so nothing is overridden) and calls again."""
+
+    def __init__(self, extension: str, name: str):
+        self.extension, self.name = extension, name
+
+    def load(self) -> Callable:
+        return getattr(load_extension(self.extension), self.name)
 
 
 # ---- the eager route's gate -------------------------------------------------------------------------
@@ -54,16 +80,15 @@ def _torch_version() -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-def _private_gate() -> Callable[[], bool] | None:
+def _private_gate() -> tuple[Callable, Callable, Callable] | None:
+    """The three dispatcher-state readers of the gate, on the tested torch versions only."""
     if not TESTED_TORCH[0] <= _torch_version() <= TESTED_TORCH[1]:
         return None
     C = torch._C
     try:
-        stack, mode, level = C._len_torch_dispatch_stack, C._is_torch_function_mode_enabled, \
-            C._functorch.maybe_current_level
+        return C._len_torch_dispatch_stack, C._is_torch_function_mode_enabled, C._functorch.maybe_current_level
     except AttributeError:
         return None
-    return lambda: stack() == 0 and not mode() and level() is None
 
 
 _gate = _private_gate()
@@ -76,17 +101,29 @@ def eager_route_ok(tensors: Sequence[torch.Tensor]) -> bool:
 
 def _scan(values: Sequence) -> tuple[bool, tuple[int, ...]]:
     """(may these arguments take the eager route, the positions of the tensors that require grad),
-    in one pass: this runs on every call, and each loop over the arguments costs a microsecond."""
-    if _gate is None or torch.compiler.is_compiling():
+    in one pass: this runs on every call, so it is written for speed (each Python call in it costs
+    about 0.1 us): no dispatch or function mode, no functorch transform, only plain CPU/CUDA tensors."""
+    # (Dynamo's tracing first: it must not trace the gate; other tracers, such as non-strict
+    # export, run under a dispatch mode, which the gate sees)
+    if _gate is None or torch.compiler.is_dynamo_compiling():
+        return False, ()
+    dispatch_modes, function_mode, functorch_level = _gate
+    if dispatch_modes() or function_mode() or functorch_level() is not None:
         return False, ()
     grad_pos: tuple[int, ...] = ()
-    for i, t in enumerate(values):
-        if isinstance(t, torch.Tensor):
-            if type(t) not in _PLAIN_TENSORS or not (t.is_cpu or t.is_cuda):
+    i = -1
+    for t in values:
+        i += 1
+        if t is None:  # (optional tensors: the commonest non-tensor argument, first)
+            continue
+        if type(t) in _PLAIN_TENSORS:
+            if not (t.is_cpu or t.is_cuda):
                 return False, ()
             if t.requires_grad:
                 grad_pos += (i,)
-    return _gate(), grad_pos
+        elif isinstance(t, torch.Tensor):  # a subclass
+            return False, ()
+    return True, grad_pos
 
 
 # ---- Tensor[] arguments travel flat through autograd.Function ------------------------------------
@@ -136,40 +173,50 @@ def _save(ctx, op: OpDef, inputs: Sequence, output) -> None:
 
 def _grads(ctx, op: OpDef, needs: tuple[bool, ...], grads: tuple) -> tuple:
     ctx.needs = needs
-    saved = _unflatten(ctx.saved_tensors, ctx.saved_layout)
+    saved = ctx.saved_tensors if ctx.saved_layout is None else _unflatten(ctx.saved_tensors, ctx.saved_layout)
     return tuple(op.backward(ctx, saved, *grads))  # type: ignore[misc]
 
 
 class _Eager(torch.autograd.Function):
     """The eager route's autograd node for every op (see the module docstring). Only the tensors
-    that require grad are arguments of their own; the rest travel in one tuple (``flat``): each
-    argument of ``apply`` costs autograd time on every call, and these never get a gradient."""
+    that require grad are arguments of their own; the rest travel in one tuple (``flat``), and the
+    op's description in another (``route``): each argument of ``apply`` costs autograd time on
+    every call, and these never get a gradient. For the same reason only the differentiable
+    outputs leave through the node: non-differentiable ones go out through ``side`` (a list).
+    (The common single-tensor cases are spelled out: a generator costs ~0.3 us a call.)"""
 
     @staticmethod
-    def forward(ctx, op: OpDef, backend: str, layout: tuple | None, flat: tuple, grad_pos: tuple, *_grad_inputs):
-        inputs = _unflatten(flat, layout)
+    def forward(ctx, route: tuple, flat: tuple, side: list, *_grad_inputs):
+        op, backend, layout, _ = route
+        inputs = flat if layout is None else _unflatten(flat, layout)
         output = op.kernels[backend](*inputs)
-        ctx.op, ctx.backend, ctx.layout, ctx.grad_pos, ctx.num_flat = op, backend, layout, grad_pos, len(flat)
+        ctx.route, ctx.backend, ctx.num_flat = route, backend, len(flat)
         _save(ctx, op, inputs, output)
-        if op.visible_outputs is None:
+        through = op.autograd_outputs
+        if through is None:
             return output
-        visible = tuple(output[i] for i in op.visible_outputs)  # each output costs autograd time too
-        return visible[0] if len(visible) == 1 else visible
+        for i in op.side_outputs:
+            side.append(output[i])
+        return output[through[0]] if len(through) == 1 else tuple(output[i] for i in through)
 
     @staticmethod
     def backward(ctx, *grads):
-        if ctx.op.visible_outputs is not None:  # the backward-only outputs get no gradient
-            full = [None] * ctx.op.num_outputs
-            for i, g in zip(ctx.op.visible_outputs, grads):
+        op, _, layout, grad_pos = ctx.route
+        if op.autograd_outputs is not None:  # the other outputs get no gradient
+            full = [None] * op.num_outputs
+            for i, g in zip(op.autograd_outputs, grads):
                 full[i] = g
-            grads = tuple(full)
+            grads = full
         needs = [False] * ctx.num_flat
-        for k, i in enumerate(ctx.grad_pos):
-            needs[i] = ctx.needs_input_grad[5 + k]
-        grads = _grads(ctx, ctx.op, _needs(needs, ctx.layout), grads)
-        if ctx.layout is not None:
-            grads, _ = _flatten(_list_of_nones(g, n) for g, n in zip(grads, ctx.layout))
-        return (None, None, None, None, None, *(grads[i] for i in ctx.grad_pos))
+        flags = ctx.needs_input_grad
+        for k, i in enumerate(grad_pos):
+            needs[i] = flags[3 + k]
+        grads = _grads(ctx, op, tuple(needs) if layout is None else _needs(needs, layout), grads)
+        if layout is not None:
+            grads, _ = _flatten(_list_of_nones(g, n) for g, n in zip(grads, layout))
+        if len(grad_pos) == 1:
+            return None, None, None, grads[grad_pos[0]]
+        return (None, None, None, *[grads[i] for i in grad_pos])
 
 
 # ---- the op definition ------------------------------------------------------------------------------
@@ -190,20 +237,33 @@ class OpDef:
         backward_only_outputs: positions of outputs that only the backward uses (e.g. winners or
             normals it saves): the eager route returns None in their place, which spares autograd
             an output per call; the registered op returns them.
+        non_differentiable_outputs: positions of outputs that are returned but never
+            differentiated (e.g. index outputs): the registered op marks them non-differentiable,
+            and the eager route returns them beside its autograd node, not through it (an output
+            through the node costs ~1-2 us per call).
         public_name: the public function named in the error raised when an op without
             ``backward`` is differentiated.
     """
 
-    def __init__(self, schema: str, *, kernels: dict[str, Callable], fake: Callable,
+    def __init__(self, schema: str, *, kernels: dict[str, Callable | CppKernel], fake: Callable,
                  save: Callable | None = None, backward: Callable | None = None, differentiable: bool = True,
-                 backward_only_outputs: tuple[int, ...] = (), public_name: str | None = None):
+                 backward_only_outputs: tuple[int, ...] = (), non_differentiable_outputs: tuple[int, ...] = (),
+                 public_name: str | None = None):
         self.name = schema.split("(", 1)[0]
         self.qualname = f"{NAMESPACE}::{self.name}"
-        # Triton launches on the current GPU: every "triton" kernel runs with its tensors' GPU current
-        kernels = {b: _on_tensor_device(k) if b == "triton" else k for b, k in kernels.items()}
-        self.kernels, self.save, self.backward = kernels, save, backward
+        self.save, self.backward = save, backward
         lib.define(schema)
+        self.kernels: dict[str, Callable] = {}
+        self._cpp: CppKernel | None = None
         for backend, kernel in kernels.items():
+            if isinstance(kernel, CppKernel):  # registered in C++ when its extension loads
+                self._cpp = kernel
+                self.kernels[backend] = self._first_cpp_call
+                torch.library.impl(self.qualname, "default", lib=lib)(self._load_cpp_kernel)
+                continue
+            if backend == "triton":  # Triton launches on the current GPU: run with the tensors' GPU current
+                kernel = _on_tensor_device(kernel)
+            self.kernels[backend] = kernel
             torch.library.impl(self.qualname, DISPATCH_KEYS[backend], lib=lib)(kernel)
         torch.library.register_fake(self.qualname, fake, lib=lib)
         if backward is not None:
@@ -217,12 +277,36 @@ class OpDef:
         self._has_lists = "[]" in schema.split("->")[0]
         returns = schema.rsplit("->", 1)[1].strip()
         self.num_outputs = returns.count(",") + 1 if returns.startswith("(") else 1
-        self.visible_outputs = tuple(i for i in range(self.num_outputs) if i not in backward_only_outputs) \
-            if backward_only_outputs else None
+        # the eager route: outputs through its autograd node (None: all) and beside it
+        self.side_outputs = tuple(non_differentiable_outputs)
+        hidden = set(backward_only_outputs) | set(non_differentiable_outputs)
+        self.autograd_outputs = tuple(i for i in range(self.num_outputs) if i not in hidden) if hidden else None
+
+    # ---- a kernel registered in C++ (see CppKernel) ----
+    def _first_cpp_call(self, *args):
+        """The eager route's first CPU call: loads the extension (which registers the op's CPU
+        kernel) and puts its pybind function in place of this one."""
+        self.kernels["cpu"] = kernel = self._cpp.load()  # type: ignore[union-attr]
+        return kernel(*args)
+
+    def _load_cpp_kernel(self, *args):
+        """The registered op where its device has no kernel: on CPU before the extension is loaded."""
+        cpp = self._cpp
+        assert cpp is not None  # registered only for an op with a CppKernel
+        device = next(a.device for a in _flatten(args)[0] if isinstance(a, torch.Tensor))
+        if device.type != "cpu":
+            raise NotImplementedError(f"{self.qualname} has no kernel for {device.type} tensors")
+        if self.kernels["cpu"] != self._first_cpp_call:  # loaded, yet no C++ kernel took over
+            raise RuntimeError(f"the '{cpp.extension}' extension registered no CPU kernel for {self.qualname}; "
+                               "rebuild it (python -m gnnfuse build)")
+        self.kernels["cpu"] = cpp.load()
+        return self.overload(*args)  # now dispatched to the C++ kernel
 
     # the registered op's autograd rule: the same save and backward as the eager route
     def _registered_setup(self, ctx, inputs, output) -> None:
         ctx.backend, ctx.layout = None, (_flatten(inputs)[1] if self._has_lists else None)
+        if self.side_outputs:
+            ctx.mark_non_differentiable(*(output[i] for i in self.side_outputs))
         _save(ctx, self, inputs, output)
 
     def _registered_backward(self, ctx, *grads):
@@ -262,11 +346,17 @@ class OpDef:
             return self.kernels[backend](*args)  # nothing to differentiate: no autograd node
         if self.backward is None:
             return self.overload(*args)  # its autograd rule raises on backward
-        output = _Eager.apply(self, backend, layout, tuple(flat), grad_pos, *(flat[i] for i in grad_pos))
-        if self.visible_outputs is None:
+        side: list = []
+        route = (self, backend, layout, grad_pos)
+        flat = flat if layout is None else tuple(flat)
+        output = _Eager.apply(route, flat, side, flat[grad_pos[0]]) if len(grad_pos) == 1 else \
+            _Eager.apply(route, flat, side, *[flat[i] for i in grad_pos])
+        if self.autograd_outputs is None:
             return output
         full = [None] * self.num_outputs
-        for i, o in zip(self.visible_outputs, output if len(self.visible_outputs) > 1 else (output,)):
+        for i, o in zip(self.autograd_outputs, output if len(self.autograd_outputs) > 1 else (output,)):
+            full[i] = o
+        for i, o in zip(self.side_outputs, side):
             full[i] = o
         return tuple(full)
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from .._build import load_extension
 from .._validate import require_choice, require_floating, require_same_device, require_shape, require_tensor
 from ..csr import CSR
 from ._library import resolve_backend
-from ._opdef import OpDef
+from ._opdef import CppKernel, OpDef
 from .gather_scatter import _as_csr
 
 REDUCTIONS = ("sum", "mean")
@@ -26,10 +25,6 @@ def _triton():
     from ..triton import edge_message
 
     return edge_message
-
-
-def _cpu():
-    return load_extension("edge_message")
 
 
 def _save(ctx, inputs, output):
@@ -62,15 +57,14 @@ def _backward_fake(grad, x, edge_attr, rowptr, col, perm, t_rowptr, t_col, t_pos
 FORWARD = OpDef(
     "gine_aggregate(Tensor x, Tensor edge_attr, Tensor rowptr, Tensor col, Tensor perm, Tensor? t_rowptr, "
     "Tensor? t_col, Tensor? t_pos, bool mean) -> Tensor",
-    kernels={"cpu": lambda x, ea, rowptr, col, perm, tr, tc, tp, mean: _cpu().gine_aggregate(
-                 x, ea, rowptr, col, perm, mean),
+    kernels={"cpu": CppKernel("edge_message", "gine_aggregate"),  # registered in C++ (csrc/edge_message.cpp)
              "triton": lambda x, ea, rowptr, col, perm, tr, tc, tp, mean: _triton().forward(
                  x, ea, rowptr, col, perm, mean)},
     fake=_forward_fake, save=_save, backward=_backward)
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "gine_aggregate_backward(Tensor grad, Tensor x, Tensor edge_attr, Tensor rowptr, Tensor col, Tensor perm, "
     "Tensor t_rowptr, Tensor t_col, Tensor t_pos, bool mean, bool need_x, bool need_edge) -> (Tensor, Tensor)",
-    kernels={"cpu": lambda *a: tuple(_cpu().gine_aggregate_backward(*a)),
+    kernels={"cpu": CppKernel("edge_message", "gine_aggregate_backward"),
              "triton": lambda *a: _triton().backward(*a)},
     fake=_backward_fake, public_name="gine_aggregate")
 

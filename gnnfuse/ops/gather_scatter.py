@@ -16,9 +16,9 @@ import math
 import torch
 
 from .. import reference
-from .._build import load_extension
 from .._tensor_cache import cached
 from .._validate import (
+    VALUE_DTYPES,
     require_floating,
     require_node_count,
     require_same_device,
@@ -27,10 +27,11 @@ from .._validate import (
 )
 from ..csr import CSR, check_edge_index, csr_for_edge_index, transpose_parts_of
 from ..reductions import ARG as ARG_REDUCTIONS  # reductions whose forward records the winning edge
+from ..reductions import ALIASES
 from ..reductions import SINGLE as REDUCTIONS
 from ..reductions import canonical_reduce
 from ._library import resolve_backend
-from ._opdef import OpDef
+from ._opdef import CppKernel, OpDef
 
 # The forward op: x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order with x's
 # dtype; t_* the cached transpose, passed exactly when gradients are wanted. Returns out
@@ -40,16 +41,9 @@ from ._opdef import OpDef
 
 
 # ---- kernels --------------------------------------------------------------------------------
-def _forward_cpu(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
-    return tuple(load_extension().gather_scatter_forward(x, rowptr, col, weight, reduce, t_rowptr is not None))
-
-
-def _backward_cpu(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
-    return tuple(
-        load_extension().gather_scatter_backward(
-            grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad
-        )
-    )
+# CPU: registered in C++ (csrc/gather_scatter.cpp, TORCH_LIBRARY_IMPL), the same function for the eager route
+_FORWARD_CPU = CppKernel("graph", "gather_scatter")
+_BACKWARD_CPU = CppKernel("graph", "gather_scatter_backward")
 
 
 def _triton():
@@ -92,7 +86,6 @@ def _backward_fake(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg
 def _save(ctx, inputs, output):
     x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce = inputs
     ctx.reduce = reduce
-    ctx.mark_non_differentiable(output[1])
     return x, rowptr, col, weight, t_rowptr, t_col, t_pos, output[1]
 
 
@@ -111,13 +104,14 @@ def _backward(ctx, saved, grad_out, _grad_arg):
 FORWARD = OpDef(
     "gather_scatter(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
     "Tensor? t_pos, str reduce) -> (Tensor, Tensor)",
-    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+    kernels={"cpu": _FORWARD_CPU, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward,
+    non_differentiable_outputs=(1,))
 # (the winners output is returned on every route: gnnfuse.scatter_max/min return it to the user)
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "gather_scatter_backward(Tensor grad_out, Tensor x, Tensor rowptr, Tensor col, Tensor? weight, "
     "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, str reduce, bool need_x_grad, "
     "bool need_weight_grad) -> (Tensor, Tensor)",
-    kernels={"cpu": _backward_cpu, "triton": _backward_triton}, fake=_backward_fake,
+    kernels={"cpu": _BACKWARD_CPU, "triton": _backward_triton}, fake=_backward_fake,
     public_name="fused_gather_scatter")
 
 
@@ -163,17 +157,18 @@ def fused_gather_scatter(
         out = _multi_aggregate(x, edge_index_or_csr, [reduce] if isinstance(reduce, str) else reduce,
                                edge_weight=edge_weight, num_nodes=num_nodes, backend=backend)
         return out.reshape(out.shape[0], *x.shape[1:]) if isinstance(reduce, str) else out
-    reduce = canonical_reduce(reduce)
+    # (this runs on every call: on small graphs each Python call in it is a visible share of the time)
+    reduce = ALIASES.get(reduce, reduce)  # (check_call validates it)
     csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
-    weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
+    weight = None if edge_weight is None else _weight_in_csr_order(edge_weight, csr, x.dtype)
     flat = x.dim() == 2  # the common case skips two reshapes (a few us a call on small graphs)
     x2 = x.contiguous() if flat else x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
     if backend == "reference":
         out = reference.gather_scatter(x2, csr.col, csr._row(), csr.num_dst, reduce, weight)
-    else:
-        wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
-        transpose = csr._transpose_parts() if wants_grad else (None, None, None)
-        out = FORWARD(x2, csr.rowptr, csr.col, weight, *transpose, reduce, backend=backend)[0]
+    elif torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+        out = FORWARD(x2, csr.rowptr, csr.col, weight, *csr._transpose_parts(), reduce, backend=backend)[0]
+    else:  # no gradient wanted: no transpose (and no max/min winners kept)
+        out = FORWARD(x2, csr.rowptr, csr.col, weight, None, None, None, reduce, backend=backend)[0]
     return out if flat else out.reshape(csr.num_dst, *x.shape[1:])
 
 
@@ -181,10 +176,11 @@ def check_call(x: torch.Tensor, graph: torch.Tensor | CSR, reduce: str, edge_wei
                num_nodes: int | None, backend: str) -> tuple[CSR, str]:
     """Every check of a :func:`fused_gather_scatter` call (shared with :func:`gnnfuse.explain`):
     returns the call's validated CSR (a raw edge_index sorted, or taken from the cache) and the
-    backend that runs. Messages are formatted only on failure (see gnnfuse._validate)."""
-    x = require_tensor("x", x)
-    require_floating("x", x)
-    if x.dim() < 1:
+    backend that runs. Messages are formatted only on failure (see gnnfuse._validate); the common
+    case costs one test per argument."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in VALUE_DTYPES or x.dim() < 1:
+        require_tensor("x", x)
+        require_floating("x", x)
         require_shape("x", x, "[N, *feat]", False)
     canonical_reduce(reduce)
     if edge_weight is not None:

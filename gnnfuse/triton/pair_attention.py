@@ -33,8 +33,9 @@ def _device(t):
     return torch.cuda.device(t.device) if t.is_cuda else gat._nullcontext()
 
 
-def forward(q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
+def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
     n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
+    flags["HAS_EDGE"] = edge is not None
     num_dst = q.shape[0]
     stat = torch.float64 if k.dtype == torch.float64 else torch.float32
     out = k.new_empty(num_dst, H, F)
@@ -50,7 +51,8 @@ def forward(q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, self_loops, gatv2
     hb = flags["HB"]
     with _device(k):
         _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
-            q, k, v, att if att is not None else k, rowptr, col, out, m, z, wl.seg_row, wl.seg_ptr, wl.slot,
+            q, k, v, att if att is not None else k, edge if edge is not None else k, perm if perm is not None else col,
+            rowptr, col, out, m, z, wl.seg_row, wl.seg_ptr, wl.slot,
             p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v), **flags)
         if parts:
             _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
@@ -59,19 +61,23 @@ def forward(q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, self_loops, gatv2
     return out, m, z
 
 
-def backward(grad_out, out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, self_loops, gatv2, slope,
-             scale, p, seed, needs):
+def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2,
+             slope, scale, p, seed, needs):
     n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
+    flags["HAS_EDGE"] = edge is not None
     num_dst = q.shape[0]
     need_q, need_k, need_v, need_att = needs[0], needs[1], needs[2], needs[3] and bool(gatv2)
+    need_edge = needs[4] and edge is not None
     empty = k.new_empty(0)
     g_q = torch.empty_like(q) if need_q else empty
     g_k = torch.empty_like(k) if need_k else empty
     g_v = torch.empty_like(v) if need_v else empty
     g_att = empty
+    g_edge = torch.zeros_like(edge) if need_edge else empty  # rows of skipped self-loop edges stay 0
     D = torch.empty_like(m)
     hb = flags["HB"]
     att_ = att if att is not None else k
+    edge_, perm_ = (edge, perm) if edge is not None else (k, col)
     kv_same = _same(k, v)
     with _device(k):
         if num_dst and H:
@@ -79,8 +85,9 @@ def backward(grad_out, out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_
             p_q = m.new_empty(wl.num_partials, H, F) if need_q and wl.num_partials else m
             p_att = m.new_empty(wl.num_pieces, H, F) if need_att else m
             _pair_backward_rows_kernel[(wl.num_pieces, cdiv(H, hb))](
-                grad_out, out, m, z, q, k, v, att_, rowptr, col, D, g_q if need_q else k, p_q, p_att, wl.seg_row,
-                wl.seg_ptr, wl.slot, *scalars, KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, **flags)
+                grad_out, out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, g_q if need_q else k, p_q, p_att,
+                g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, KV_SAME=kv_same, NEED_Q=need_q,
+                NEED_ATT=need_att, NEED_EDGE=need_edge, **flags)
             if need_q:
                 gat._fold(p_q, g_q, wl, H * F)
             if need_att:
@@ -93,10 +100,10 @@ def backward(grad_out, out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_
             p_k = m.new_empty(parts, H, F) if need_k and parts else m
             p_v = m.new_empty(parts, H, F) if need_v and parts else m
             _pair_backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
-                grad_out, m, z, q, k, v, att_, t_rowptr, t_col, t_pos, D, g_k if need_k else k, g_v if need_v else k,
+                grad_out, m, z, q, k, v, att_, edge_, perm_, t_rowptr, t_col, t_pos, D, g_k if need_k else k, g_v if need_v else k,
                 p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v, **flags)
             if need_k:
                 gat._fold(p_k, g_k, wl, H * F)
             if need_v:
                 gat._fold(p_v, g_v, wl, H * F)
-    return g_q, g_k, g_v, g_att
+    return g_q, g_k, g_v, g_att, g_edge

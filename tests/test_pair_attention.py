@@ -83,8 +83,10 @@ def test_bipartite_empty_rows_and_half_types(backend, mode):
 @pytest.mark.parametrize("mode", MODES + EDGE_MODES)
 def test_triton_splits_hub_rows(monkeypatch, mode):
     from gnnfuse.triton import attention as kernels
+    from gnnfuse.triton import pair_attention
 
     monkeypatch.setattr(kernels, "SPLIT_EDGES", 2)
+    monkeypatch.setattr(pair_attention, "ATT_SLOTS", 3)  # each row-pass program walks many pieces
     hub = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 3], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]])
     csr = CSR.from_edge_index(torch.cat([graph(), hub, hub.flip(0)], 1), N)
     assert kernels._work(csr.rowptr).split_rows.numel() > 1

@@ -13,6 +13,12 @@ from .attention_kernels import _merge_pieces_kernel
 from .pair_attention_kernels import _pair_backward_rows_kernel, _pair_backward_sources_kernel, _pair_forward_kernel
 
 
+# GATv2's att gradient: the row pass runs at most this many programs, each summing its pieces'
+# partials, so the buffer is [ATT_SLOTS, H, F] floats (8 MB at 4x64) whatever the graph's size; a
+# constant (not the GPU's SM count) keeps the sum's order, hence the bits, the same on every GPU.
+ATT_SLOTS = 8192
+
+
 def _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed):
     n_src, H, F = k.shape
     acc = tl.float64 if k.dtype == torch.float64 else tl.float32
@@ -83,11 +89,12 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
         if num_dst and H:
             wl = gat._work(rowptr)
             p_q = m.new_empty(wl.num_partials, H, F) if need_q and wl.num_partials else m
-            p_att = m.new_empty(wl.num_pieces, H, F) if need_att else m
-            _pair_backward_rows_kernel[(wl.num_pieces, cdiv(H, hb))](
+            programs = min(wl.num_pieces, ATT_SLOTS) if need_att else wl.num_pieces
+            p_att = m.new_empty(programs, H, F) if need_att else m
+            _pair_backward_rows_kernel[(programs, cdiv(H, hb))](
                 grad_out, out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, g_q if need_q else k, p_q, p_att,
-                g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, KV_SAME=kv_same, NEED_Q=need_q,
-                NEED_ATT=need_att, NEED_EDGE=need_edge, **flags)
+                g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot, wl.num_pieces, *scalars,
+                KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge, **flags)
             if need_q:
                 gat._fold(p_q, g_q, wl, H * F)
             if need_att:

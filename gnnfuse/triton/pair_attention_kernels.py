@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention_kernels import NEG_INF, _dropout_scale, _piece, _store_row
+from .attention_kernels import NEG_INF, _dropout_scale, _piece, _piece_at, _store_row
 
 
 @triton.jit
@@ -125,72 +125,75 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
 
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, g_q, p_q, p_att, g_edge,
-                               seg_row, seg_ptr, slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold,
-                               scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
-                               HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr, NEED_Q: tl.constexpr,
-                               NEED_ATT: tl.constexpr, NEED_EDGE: tl.constexpr,
+                               seg_row, seg_ptr, slot, NUM_PIECES, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
+                               threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
+                               GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
+                               NEED_Q: tl.constexpr, NEED_ATT: tl.constexpr, NEED_EDGE: tl.constexpr,
                                ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
                                SEG: tl.constexpr):
     """D_i = g_i . out_i (the first piece stores it); grad q (partials for split rows), the edge
-    features' gradient (each edge's row written once) and, for GATv2, grad att's partial of this
-    piece (p_att[piece], summed on the host)."""
-    i, kk, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+    features' gradient (each edge's row written once) and, for GATv2, grad att. Each program walks
+    pieces pid, pid + P, pid + 2P, ... (P programs; P = NUM_PIECES unless grad att is wanted) and
+    keeps grad att's partial across them: p_att has P rows (summed on the host in a fixed order),
+    not one per piece."""
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < H
     feats = tl.arange(0, FB)
     fmask = feats < F
     hf = hmask[:, None] & fmask[None, :]
-    gi = _head_tile(g, i, heads, feats, hf, H, F, ACC)
-    d = tl.sum(gi * _head_tile(out, i, heads, feats, hf, H, F, ACC), 1)
-    tl.store(D + i * H + heads, d, mask=hmask & (kk + 0 * heads == 0))  # [HB] masks: the interpreter wants arrays
-    if NEED_Q or NEED_ATT or NEED_EDGE:
-        qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
-        a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
-        mi = tl.load(m_in + i * H + heads, mask=hmask, other=0)
-        zi = tl.load(z_in + i * H + heads, mask=hmask, other=1)
-        zi = tl.where(zi > 0, zi, 1.0)
-        acc_q = tl.zeros((HB, FB), ACC)
-        acc_a = tl.zeros((HB, FB), ACC)
-        for k0 in range(start, stop, BE):
-            ks = k0 + tl.arange(0, BE)
-            j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col,
-                                                         qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
-                                                         threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2,
-                                                         HAS_EDGE, ACC)
-            p = tl.exp(e - mi[None, :]) / zi[None, :]
-            if KV_SAME:
-                xv = kv
-            else:
-                xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                             other=0).to(ACC)
-                if HAS_EDGE:
-                    xv += ev
-            ds = tl.where(v2, p * (keep * tl.sum(gi[None, :, :] * xv, 2) - d[None, :]), 0.0)
-            if GATV2:
-                u = kv + qi[None, :, :]
-                if HAS_EDGE:
-                    u += ev
-                t = ds[:, :, None] * a[None, :, :] * tl.where(u > 0, 1.0, slope)  # d logit / d u, times ds
-                acc_q += tl.sum(t, 0)
-                if NEED_ATT:
-                    acc_a += tl.sum(ds[:, :, None] * tl.where(u > 0, u, u * slope), 0)
-            else:
-                if HAS_EDGE:
-                    acc_q += tl.sum(ds[:, :, None] * (kv + ev), 0) * qk_scale
+    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
+    acc_a = tl.zeros((HB, FB), ACC)
+    for s in range(tl.program_id(0), NUM_PIECES, tl.num_programs(0)):
+        i, kk, start, end, stop, part = _piece_at(s, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+        gi = _head_tile(g, i, heads, feats, hf, H, F, ACC)
+        d = tl.sum(gi * _head_tile(out, i, heads, feats, hf, H, F, ACC), 1)
+        tl.store(D + i * H + heads, d, mask=hmask & (kk + 0 * heads == 0))  # [HB] masks: the interpreter wants arrays
+        if NEED_Q or NEED_ATT or NEED_EDGE:
+            qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
+            mi = tl.load(m_in + i * H + heads, mask=hmask, other=0)
+            zi = tl.load(z_in + i * H + heads, mask=hmask, other=1)
+            zi = tl.where(zi > 0, zi, 1.0)
+            acc_q = tl.zeros((HB, FB), ACC)
+            for k0 in range(start, stop, BE):
+                ks = k0 + tl.arange(0, BE)
+                j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col,
+                                                             qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
+                                                             threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2,
+                                                             HAS_EDGE, ACC)
+                p = tl.exp(e - mi[None, :]) / zi[None, :]
+                if KV_SAME:
+                    xv = kv
                 else:
-                    acc_q += tl.sum(ds[:, :, None] * kv, 0) * qk_scale
-                t = ds[:, :, None] * qi[None, :, :] * qk_scale + (p * keep)[:, :, None] * gi[None, :, :]
-            if NEED_EDGE:
-                tl.store(g_edge + er[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
-                         t.to(g_edge.dtype.element_ty), mask=v3)
-        whole = part + 0 * heads < 0  # the row is one piece
-        if NEED_Q:
-            tl.store(g_q + i * H * F + heads[:, None] * F + feats[None, :], acc_q.to(g_q.dtype.element_ty),
-                     mask=hf & whole[:, None])
-            tl.store(p_q + part * H * F + heads[:, None] * F + feats[None, :], acc_q, mask=hf & ~whole[:, None])
-        if NEED_ATT:
-            piece = tl.program_id(0).to(tl.int64)
-            tl.store(p_att + piece * H * F + heads[:, None] * F + feats[None, :], acc_a, mask=hf)
+                    xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                                 mask=v3, other=0).to(ACC)
+                    if HAS_EDGE:
+                        xv += ev
+                ds = tl.where(v2, p * (keep * tl.sum(gi[None, :, :] * xv, 2) - d[None, :]), 0.0)
+                if GATV2:
+                    u = kv + qi[None, :, :]
+                    if HAS_EDGE:
+                        u += ev
+                    t = ds[:, :, None] * a[None, :, :] * tl.where(u > 0, 1.0, slope)  # d logit / d u, times ds
+                    acc_q += tl.sum(t, 0)
+                    if NEED_ATT:
+                        acc_a += tl.sum(ds[:, :, None] * tl.where(u > 0, u, u * slope), 0)
+                else:
+                    if HAS_EDGE:
+                        acc_q += tl.sum(ds[:, :, None] * (kv + ev), 0) * qk_scale
+                    else:
+                        acc_q += tl.sum(ds[:, :, None] * kv, 0) * qk_scale
+                    t = ds[:, :, None] * qi[None, :, :] * qk_scale + (p * keep)[:, :, None] * gi[None, :, :]
+                if NEED_EDGE:
+                    tl.store(g_edge + er[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                             t.to(g_edge.dtype.element_ty), mask=v3)
+            whole = part + 0 * heads < 0  # the row is one piece
+            if NEED_Q:
+                tl.store(g_q + i * H * F + heads[:, None] * F + feats[None, :], acc_q.to(g_q.dtype.element_ty),
+                         mask=hf & whole[:, None])
+                tl.store(p_q + part * H * F + heads[:, None] * F + feats[None, :], acc_q, mask=hf & ~whole[:, None])
+    if NEED_ATT:
+        slot_a = tl.program_id(0).to(tl.int64)
+        tl.store(p_att + slot_a * H * F + heads[:, None] * F + feats[None, :], acc_a, mask=hf)
 
 
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])

@@ -38,14 +38,22 @@ from .gather_scatter_fwd_kernels import _COMBINE_K, SUM, _combine_kernel
 # Longest row piece one program walks. Rows up to this length (nearly all rows of realistic
 # graphs) keep one program; a hub row of 100K edges becomes ~400 programs. A multiple of every BE.
 SPLIT_EDGES = 256
+MIN_EDGE_BLOCK = 8  # smallest BE _blocks picks from the average degree
 
 
 # ---- launchers ------------------------------------------------------------------------------------
-def _blocks(H: int, F: int) -> tuple[int, int, int]:
-    """(BE, HB, FB): all features of a head in one tile, heads packed up to 128 columns, tile <= 4096."""
+def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None = None) -> tuple[int, int, int]:
+    """(BE, HB, FB): all features of a head in one tile, heads packed up to 128 columns, tile <= 4096.
+
+    BE (edges per step) follows the graph's average degree E / rows when given: the next power of
+    two above it, at least MIN_EDGE_BLOCK. Most rows of sparse graphs have a handful of edges, and
+    a 32-edge tile over a 7-edge row is mostly masked lanes that still cost registers (fewer
+    programs resident to hide the gathers' latency) and instructions."""
     fb = next_power_of_2(F)
     hb = max(1, min(next_power_of_2(H), 128 // fb))
     be = max(4, min(32, 4096 // (hb * fb)))
+    if num_edges is not None and num_rows:
+        be = max(min(be, MIN_EDGE_BLOCK), min(be, next_power_of_2(max(1, -(-num_edges // num_rows)))))
     return be, hb, fb
 
 
@@ -69,7 +77,7 @@ def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos
     out = x.new_empty(num_dst, H, F)
     m = x.new_empty(num_dst, H, dtype=stat)
     z = torch.empty_like(m)
-    be, hb, fb = _blocks(H, F)
+    be, hb, fb = _blocks(H, F, col.shape[0], num_dst)
     if not (num_dst and H):
         return out, m, z
     wl = _work(rowptr)
@@ -111,7 +119,7 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
     g_edge = torch.zeros_like(a_edge) if need_edge else empty  # skipped self loops keep 0
     g_loop = torch.zeros_like(a_loop) if need_loop else empty
     D = torch.empty_like(m)
-    be, hb, fb = _blocks(H, F)
+    be, hb, fb = _blocks(H, F, col.shape[0], num_dst)
     flags = dict(HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None, SELF_LOOPS=bool(self_loops),
                  DROPOUT=p > 0, ACC=acc, BE=be, HB=hb, FB=fb, SEG=SPLIT_EDGES)
     a_edge_, a_loop_ = (a_edge if a_edge is not None else x), (a_loop if a_loop is not None else x)

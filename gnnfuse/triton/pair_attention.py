@@ -24,7 +24,7 @@ def _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed):
     acc = tl.float64 if k.dtype == torch.float64 else tl.float32
     scalars = (min(n_src, q.shape[0]) if self_loops else 0, col.shape[0], H, F, float(slope), float(scale), int(seed),
                int(round(p * (1 << 24))), 1.0 / (1.0 - p))
-    be, hb, fb = gat._blocks(H, F)
+    be, hb, fb = gat._blocks(H, F, col.shape[0], q.shape[0])
     flags = dict(SELF_LOOPS=bool(self_loops), DROPOUT=p > 0, GATV2=bool(gatv2), ACC=acc, BE=be, HB=hb, FB=fb,
                  SEG=gat.SPLIT_EDGES)
     return n_src, H, F, scalars, flags

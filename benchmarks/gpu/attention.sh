@@ -19,10 +19,10 @@ step() {  # step NAME TIMEOUT_S CMD...
   echo "$name rc=$? $((SECONDS - start))s" | tee -a "$W/summary.txt"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$W/summary.txt"
-step tests "${ATT_TESTS_S:-150}" "$PY" -m pytest -q -p no:cacheprovider --durations=8 \
+step tests "${ATT_TESTS_S:-120}" "$PY" -m pytest -q -p no:cacheprovider --durations=8 \
   tests/test_attention_head_weights.py tests/test_pair_attention.py tests/test_pair_attention_layers.py \
   -k "triton or hub or edge_features"
-step sweep 90 "$PY" -m benchmarks.bench_attention --device cuda --layers GATv2Conv --graphs arxiv-like \
+step sweep 70 "$PY" -m benchmarks.bench_attention --device cuda --layers GATv2Conv --graphs arxiv-like \
   --edge-blocks 8,16,32 --rounds 5 --out "$W"
 step bench 150 "$PY" -m benchmarks.bench_attention --device cuda --layers GATConv,GATv2Conv,TransformerConv \
   --graphs "$GRAPHS" --rounds 5 --out "$W"

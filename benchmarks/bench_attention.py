@@ -15,9 +15,10 @@ median and interquartile range over rounds. Peak memory (CUDA only: torch.cuda.m
 one step above what was allocated before it. ``fwd/sum`` is our fused attention forward over our
 sum gather-scatter of the same [N, H*F] features on the same graph (no gradients).
 A variant that fails (e.g. PyG out of memory) becomes a row with its error. ``--edge-dim D`` gives
-both layers edge features (edge_attr [E, D]). ``--edge-blocks`` times our training step and forward
-with the Triton kernels' edge block BE forced to each value (gnnfuse.triton.attention._blocks),
-interleaved, against the default choice (attention-edge-block_<device> results).
+both layers edge features (edge_attr [E, D]). ``--edge-blocks 4,16,W1,W4`` times our training step and forward
+with the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks) or warps per program
+(``_warps``; "W<n>") forced to each value, interleaved, against the default choice
+(attention-edge-block_<device> results).
 """
 from __future__ import annotations
 
@@ -125,29 +126,33 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
     ours = getattr(G, layer)(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
     h = torch.randn(nodes, heads, width, device=device)
     a_src, a_dst = torch.randn(nodes, heads, device=device), torch.randn(nodes, heads, device=device)
-    default_blocks = kernels._blocks
-    default_be = default_blocks(heads, width, edge_index.shape[1], nodes)[0]
+    default_blocks, default_warps = kernels._blocks, kernels._warps
+    be, hb, fb = default_blocks(heads, width, edge_index.shape[1], nodes)
 
-    def forced(be, fn):
+    def forced(label, fn):  # "default", "BE<n>" (edges per step) or "W<n>" (warps per program)
+        value = int(label[2:] if label.startswith("BE") else label[1:]) if label != "default" else 0
+
         def run():
-            kernels._blocks = (lambda H, F, *rest: (be, *default_blocks(H, F)[1:])) if be else default_blocks
+            if label.startswith("BE"):
+                kernels._blocks = lambda H, F, *rest: (value, *default_blocks(H, F)[1:])
+            elif label.startswith("W"):
+                kernels._warps = lambda *tile: value
             try:
                 fn()
             finally:
-                kernels._blocks = default_blocks
+                kernels._blocks, kernels._warps = default_blocks, default_warps
         return run
 
     step, fwd = make_step(ours, x, edge_index), fused_forward(layer, h, a_src, a_dst, edge_index)
-    variants = [0, *blocks]  # 0: the default choice
-    steps = bench_interleaved({f"step_be{b}": forced(b, step) for b in variants}, device, rounds=rounds)
+    variants = ["default", *blocks]
+    steps = bench_interleaved({v: forced(v, step) for v in variants}, device, rounds=rounds)
     with torch.no_grad():
-        fwds = bench_interleaved({f"fwd_be{b}": forced(b, fwd) for b in variants}, device, rounds=rounds)
+        fwds = bench_interleaved({v: forced(v, fwd) for v in variants}, device, rounds=rounds)
     row = {"layer": layer, "graph": name, "HxF": f"{heads}x{width}", "avg_degree": round(edge_index.shape[1] / nodes, 1),
-           "default_BE": default_be}
-    for b in variants:
-        label = "default" if b == 0 else f"BE{b}"
-        row[f"step_{label}_ms"] = steps[f"step_be{b}"]["median_ms"]
-        row[f"fwd_{label}_ms"] = fwds[f"fwd_be{b}"]["median_ms"]
+           "default_BE": be, "default_warps": default_warps(be, hb, fb)}
+    for v in variants:
+        row[f"step_{v}_ms"] = steps[v]["median_ms"]
+        row[f"fwd_{v}_ms"] = fwds[v]["median_ms"]
     return row
 
 
@@ -160,7 +165,8 @@ def main(argv=None):
     parser.add_argument("--graphs", default="", help="comma-separated graph names (CUDA: suite names; CPU: Cora, Facebook, products-down); default all")
     parser.add_argument("--layers", default="GATConv", help=f"comma-separated, of {', '.join(LAYERS)}")
     parser.add_argument("--edge-dim", type=int, default=0, help="edge features per edge (0: none)")
-    parser.add_argument("--edge-blocks", default="", help="comma-separated BE values to sweep (CUDA)")
+    parser.add_argument("--edge-blocks", default="", help="comma-separated BE values (e.g. 8) and warp counts "
+                        "(e.g. W2) to sweep (CUDA)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -201,7 +207,7 @@ def main(argv=None):
 
 
 def sweep(args, graphs, configs, device):
-    blocks = [int(b) for b in args.edge_blocks.split(",")]
+    blocks = [b if b.startswith("W") else f"BE{b}" for b in args.edge_blocks.split(",")]
     rows = []
     for name, (edge_index, nodes) in graphs.items():
         edge_index = edge_index.to(device)
@@ -216,8 +222,8 @@ def sweep(args, graphs, configs, device):
                 print(rows[-1], flush=True)
     meta = dict(machine(device), benchmark=f"{args.layers}: edge block BE sweep (training step, forward)",
                 load_average_1_5_15min=os.getloadavg())
-    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE"] + [
-        f"{kind}_{label}_ms" for kind in ("step", "fwd") for label in ["default"] + [f"BE{b}" for b in blocks]] + ["error"]
+    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps"] + [
+        f"{kind}_{label}_ms" for kind in ("step", "fwd") for label in ["default", *blocks]] + ["error"]
     md = save_results(f"attention-edge-block_{device_label(device)}", meta, rows, columns, args.out)
     print(md.read_text())
 

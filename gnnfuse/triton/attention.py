@@ -57,6 +57,13 @@ def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None =
     return be, hb, fb
 
 
+def _warps(be: int, hb: int, fb: int) -> int:
+    """Warps per program: 2 for tiles of at most 512 elements (8 edges x 8 heads x 8 features on
+    sparse graphs), where 4 warps would hold 4 elements a thread and pay cross-warp reductions
+    for the softmax and the per-head sums; 4 otherwise."""
+    return 2 if be * hb * fb <= 512 else 4
+
+
 def _common(x, rowptr, col, self_loops, slope, p, seed):
     n_src, H, F = x.shape
     num_dst = rowptr.shape[0] - 1
@@ -90,7 +97,8 @@ def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos
             x, a_src, a_dst, a_edge if a_edge is not None else x, a_loop if a_loop is not None else x, rowptr, col,
             out, m, z, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars,
             HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None,
-            SELF_LOOPS=bool(self_loops), DROPOUT=p > 0, ACC=acc, BE=be, HB=hb, FB=fb, SEG=SPLIT_EDGES)
+            SELF_LOOPS=bool(self_loops), DROPOUT=p > 0, ACC=acc, BE=be, HB=hb, FB=fb, SEG=SPLIT_EDGES,
+            num_warps=_warps(be, hb, fb))
         if parts:
             _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
                 p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=acc,
@@ -121,7 +129,7 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
     D = torch.empty_like(m)
     be, hb, fb = _blocks(H, F, col.shape[0], num_dst)
     flags = dict(HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None, SELF_LOOPS=bool(self_loops),
-                 DROPOUT=p > 0, ACC=acc, BE=be, HB=hb, FB=fb, SEG=SPLIT_EDGES)
+                 DROPOUT=p > 0, ACC=acc, BE=be, HB=hb, FB=fb, SEG=SPLIT_EDGES, num_warps=_warps(be, hb, fb))
     a_edge_, a_loop_ = (a_edge if a_edge is not None else x), (a_loop if a_loop is not None else x)
     with torch.cuda.device(x.device) if x.is_cuda else _nullcontext():
         if num_dst and H:

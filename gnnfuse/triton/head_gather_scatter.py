@@ -95,7 +95,8 @@ def _aggregate(x, w, ptr, nbr, pos, rowptr, mean, num_rows, transposed):
     with gat._nullcontext() if x.is_cpu else torch.cuda.device(x.device):
         _head_aggregate_kernel[(wl.num_pieces, cdiv(H, hb))](
             x, w, ptr, nbr, pos if pos is not None else nbr, rowptr, out, parts, wl.seg_row, wl.seg_ptr, wl.slot,
-            H, F, TRANSPOSED=transposed, MEAN=bool(mean), ACC=acc, BE=be, HB=hb, FB=fb, SEG=gat.SPLIT_EDGES)
+            H, F, TRANSPOSED=transposed, MEAN=bool(mean), ACC=acc, BE=be, HB=hb, FB=fb, SEG=gat.SPLIT_EDGES,
+            num_warps=gat._warps(be, hb, fb))
         gat._fold(parts, out.view(num_rows, H * F), wl, H * F)
     return out
 
@@ -118,5 +119,5 @@ def backward(grad, x, rowptr, col, w, t_rowptr, t_col, t_pos, mean, need_x, need
             with gat._nullcontext() if x.is_cpu else torch.cuda.device(x.device):
                 _head_weight_grad_kernel[(wl.num_pieces, cdiv(H, hb))](
                     grad, x, rowptr, col, gw, wl.seg_row, wl.seg_ptr, wl.slot, H, F, MEAN=bool(mean), ACC=acc,
-                    BE=be, HB=hb, FB=fb, SEG=gat.SPLIT_EDGES)
+                    BE=be, HB=hb, FB=fb, SEG=gat.SPLIT_EDGES, num_warps=gat._warps(be, hb, fb))
     return gx, gw

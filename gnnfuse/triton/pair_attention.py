@@ -26,7 +26,7 @@ def _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed):
                int(round(p * (1 << 24))), 1.0 / (1.0 - p))
     be, hb, fb = gat._blocks(H, F, col.shape[0], q.shape[0])
     flags = dict(SELF_LOOPS=bool(self_loops), DROPOUT=p > 0, GATV2=bool(gatv2), ACC=acc, BE=be, HB=hb, FB=fb,
-                 SEG=gat.SPLIT_EDGES)
+                 SEG=gat.SPLIT_EDGES, num_warps=gat._warps(be, hb, fb))
     return n_src, H, F, scalars, flags
 
 

@@ -126,7 +126,7 @@ def test_other_reduces_and_errors():
     assert out.shape == (N_DST, H, F)
     with pytest.raises(ValueError, match="edge_weight must have shape"):
         gnnfuse.fused_gather_scatter(x, ei, edge_weight=w[:, :2], num_nodes=N_DST)
-    with pytest.raises(ValueError, match="x must have shape"):
+    with pytest.raises(ValueError, match="edge_weight must have shape \\[E\\] \\(or \\[E, H\\] with x"):
         gnnfuse.fused_gather_scatter(x.reshape(N_SRC, -1), ei, edge_weight=w, num_nodes=N_DST)
     ref = hgs.reference(x, w, ei[0], ei[1], N_DST, "sum")
     torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, ei, edge_weight=w, num_nodes=N_DST), ref)

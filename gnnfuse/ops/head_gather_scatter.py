@@ -94,7 +94,9 @@ def head_gather_scatter(x: torch.Tensor, graph: torch.Tensor | CSR, reduce: str,
     x = require_tensor("x", x)
     require_floating("x", x)
     require_floating("edge_weight", edge_weight)
-    require_shape("x", x, "[N_src, H, F] (edge_weight is [E, H])", x.dim() == 3)
+    if x.dim() != 3:
+        raise ValueError(f"edge_weight must have shape [E] (or [E, H] with x of shape [N_src, H, F]); got "
+                         f"edge_weight {tuple(edge_weight.shape)} with x {tuple(x.shape)}")
     reduce = canonical_reduce(reduce)
     backend = resolve_backend(backend, x.device)
     if reduce not in REDUCTIONS and backend != "reference":

@@ -148,7 +148,8 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
     steps = bench_interleaved({v: forced(v, step) for v in variants}, device, rounds=rounds)
     with torch.no_grad():
         fwds = bench_interleaved({v: forced(v, fwd) for v in variants}, device, rounds=rounds)
-    row = {"layer": layer, "graph": name, "HxF": f"{heads}x{width}", "avg_degree": round(edge_index.shape[1] / nodes, 1),
+    row = {"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
+           "avg_degree": round(edge_index.shape[1] / nodes, 1),
            "default_BE": be, "default_warps": default_warps(be, hb, fb)}
     for v in variants:
         row[f"step_{v}_ms"] = steps[v]["median_ms"]

@@ -91,8 +91,8 @@ def _backward(ctx, saved, grad_out, _gm, _gz):
 
 FORWARD = OpDef(
     "pair_attention(Tensor q, Tensor k, Tensor v, Tensor? att, Tensor? edge, Tensor rowptr, Tensor col, "
-    "Tensor? perm, Tensor? t_rowptr, Tensor? t_col, Tensor? t_pos, bool self_loops, bool gatv2, float negative_slope, float scale, float dropout, "
-    "int seed) -> (Tensor, Tensor, Tensor)",
+    "Tensor? perm, Tensor? t_rowptr, Tensor? t_col, Tensor? t_pos, bool self_loops, bool gatv2, "
+    "float negative_slope, float scale, float dropout, int seed) -> (Tensor, Tensor, Tensor)",
     kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "pair_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor q, Tensor k, "
@@ -202,8 +202,8 @@ def gatv2_attention(x_src: torch.Tensor, x_dst: torch.Tensor, att: torch.Tensor,
 
 
 def dot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, edge_index_or_csr, *,
-                  edge_attr: torch.Tensor | None = None, scale: float | None = None, dropout: float = 0.0, seed: int | None = None,
-                  add_self_loops: bool = False, backend: str = "auto") -> torch.Tensor:
+                  edge_attr: torch.Tensor | None = None, scale: float | None = None, dropout: float = 0.0,
+                  seed: int | None = None, add_self_loops: bool = False, backend: str = "auto") -> torch.Tensor:
     """Graph transformer attention (TransformerConv's), fused: ``out [N_dst, H, F]``.
 
     Args:

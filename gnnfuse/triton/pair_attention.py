@@ -107,8 +107,8 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
             p_k = m.new_empty(parts, H, F) if need_k and parts else m
             p_v = m.new_empty(parts, H, F) if need_v and parts else m
             _pair_backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
-                grad_out, m, z, q, k, v, att_, edge_, perm_, t_rowptr, t_col, t_pos, D, g_k if need_k else k, g_v if need_v else k,
-                p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v, **flags)
+                grad_out, m, z, q, k, v, att_, edge_, perm_, t_rowptr, t_col, t_pos, D, g_k if need_k else k,
+                g_v if need_v else k, p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v, **flags)
             if need_k:
                 gat._fold(p_k, g_k, wl, H * F)
             if need_v:

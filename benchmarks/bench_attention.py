@@ -5,6 +5,8 @@ gather-scatter at the same width.
     python -m benchmarks.bench_attention --device cpu  --out benchmarks/results   # Cora, Facebook, products-down
     python -m benchmarks.bench_attention --device cuda --out "$OUT"               # suite graphs, generated on the device
     python -m benchmarks.bench_attention --device cuda --layers GATv2Conv,TransformerConv --out "$OUT"
+    python -m benchmarks.bench_attention --device cuda --layers GATv2Conv --edge-dim 8 --out "$OUT"  # edge features
+    python -m benchmarks.bench_attention --device cuda --edge-blocks 8,16,32 --out "$OUT"            # tile sweep
 
 One layer (64 -> F, heads=H) in training mode (dropout on the coefficients; PyG's defaults
 otherwise: GAT/GATv2 self loops, TransformerConv's root weight), loss = mean of squares, gradients of every parameter; both layers hold the same
@@ -12,7 +14,11 @@ weights and are timed in the same process, interleaved (benchmarks.common.bench_
 median and interquartile range over rounds. Peak memory (CUDA only: torch.cuda.max_memory_allocated) is that of
 one step above what was allocated before it. ``fwd/sum`` is our fused attention forward over our
 sum gather-scatter of the same [N, H*F] features on the same graph (no gradients).
-A variant that fails (e.g. PyG out of memory) becomes a row with its error.
+A variant that fails (e.g. PyG out of memory) becomes a row with its error. ``--edge-dim D`` gives
+both layers edge features (edge_attr [E, D]). ``--edge-blocks 4,16,W1,W4`` times our training step and forward
+with the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks) or warps per program
+(``_warps``; "W<n>") forced to each value, interleaved, against the default choice
+(attention-edge-block_<device> results).
 """
 from __future__ import annotations
 
@@ -52,11 +58,11 @@ def cuda_graphs(device, names=None):
     return graphs
 
 
-def make_step(layer, x, edge_index):
+def make_step(layer, x, edge_index, edge_attr=None):
     params = list(layer.parameters())
 
     def step():
-        out = layer(x, edge_index)
+        out = layer(x, edge_index) if edge_attr is None else layer(x, edge_index, edge_attr)
         torch.autograd.grad(out.square().mean(), params)
 
     return step
@@ -77,20 +83,22 @@ def fused_forward(layer, h, a_src, a_dst, edge_index):
     return lambda: gnnfuse.dot_attention(h, h, h, edge_index)
 
 
-def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, layer="GATConv"):
+def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, layer="GATConv", edge_dim=0):
     import torch_geometric.nn as pyg_nn
 
     import gnnfuse
     import gnnfuse.nn as G
 
     row = {"layer": layer, "graph": name, "nodes": nodes, "edges": edge_index.shape[1], "HxF": f"{heads}x{width}",
-           "dropout": dropout}
+           "dropout": dropout, "edge_dim": edge_dim}
     torch.manual_seed(0)
     x = torch.randn(nodes, IN_CHANNELS, device=device)
-    stock = getattr(pyg_nn, layer)(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
-    ours = getattr(G, layer)(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
+    kw = dict(heads=heads, dropout=dropout, edge_dim=edge_dim or None)
+    stock = getattr(pyg_nn, layer)(IN_CHANNELS, width, **kw).to(device).train()
+    ours = getattr(G, layer)(IN_CHANNELS, width, **kw).to(device).train()
     ours.load_state_dict(stock.state_dict())
-    steps = {"gnnfuse": make_step(ours, x, edge_index), "pyg": make_step(stock, x, edge_index)}
+    ea = torch.randn(edge_index.shape[1], edge_dim, device=device) if edge_dim else None
+    steps = {"gnnfuse": make_step(ours, x, edge_index, ea), "pyg": make_step(stock, x, edge_index, ea)}
     time_training_steps(row, steps, device, rounds, spread="iqr_ms")
     if isinstance(row.get("pyg_peak_MB"), float):
         row["mem_ratio"] = row["pyg_peak_MB"] / max(row["gnnfuse_peak_MB"], 1e-9)
@@ -108,6 +116,47 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, laye
     return row
 
 
+def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, layer, blocks):
+    """Our training step and fused forward with BE forced to each of ``blocks`` and at the default."""
+    import gnnfuse.nn as G
+    from gnnfuse.triton import attention as kernels
+
+    torch.manual_seed(0)
+    x = torch.randn(nodes, IN_CHANNELS, device=device)
+    ours = getattr(G, layer)(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
+    h = torch.randn(nodes, heads, width, device=device)
+    a_src, a_dst = torch.randn(nodes, heads, device=device), torch.randn(nodes, heads, device=device)
+    default_blocks, default_warps = kernels._blocks, kernels._warps
+    be, hb, fb = default_blocks(heads, width, edge_index.shape[1], nodes)
+
+    def forced(label, fn):  # "default", "BE<n>" (edges per step) or "W<n>" (warps per program)
+        value = int(label[2:] if label.startswith("BE") else label[1:]) if label != "default" else 0
+
+        def run():
+            if label.startswith("BE"):
+                kernels._blocks = lambda H, F, *rest: (value, *default_blocks(H, F)[1:])
+            elif label.startswith("W"):
+                kernels._warps = lambda *tile: value
+            try:
+                fn()
+            finally:
+                kernels._blocks, kernels._warps = default_blocks, default_warps
+        return run
+
+    step, fwd = make_step(ours, x, edge_index), fused_forward(layer, h, a_src, a_dst, edge_index)
+    variants = ["default", *blocks]
+    steps = bench_interleaved({v: forced(v, step) for v in variants}, device, rounds=rounds)
+    with torch.no_grad():
+        fwds = bench_interleaved({v: forced(v, fwd) for v in variants}, device, rounds=rounds)
+    row = {"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
+           "avg_degree": round(edge_index.shape[1] / nodes, 1),
+           "default_BE": be, "default_warps": default_warps(be, hb, fb)}
+    for v in variants:
+        row[f"step_{v}_ms"] = steps[v]["median_ms"]
+        row[f"fwd_{v}_ms"] = fwds[v]["median_ms"]
+    return row
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -116,6 +165,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--graphs", default="", help="comma-separated graph names (CUDA: suite names; CPU: Cora, Facebook, products-down); default all")
     parser.add_argument("--layers", default="GATConv", help=f"comma-separated, of {', '.join(LAYERS)}")
+    parser.add_argument("--edge-dim", type=int, default=0, help="edge features per edge (0: none)")
+    parser.add_argument("--edge-blocks", default="", help="comma-separated BE values (e.g. 8) and warp counts "
+                        "(e.g. W2) to sweep (CUDA)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -126,13 +178,16 @@ def main(argv=None):
     else:
         graphs = cuda_graphs(device, names)
     configs = CPU_CONFIGS if device.type == "cpu" else CUDA_CONFIGS
+    if args.edge_blocks:
+        return sweep(args, graphs, configs, device)
     rows = []
     for name, (edge_index, nodes) in graphs.items():
         edge_index = edge_index.to(device)
         for layer in args.layers.split(","):
             for heads, width, dropout in configs:
                 try:
-                    rows.append(run_row(name, edge_index, nodes, heads, width, dropout, device, args.rounds, layer))
+                    rows.append(run_row(name, edge_index, nodes, heads, width, dropout, device, args.rounds, layer,
+                                        args.edge_dim))
                 except Exception as exc:  # a row, not a crash
                     rows.append({"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
                                  "error": f"{type(exc).__name__}: {exc}"[:200]})
@@ -143,11 +198,34 @@ def main(argv=None):
     meta = dict(machine(device), benchmark=f"{args.layers} training step and forward vs sum gather-scatter",
                 geomean_speedup=round(geomean(speedups), 3),
                 load_average_1_5_15min=os.getloadavg())  # other tenants of a shared host show up here
-    columns = ["layer", "graph", "nodes", "edges", "HxF", "dropout", "gnnfuse_ms", "gnnfuse_iqr_ms", "pyg_ms", "pyg_iqr_ms",
+    columns = ["layer", "graph", "nodes", "edges", "HxF", "dropout", "edge_dim", "gnnfuse_ms", "gnnfuse_iqr_ms", "pyg_ms", "pyg_iqr_ms",
                "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "mem_ratio", "fwd_attention_ms", "fwd_sum_ms", "fwd/sum",
                "error"]
     tag = "" if args.layers == "GATConv" else "_" + args.layers.replace(",", "-").lower()
+    tag += f"_edge-dim{args.edge_dim}" if args.edge_dim else ""
     md = save_results(f"attention{tag}_{device_label(device)}", meta, rows, columns, args.out)
+    print(md.read_text())
+
+
+def sweep(args, graphs, configs, device):
+    blocks = [b if b.startswith("W") else f"BE{b}" for b in args.edge_blocks.split(",")]
+    rows = []
+    for name, (edge_index, nodes) in graphs.items():
+        edge_index = edge_index.to(device)
+        for layer in args.layers.split(","):
+            for heads, width, dropout in configs:
+                try:
+                    rows.append(sweep_row(name, edge_index, nodes, heads, width, dropout, device, args.rounds, layer,
+                                          blocks))
+                except Exception as exc:  # a row, not a crash
+                    rows.append({"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
+                                 "error": f"{type(exc).__name__}: {exc}"[:200]})
+                print(rows[-1], flush=True)
+    meta = dict(machine(device), benchmark=f"{args.layers}: edge block BE sweep (training step, forward)",
+                load_average_1_5_15min=os.getloadavg())
+    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps"] + [
+        f"{kind}_{label}_ms" for kind in ("step", "fwd") for label in ["default", *blocks]] + ["error"]
+    md = save_results(f"attention-edge-block_{device_label(device)}", meta, rows, columns, args.out)
     print(md.read_text())
 
 

@@ -4,6 +4,8 @@
 // Per target row i and head h, over the row's incoming edges k (source j = col[k]):
 //   GATv2: e_k = sum_f att[h,f] leaky_relu(k[j,h,f] + q[i,h,f]);  dot: e_k = scale q[i,h,:] . k[j,h,:]
 //   p_k = exp(e_k - m_i) / z_i,  out[i,h,:] = sum_k p_k keep_k / (1 - dropout) v[j,h,:].
+// Optional edge features a [E (+ loops), H, F] (edge order; row perm[k] for CSR position k, E + i for
+// row i's virtual loop): GATv2 adds a_k inside the leaky_relu, dot adds it to the key and the value.
 // Only m and z [N_dst, H] are saved; the backward recomputes the logits. Row pass (rows of the
 // graph): D_i = g_i . out_i, grad q and per-row partials of grad att (summed afterwards, in row
 // order); transpose pass (source rows): grad k and grad v. Every output row is written by one
@@ -24,14 +26,29 @@ struct Pair {
   double qk_scale;  // dot: the logit's scale
 };
 
-// One head's logit from the target's vector a and the source's vector b (F features each).
+// One head's logit from the target's vector a (query), the source's vector b (key) and the edge's
+// features ee (nullptr: none), F features each.
 template <int FF, typename acc_t, typename scalar_t>
 inline acc_t pair_logit(const Pair& A, const scalar_t* __restrict a, const scalar_t* __restrict b,
-                        const scalar_t* __restrict att, int64_t F) {
-  if (!A.gatv2) return dot<FF, acc_t>(a, b, F) * acc_t(A.qk_scale);
+                        const scalar_t* __restrict ee, const scalar_t* __restrict att, int64_t F) {
   const int64_t n = FF ? FF : F;
+  if (!A.gatv2) {
+    if (!ee) return dot<FF, acc_t>(a, b, F) * acc_t(A.qk_scale);
+    acc_t s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t f = 0; f < n; ++f) s += acc_t(a[f]) * (acc_t(b[f]) + acc_t(ee[f]));
+    return s * acc_t(A.qk_scale);
+  }
   const acc_t slope = acc_t(A.P.slope);
   acc_t s = 0;
+  if (ee) {
+#pragma omp simd reduction(+ : s)
+    for (int64_t f = 0; f < n; ++f) {
+      const acc_t u = acc_t(a[f]) + acc_t(b[f]) + acc_t(ee[f]);
+      s += acc_t(att[f]) * (u > acc_t(0) ? u : u * slope);
+    }
+    return s;
+  }
 #pragma omp simd reduction(+ : s)
   for (int64_t f = 0; f < n; ++f) {
     const acc_t u = acc_t(a[f]) + acc_t(b[f]);
@@ -42,28 +59,56 @@ inline acc_t pair_logit(const Pair& A, const scalar_t* __restrict a, const scala
 
 // The edge's contribution to the gradients of the logit's inputs, scaled by ds: adds
 // ds * d e / d(own) to g_own and (GATv2) ds * leaky_relu(u) to g_att. `own` is the walking row's
-// vector, `other` the other endpoint's.
+// vector (the query when own_is_q), `other` the other endpoint's, ee the edge's features or nullptr.
 template <int FF, typename acc_t, typename scalar_t>
 inline void logit_grad(const Pair& A, acc_t ds, const scalar_t* __restrict own, const scalar_t* __restrict other,
-                       const scalar_t* __restrict att, acc_t* __restrict g_own, acc_t* __restrict g_att, int64_t F) {
+                       const scalar_t* __restrict ee, const scalar_t* __restrict att, acc_t* __restrict g_own,
+                       acc_t* __restrict g_att, bool own_is_q, int64_t F) {
   const int64_t n = FF ? FF : F;
   if (!A.gatv2) {
     axpy<FF>(g_own, other, ds * acc_t(A.qk_scale), F);
+    if (ee && own_is_q) axpy<FF>(g_own, ee, ds * acc_t(A.qk_scale), F);  // d (q . (k + a)) / d q
     return;
   }
   const acc_t slope = acc_t(A.P.slope);
 #pragma omp simd
   for (int64_t f = 0; f < n; ++f) {
-    const acc_t u = acc_t(own[f]) + acc_t(other[f]);
+    const acc_t u = acc_t(own[f]) + acc_t(other[f]) + (ee ? acc_t(ee[f]) : acc_t(0));
     g_own[f] += ds * acc_t(att[f]) * (u > acc_t(0) ? acc_t(1) : slope);
   }
   if (g_att) {
 #pragma omp simd
     for (int64_t f = 0; f < n; ++f) {
-      const acc_t u = acc_t(own[f]) + acc_t(other[f]);
+      const acc_t u = acc_t(own[f]) + acc_t(other[f]) + (ee ? acc_t(ee[f]) : acc_t(0));
       g_att[f] += ds * (u > acc_t(0) ? u : u * slope);
     }
   }
+}
+
+// The edge features' gradient of one (edge, head), written once: GATv2 ds att leaky_relu'(u);
+// dot ds scale q_i + c g_i (the key and the value terms).
+template <int FF, typename acc_t, typename scalar_t>
+inline void edge_grad(const Pair& A, acc_t ds, acc_t c, const scalar_t* __restrict q, const scalar_t* __restrict k,
+                      const scalar_t* __restrict ee, const scalar_t* __restrict g, const scalar_t* __restrict att,
+                      scalar_t* __restrict out, int64_t F) {
+  const int64_t n = FF ? FF : F;
+  if (!A.gatv2) {
+    const acc_t a = ds * acc_t(A.qk_scale);
+    for (int64_t f = 0; f < n; ++f) out[f] = scalar_t(a * acc_t(q[f]) + c * acc_t(g[f]));
+    return;
+  }
+  const acc_t slope = acc_t(A.P.slope);
+  for (int64_t f = 0; f < n; ++f) {
+    const acc_t u = acc_t(q[f]) + acc_t(k[f]) + acc_t(ee[f]);
+    out[f] = scalar_t(ds * acc_t(att[f]) * (u > acc_t(0) ? acc_t(1) : slope));
+  }
+}
+
+// The edge features' row of a walked edge (nullptr without edge features).
+template <typename scalar_t, typename index_t>
+inline const scalar_t* edge_row(const scalar_t* edge, const index_t* perm, const Edge& E, int64_t HF) {
+  if (!edge) return nullptr;
+  return edge + (E.pos >= 0 ? int64_t(perm[E.pos]) : E.id) * HF;
 }
 
 // Softmax weights of a row's edges, exp(e - m) with the row max m (forward: computed here).
@@ -78,7 +123,7 @@ void exp_shift(std::vector<acc_t>& w, const std::vector<acc_t>& s, int64_t n, in
 
 template <typename scalar_t, typename index_t, int FF>
 void forward_kernel(const Pair& A, const scalar_t* q, const scalar_t* k, const scalar_t* v, const scalar_t* att,
-                    const index_t* rowptr, const index_t* col, scalar_t* out, at::opmath_type<scalar_t>* m_out,
+                    const scalar_t* edge, const index_t* perm, const index_t* rowptr, const index_t* col, scalar_t* out, at::opmath_type<scalar_t>* m_out,
                     at::opmath_type<scalar_t>* z_out) {
   using acc_t = at::opmath_type<scalar_t>;
   const Params& P = A.P;
@@ -95,8 +140,9 @@ void forward_kernel(const Pair& A, const scalar_t* q, const scalar_t* k, const s
       for (int64_t e = 0; e < n; ++e) {
         if (e + kAhead < n) prefetch_row(k + S.edges[e + kAhead].other * HF, HF);
         const scalar_t* kj = k + S.edges[e].other * HF;
+        const scalar_t* ee = edge_row(edge, perm, S.edges[e], HF);
         for (int64_t h = 0; h < H; ++h) {
-          const acc_t s = pair_logit<FF, acc_t>(A, q + i * HF + h * F, kj + h * F, att + h * F, F);
+          const acc_t s = pair_logit<FF, acc_t>(A, q + i * HF + h * F, kj + h * F, ee ? ee + h * F : ee, att + h * F, F);
           S.s[e * H + h] = s;
           m[h] = s > m[h] ? s : m[h];
         }
@@ -106,10 +152,13 @@ void forward_kernel(const Pair& A, const scalar_t* q, const scalar_t* k, const s
       for (int64_t e = 0; e < n; ++e) {
         if (e + kAhead < n) prefetch_row(v + S.edges[e + kAhead].other * HF, HF);
         const scalar_t* vj = v + S.edges[e].other * HF;
+        const scalar_t* ee = A.gatv2 ? nullptr : edge_row(edge, perm, S.edges[e], HF);  // dot: values + a_k
         for (int64_t h = 0; h < H; ++h) {
           const acc_t w = S.w[e * H + h];
           z[h] += w;
-          axpy<FF>(acc.data() + h * F, vj + h * F, w * P.keep<acc_t>(S.edges[e].id, h), F);
+          const acc_t c = w * P.keep<acc_t>(S.edges[e].id, h);
+          axpy<FF>(acc.data() + h * F, vj + h * F, c, F);
+          if (ee) axpy<FF>(acc.data() + h * F, ee + h * F, c, F);
         }
       }
       for (int64_t h = 0; h < H; ++h) {
@@ -125,20 +174,22 @@ void forward_kernel(const Pair& A, const scalar_t* q, const scalar_t* k, const s
 struct PairGrads {
   void *q, *k, *v;
   void* att_rows;  // [N_dst, H * F] acc_t: per-row partials of grad att
+  void* edge;      // [E (+ loops), H, F]: the edge features' gradient
 };
 
 // Row pass: D_i (kept in T with m_i and 1/z_i for the transpose pass), grad q, grad att partials.
 template <typename scalar_t, typename index_t, int FF>
 void backward_rows(const Pair& A, const scalar_t* g, const scalar_t* out, const at::opmath_type<scalar_t>* m,
                    const at::opmath_type<scalar_t>* z, const scalar_t* q, const scalar_t* k, const scalar_t* v,
-                   const scalar_t* att, const index_t* rowptr, const index_t* col, at::opmath_type<scalar_t>* T,
-                   PairGrads G) {
+                   const scalar_t* att, const scalar_t* edge, const index_t* perm, const index_t* rowptr,
+                   const index_t* col, at::opmath_type<scalar_t>* T, PairGrads G) {
   using acc_t = at::opmath_type<scalar_t>;
   const Params& P = A.P;
   const int64_t H = P.H, F = P.F, HF = H * F;
   auto* gq = static_cast<scalar_t*>(G.q);
   auto* gatt = static_cast<acc_t*>(G.att_rows);
-  const bool per_edge = gq || gatt;
+  auto* gedge = static_cast<scalar_t*>(G.edge);
+  const bool per_edge = gq || gatt || gedge;
   parallel_over_rows(rowptr, P.num_dst, per_edge ? HF : 1, [&](int64_t r0, int64_t r1) {
     Scratch<acc_t> S;
     std::vector<acc_t> acc_q(HF), acc_att(HF);
@@ -155,9 +206,12 @@ void backward_rows(const Pair& A, const scalar_t* g, const scalar_t* out, const 
       collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, k, HF);
       const int64_t n = S.edges.size();
       S.size_for(H);
-      for (int64_t e = 0; e < n; ++e)
+      for (int64_t e = 0; e < n; ++e) {
+        const scalar_t* ee = edge_row(edge, perm, S.edges[e], HF);
         for (int64_t h = 0; h < H; ++h)
-          S.s[e * H + h] = pair_logit<FF, acc_t>(A, qi + h * F, k + S.edges[e].other * HF + h * F, att + h * F, F);
+          S.s[e * H + h] = pair_logit<FF, acc_t>(A, qi + h * F, k + S.edges[e].other * HF + h * F,
+                                                 ee ? ee + h * F : ee, att + h * F, F);
+      }
       exp_shift(S.w, S.s, n, H, t);
       std::fill(acc_q.begin(), acc_q.end(), acc_t(0));
       std::fill(acc_att.begin(), acc_att.end(), acc_t(0));
@@ -165,11 +219,19 @@ void backward_rows(const Pair& A, const scalar_t* g, const scalar_t* out, const 
         const Edge& E = S.edges[e];
         if (e + kAhead < n) prefetch_row(v + S.edges[e + kAhead].other * HF, HF);
         const scalar_t *kj = k + E.other * HF, *vj = v + E.other * HF;
+        const scalar_t* ee = edge_row(edge, perm, E, HF);
         for (int64_t h = 0; h < H; ++h) {
           const acc_t p = S.w[e * H + h] * t[H + h];
-          const acc_t ds = p * (P.keep<acc_t>(E.id, h) * dot<FF, acc_t>(gi + h * F, vj + h * F, F) - t[2 * H + h]);
-          logit_grad<FF>(A, ds, qi + h * F, kj + h * F, att + h * F, acc_q.data() + h * F,
-                         gatt ? acc_att.data() + h * F : static_cast<acc_t*>(nullptr), F);
+          const acc_t keep = P.keep<acc_t>(E.id, h);
+          acc_t gv = dot<FF, acc_t>(gi + h * F, vj + h * F, F);
+          if (ee && !A.gatv2) gv += dot<FF, acc_t>(gi + h * F, ee + h * F, F);  // dot: the value carries a_k
+          const acc_t ds = p * (keep * gv - t[2 * H + h]);
+          const scalar_t* eh = ee ? ee + h * F : ee;
+          logit_grad<FF>(A, ds, qi + h * F, kj + h * F, eh, att + h * F, acc_q.data() + h * F,
+                         gatt ? acc_att.data() + h * F : static_cast<acc_t*>(nullptr), true, F);
+          if (gedge)
+            edge_grad<FF>(A, ds, p * keep, qi + h * F, kj + h * F, eh, gi + h * F, att + h * F,
+                          gedge + (ee - edge) + h * F, F);
         }
       }
       if (gq)
@@ -182,8 +244,8 @@ void backward_rows(const Pair& A, const scalar_t* g, const scalar_t* out, const 
 // Transpose pass (source rows): grad k and grad v.
 template <typename scalar_t, typename index_t, int FF>
 void backward_sources(const Pair& A, const scalar_t* g, const scalar_t* q, const scalar_t* k, const scalar_t* v,
-                      const scalar_t* att, const index_t* t_rowptr, const index_t* t_col, const index_t* t_pos,
-                      const at::opmath_type<scalar_t>* T, PairGrads G) {
+                      const scalar_t* att, const scalar_t* edge, const index_t* perm, const index_t* t_rowptr,
+                      const index_t* t_col, const index_t* t_pos, const at::opmath_type<scalar_t>* T, PairGrads G) {
   using acc_t = at::opmath_type<scalar_t>;
   const Params& P = A.P;
   const int64_t H = P.H, F = P.F, HF = H * F;
@@ -204,15 +266,19 @@ void backward_sources(const Pair& A, const scalar_t* g, const scalar_t* q, const
         if (e + kAhead < n) prefetch_row(g + S.edges[e + kAhead].other * HF, HF);
         const scalar_t *qi = q + E.other * HF, *gi = g + E.other * HF;
         const acc_t* t = T + E.other * 3 * H;
+        const scalar_t* ee = edge_row(edge, perm, E, HF);
         for (int64_t h = 0; h < H; ++h) {
-          const acc_t s = pair_logit<FF, acc_t>(A, qi + h * F, kj + h * F, att + h * F, F);
+          const scalar_t* eh = ee ? ee + h * F : ee;
+          const acc_t s = pair_logit<FF, acc_t>(A, qi + h * F, kj + h * F, eh, att + h * F, F);
           const acc_t p = exp_simd(s - t[h]) * t[H + h];
           const acc_t keep = P.keep<acc_t>(E.id, h);
           if (gv) axpy<FF>(acc_v.data() + h * F, gi + h * F, p * keep, F);
           if (gk) {
-            const acc_t ds = p * (keep * dot<FF, acc_t>(gi + h * F, vj + h * F, F) - t[2 * H + h]);
-            logit_grad<FF>(A, ds, kj + h * F, qi + h * F, att + h * F, acc_k.data() + h * F,
-                           static_cast<acc_t*>(nullptr), F);
+            acc_t g_dot_v = dot<FF, acc_t>(gi + h * F, vj + h * F, F);
+            if (eh && !A.gatv2) g_dot_v += dot<FF, acc_t>(gi + h * F, eh, F);
+            const acc_t ds = p * (keep * g_dot_v - t[2 * H + h]);
+            logit_grad<FF>(A, ds, kj + h * F, qi + h * F, eh, att + h * F, acc_k.data() + h * F,
+                           static_cast<acc_t*>(nullptr), false, F);
           }
         }
       }
@@ -236,10 +302,23 @@ Pair make_pair(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   return A;
 }
 
+// The edge features, checked: nullptr when absent.
+template <typename scalar_t>
+const scalar_t* edge_ptr(const Params& P, const c10::optional<at::Tensor>& edge, const c10::optional<at::Tensor>& perm,
+                         const at::Tensor& col) {
+  if (!edge.has_value()) return nullptr;
+  TORCH_CHECK(edge->is_contiguous() && edge->dim() == 3 && edge->size(0) >= P.num_edges + P.num_loops &&
+                  edge->size(1) == P.H && edge->size(2) == P.F && perm.has_value() &&
+                  perm->scalar_type() == col.scalar_type() && perm->numel() == P.num_edges,
+              "pair_attention: edge must be a contiguous [E + loops, H, F] tensor with the CSR's perm");
+  return edge->data_ptr<scalar_t>();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pair_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& att,
-    const at::Tensor& rowptr, const at::Tensor& col, bool self_loops, bool gatv2, double slope, double scale,
-    double dropout, int64_t seed) {
+    const c10::optional<at::Tensor>& edge, const at::Tensor& rowptr, const at::Tensor& col,
+    const c10::optional<at::Tensor>& perm, bool self_loops, bool gatv2, double slope, double scale, double dropout,
+    int64_t seed) {
   const Pair A = make_pair(q, k, v, att, rowptr, col, self_loops, gatv2, slope, scale, dropout, seed);
   const Params& P = A.P;
   auto out = at::empty({P.num_dst, P.H, P.F}, k.options());
@@ -253,47 +332,53 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pair_forward(
         forward_kernel<scalar_t, index_t, decltype(ff)::value>(
             A, q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
             att.has_value() ? att->data_ptr<scalar_t>() : q.data_ptr<scalar_t>(),  // dot: never read
-            rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(), out.data_ptr<scalar_t>(), m.data_ptr<acc_t>(),
-            z.data_ptr<acc_t>());
+            edge_ptr<scalar_t>(P, edge, perm, col), ptr_or_null<index_t>(perm), rowptr.data_ptr<index_t>(),
+            col.data_ptr<index_t>(), out.data_ptr<scalar_t>(), m.data_ptr<acc_t>(), z.data_ptr<acc_t>());
       });
     });
   });
   return {out, m, z};
 }
 
-// needs: (q, k, v, att); a gradient not needed comes back as an empty tensor.
+// needs: (q, k, v, att, edge); a gradient not needed comes back as an empty tensor.
 std::vector<at::Tensor> pair_backward(const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& m,
                                       const at::Tensor& z, const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, const c10::optional<at::Tensor>& att,
-                                      const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& t_rowptr,
+                                      const c10::optional<at::Tensor>& edge, const at::Tensor& rowptr,
+                                      const at::Tensor& col, const c10::optional<at::Tensor>& perm,
+                                      const at::Tensor& t_rowptr,
                                       const at::Tensor& t_col, const at::Tensor& t_pos, bool self_loops, bool gatv2,
                                       double slope, double scale, double dropout, int64_t seed,
                                       std::vector<bool> needs) {
   const Pair A = make_pair(q, k, v, att, rowptr, col, self_loops, gatv2, slope, scale, dropout, seed);
   const Params& P = A.P;
-  TORCH_CHECK(needs.size() == 4, "pair_attention_backward: needs must have 4 entries");
+  TORCH_CHECK(needs.size() == 5, "pair_attention_backward: needs must have 5 entries");
   TORCH_CHECK(t_rowptr.numel() - 1 == P.num_src, "pair_attention_backward: the transpose must have N_src rows");
   auto maybe = [&](bool need, const at::Tensor& like) { return need ? at::empty_like(like) : k.new_empty({0}); };
   const bool need_att = needs[3] && gatv2;
-  std::vector<at::Tensor> grads = {maybe(needs[0], q), maybe(needs[1], k), maybe(needs[2], v), k.new_empty({0})};
+  const bool need_edge = needs[4] && edge.has_value();
+  std::vector<at::Tensor> grads = {maybe(needs[0], q), maybe(needs[1], k), maybe(needs[2], v), k.new_empty({0}),
+                                   need_edge ? at::zeros_like(*edge) : k.new_empty({0})};  // skipped loops: 0
   auto att_rows = need_att ? at::empty({P.num_dst, P.H * P.F}, m.options()) : m.new_empty({0});
   auto T = at::empty({P.num_dst, 3 * P.H}, m.options());  // per target: row max, 1 / row sum, D
   auto g = grad_out.contiguous();
   auto ptr = [](const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; };
-  PairGrads G{ptr(grads[0]), ptr(grads[1]), ptr(grads[2]), ptr(att_rows)};
+  PairGrads G{ptr(grads[0]), ptr(grads[1]), ptr(grads[2]), ptr(att_rows), ptr(grads[4])};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, k.scalar_type(), "pair_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "pair_backward_index", [&] {
       const scalar_t* a = att.has_value() ? att->data_ptr<scalar_t>() : q.data_ptr<scalar_t>();  // dot: never read
+      const scalar_t* ee = edge_ptr<scalar_t>(P, edge, perm, col);
+      const index_t* pm = ptr_or_null<index_t>(perm);
       dispatch_width(P.F, [&](auto ff) {
         constexpr int FF = decltype(ff)::value;
         backward_rows<scalar_t, index_t, FF>(A, g.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), m.data_ptr<acc_t>(),
                                              z.data_ptr<acc_t>(), q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
-                                             v.data_ptr<scalar_t>(), a, rowptr.data_ptr<index_t>(),
+                                             v.data_ptr<scalar_t>(), a, ee, pm, rowptr.data_ptr<index_t>(),
                                              col.data_ptr<index_t>(), T.data_ptr<acc_t>(), G);
         if (G.k || G.v)
           backward_sources<scalar_t, index_t, FF>(A, g.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(),
-                                                  k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), a,
+                                                  k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), a, ee, pm,
                                                   t_rowptr.data_ptr<index_t>(), t_col.data_ptr<index_t>(),
                                                   t_pos.data_ptr<index_t>(), T.data_ptr<acc_t>(), G);
       });

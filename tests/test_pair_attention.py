@@ -10,22 +10,34 @@ from gnnfuse import CSR
 from gnnfuse.ops.pair_attention import dot_attention, gatv2_attention
 from gnnfuse.testing import TOLERANCES
 
-from test_attention import BACKENDS, N, graph, on
+from test_attention import BACKENDS, E, N, graph, on
 
 H, F = 3, 4
 MODES = ["gatv2", "dot"]
+EDGE_MODES = ["gatv2+edge", "dot+edge"]  # with projected edge features [E (+ loops), H, F]
+MAX_EDGES = 80  # edge_attr rows made; each call uses the first E (+ self loops)
 
 
 def inputs(mode, dtype=torch.float64, num_src=N, num_dst=N, seed=0):
     g = torch.Generator().manual_seed(seed)
     make = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_()  # noqa: E731
-    if mode == "gatv2":
-        return dict(x_src=make(num_src, H, F), x_dst=make(num_dst, H, F), att=make(H, F))
-    return dict(query=make(num_dst, H, F), key=make(num_src, H, F), value=make(num_src, H, F))
+    if mode.startswith("gatv2"):
+        ins = dict(x_src=make(num_src, H, F), x_dst=make(num_dst, H, F), att=make(H, F))
+    else:
+        ins = dict(query=make(num_dst, H, F), key=make(num_src, H, F), value=make(num_src, H, F))
+    if mode.endswith("+edge"):
+        ins["edge_attr"] = make(MAX_EDGES, H, F)
+    return ins
 
 
 def call(mode, ins, graph_, **kw):
-    if mode == "gatv2":
+    if "edge_attr" in ins:  # E rows, plus one per self loop (the layers' order)
+        first = ins["x_src"] if mode.startswith("gatv2") else ins["key"]
+        last = ins["x_dst"] if mode.startswith("gatv2") else ins["query"]
+        num_edges = graph_.num_edges if isinstance(graph_, CSR) else graph_.shape[1]
+        loops = min(first.shape[0], last.shape[0]) if kw.get("add_self_loops") else 0
+        kw["edge_attr"] = ins["edge_attr"][:num_edges + loops]
+    if mode.startswith("gatv2"):
         return gatv2_attention(ins["x_src"], ins["x_dst"], ins["att"], graph_, negative_slope=0.15, **kw)
     return dot_attention(ins["query"], ins["key"], ins["value"], graph_, **kw)
 
@@ -51,7 +63,7 @@ def assert_matches_reference(mode, ins, graph_, backend, dtype=torch.float64, **
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + EDGE_MODES)
 @pytest.mark.parametrize("self_loops,dropout", [(False, 0.0), (True, 0.0), (True, 0.4)])
 def test_matches_reference(backend, mode, self_loops, dropout):
     assert_matches_reference(mode, inputs(mode), graph(), backend, add_self_loops=self_loops, dropout=dropout,
@@ -59,7 +71,7 @@ def test_matches_reference(backend, mode, self_loops, dropout):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + EDGE_MODES)
 def test_bipartite_empty_rows_and_half_types(backend, mode):
     ei = graph(num_src=N, num_dst=6)
     ei = ei[:, ei[1] < 4]  # rows 4 and 5 empty
@@ -68,11 +80,13 @@ def test_bipartite_empty_rows_and_half_types(backend, mode):
         assert_matches_reference(mode, inputs(mode, dtype), graph(torch.int32), backend, dtype, add_self_loops=True)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + EDGE_MODES)
 def test_triton_splits_hub_rows(monkeypatch, mode):
     from gnnfuse.triton import attention as kernels
+    from gnnfuse.triton import pair_attention
 
     monkeypatch.setattr(kernels, "SPLIT_EDGES", 2)
+    monkeypatch.setattr(pair_attention, "ATT_SLOTS", 3)  # each row-pass program walks many pieces
     hub = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 3], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]])
     csr = CSR.from_edge_index(torch.cat([graph(), hub, hub.flip(0)], 1), N)
     assert kernels._work(csr.rowptr).split_rows.numel() > 1
@@ -85,7 +99,7 @@ def test_cpu_and_triton_agree_on_the_dropout_mask():
     torch.testing.assert_close(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + EDGE_MODES)
 def test_gradcheck(mode):
     ins = inputs(mode)
     names = list(ins)
@@ -96,15 +110,18 @@ def test_gradcheck(mode):
     assert torch.autograd.gradcheck(fn, tuple(ins.values()), eps=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", MODES + EDGE_MODES)
 def test_opcheck(mode):
     ins = inputs(mode, torch.float32)
     csr = CSR.from_edge_index(graph(), N)
-    if mode == "gatv2":
+    gatv2 = mode.startswith("gatv2")
+    if gatv2:
         q, k, v, att = ins["x_dst"], ins["x_src"], ins["x_src"], ins["att"]
     else:
         q, k, v, att = ins["query"], ins["key"], ins["value"], None
-    args = (q, k, v, att, csr.rowptr, csr.col, *csr.transpose_parts(), True, mode == "gatv2", 0.2, 0.5, 0.25, 3)
+    edge = ins["edge_attr"][:csr.num_edges + N].detach().requires_grad_() if "edge_attr" in ins else None
+    perm = csr.perm if edge is not None else None
+    args = (q, k, v, att, edge, csr.rowptr, csr.col, perm, *csr.transpose_parts(), True, gatv2, 0.2, 0.5, 0.25, 3)
     torch.library.opcheck(torch.ops.gnnfuse.pair_attention, args)
 
 
@@ -134,7 +151,7 @@ def test_errors_name_the_argument(bad, match):
         gatv2_attention(ins["x_src"], ins["x_dst"], ins["att"], graph(), **kw)
 
 
-@pytest.mark.parametrize("mode", MODES + ["gat"])
+@pytest.mark.parametrize("mode", MODES + EDGE_MODES + ["gat"])
 def test_eager_route_and_registered_op_agree_bitwise(mode):
     """The OpDef eager route and the registered torch.library op (forced by a dispatch mode) give
     the same outputs and gradients, bit for bit, on the CPU kernels."""
@@ -157,3 +174,16 @@ def test_eager_route_and_registered_op_agree_bitwise(mode):
         op = once()
     for a, b in zip(eager, op):
         assert torch.equal(a, b)
+
+
+def test_edge_features_without_self_loop_rows_and_errors():
+    """With self loops, [E, H, F] edge features give the loops no edge term (zero rows)."""
+    ins = {k: v.detach() for k, v in inputs("dot+edge").items()}
+    ea = ins["edge_attr"][:E]
+    out = dot_attention(ins["query"], ins["key"], ins["value"], graph(), edge_attr=ea, add_self_loops=True)
+    padded = torch.cat([ea, ea.new_zeros(N, H, F)])
+    ref = dot_attention(ins["query"], ins["key"], ins["value"], graph(), edge_attr=padded, add_self_loops=True,
+                        backend="reference")
+    torch.testing.assert_close(out, ref)
+    with pytest.raises(ValueError, match="edge_attr must have shape"):
+        dot_attention(ins["query"], ins["key"], ins["value"], graph(), edge_attr=ins["edge_attr"][:E + 1])

@@ -18,7 +18,7 @@ def layer_run(layer, x, ei, ea=None):
     """(out, gradients of the inputs and every parameter; None for an unused one, e.g. lin_skip
     under root_weight=False)."""
     out = layer(x, ei, ea)
-    inputs = [x] if isinstance(x, torch.Tensor) else list(x)
+    inputs = ([x] if isinstance(x, torch.Tensor) else list(x)) + ([ea] if ea is not None else [])
     leaves = [t for t in inputs if t.requires_grad] + list(layer.parameters())
     return out, torch.autograd.grad((out * out.detach().cos()).sum(), leaves, allow_unused=True)
 
@@ -31,6 +31,15 @@ CONFIGS = {
     "transformer-default": (pyg_nn.TransformerConv, G.TransformerConv, dict(heads=2)),
     "transformer-beta-mean": (pyg_nn.TransformerConv, G.TransformerConv, dict(heads=3, beta=True, concat=False)),
     "transformer-noroot": (pyg_nn.TransformerConv, G.TransformerConv, dict(heads=2, root_weight=False)),
+    # edge features (edge_dim = 3): PyG's self-loop fill rules, keys and values with the edge term
+    "gatv2-edge": (pyg_nn.GATv2Conv, G.GATv2Conv, dict(heads=2, edge_dim=3)),  # fill_value="mean"
+    "gatv2-edge-fill-const": (pyg_nn.GATv2Conv, G.GATv2Conv, dict(heads=2, edge_dim=3, fill_value=0.5)),
+    "gatv2-edge-fill-max-shared": (pyg_nn.GATv2Conv, G.GATv2Conv,
+                                   dict(heads=3, edge_dim=3, fill_value="max", share_weights=True, concat=False)),
+    "gatv2-edge-noloops": (pyg_nn.GATv2Conv, G.GATv2Conv, dict(heads=2, edge_dim=3, add_self_loops=False)),
+    "transformer-edge": (pyg_nn.TransformerConv, G.TransformerConv, dict(heads=2, edge_dim=3)),
+    "transformer-edge-beta-mean": (pyg_nn.TransformerConv, G.TransformerConv,
+                                   dict(heads=3, edge_dim=3, beta=True, concat=False)),
 }
 
 
@@ -46,7 +55,7 @@ def make_pair(name, in_channels, out_channels=4, dtype=torch.float64, **extra):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", CONFIGS)
 def test_matches_pyg(name, backend):
-    if backend == "triton" and not name.endswith("default"):
+    if backend == "triton" and not name.endswith(("default", "edge")):
         pytest.skip("the interpreter is slow: Triton runs the default configurations")
     stock, ours = make_pair(name, 6)
     dev = on(backend)
@@ -54,10 +63,11 @@ def test_matches_pyg(name, backend):
     ours.gnnfuse_backend = backend
     x = torch.randn(N, 6, dtype=torch.float64, device=dev, requires_grad=True)
     ei = graph().to(dev)
+    ea = torch.randn(E, 3, dtype=torch.float64, device=dev, requires_grad=True) if "edge" in name else None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the fused path, no fallback
-        out, grads = layer_run(ours, x, ei)
-    ref, ref_grads = layer_run(stock, x, ei)
+        out, grads = layer_run(ours, x, ei, ea)
+    ref, ref_grads = layer_run(stock, x, ei, ea)
     tol = dict(atol=1e-8, rtol=1e-8) if backend == "cpu" else dict(atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(out, ref, **tol)
     assert [g is None for g in grads] == [r is None for r in ref_grads]
@@ -66,48 +76,58 @@ def test_matches_pyg(name, backend):
             torch.testing.assert_close(g, r, **tol)
 
 
-@pytest.mark.parametrize("name", ["gatv2-default", "transformer-beta-mean"])
+@pytest.mark.parametrize("name", ["gatv2-default", "transformer-beta-mean", "gatv2-edge", "transformer-edge"])
 def test_bipartite_matches_pyg(name):
     stock, ours = make_pair(name, (5, 6))
     xs = torch.randn(10, 5, dtype=torch.float64, requires_grad=True)
     xd = torch.randn(7, 6, dtype=torch.float64, requires_grad=True)
     ei = torch.stack([torch.randint(0, 10, (30,)), torch.randint(0, 5, (30,))])  # targets 5, 6 without edges
-    (out, grads), (ref, ref_grads) = layer_run(ours, (xs, xd), ei), layer_run(stock, (xs, xd), ei)
+    ea = torch.randn(30, 3, dtype=torch.float64, requires_grad=True) if "edge" in name else None
+    (out, grads), (ref, ref_grads) = layer_run(ours, (xs, xd), ei, ea), layer_run(stock, (xs, xd), ei, ea)
     torch.testing.assert_close(out, ref)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r)
 
 
-@pytest.mark.parametrize("name", ["gatv2-default", "transformer-default"])
+@pytest.mark.parametrize("name", ["gatv2-default", "transformer-default", "gatv2-edge", "transformer-edge"])
 def test_dropout_matches_reference_with_the_same_mask(name):
     _, ours = make_pair(name, 6, dropout=0.5)
     ours.train()
     x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
+    ea = torch.randn(E, 3, dtype=torch.float64, requires_grad=True) if "edge" in name else None
     results = []
     for backend in ("cpu", "reference"):
         ours.gnnfuse_backend = backend
         torch.manual_seed(21)
-        results.append(layer_run(ours, x, graph()))
+        results.append(layer_run(ours, x, graph(), ea))
     torch.testing.assert_close(results[0][0], results[1][0])
     for g, r in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(g, r)
 
 
 def test_fallbacks_warn_once_naming_the_argument_and_match():
-    stock, ours = make_pair("transformer-default", 6, edge_dim=3)
+    stock, ours = make_pair("transformer-default", 6)
     x, ea = torch.randn(N, 6, dtype=torch.float64), torch.randn(E, 3, dtype=torch.float64)
-    with pytest.warns(UserWarning, match="edge_dim"):
-        out = ours(x, graph(), ea)
+    with pytest.warns(UserWarning, match="return_attention_weights"):
+        out, (_, alpha) = ours(x, graph(), return_attention_weights=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ours(x, graph(), ea)  # second time: silent
-    torch.testing.assert_close(out, stock(x, graph(), ea))
-    stock, ours = make_pair("gatv2-default", 6, edge_dim=3)
-    with pytest.warns(UserWarning, match="edge_attr"):
-        torch.testing.assert_close(ours(x, graph(), ea), stock(x, graph(), ea))
+        ours(x, graph(), return_attention_weights=True)  # second time: silent
+    ref, (_, ref_alpha) = stock(x, graph(), return_attention_weights=True)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(alpha, ref_alpha)
+    stock, ours = make_pair("gatv2-default", 6)
+    with pytest.warns(UserWarning, match="edge_dim is not set"), pytest.raises(AssertionError):
+        ours(x, graph(), ea)  # PyG's own forward rejects edge features without lin_edge
+    stock, ours = make_pair("gatv2-edge", 6)
     with pytest.warns(UserWarning, match="return_attention_weights"):
         out, (_, alpha) = ours(x, graph(), return_attention_weights=True)
     ref, (_, ref_alpha) = stock(x, graph(), return_attention_weights=True)
+    torch.testing.assert_close(alpha, ref_alpha)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # warned once above
+        out, (_, alpha) = ours(x, graph(), ea, return_attention_weights=True)
+    ref, (_, ref_alpha) = stock(x, graph(), ea, return_attention_weights=True)
     torch.testing.assert_close(alpha, ref_alpha)
 
 

@@ -98,25 +98,29 @@ class GATConv(pyg_nn.GATConv):
         alpha_edge = edge_attr @ w_eff.t()
         if not self.add_self_loops:
             return alpha_edge, None
-        fill = self.fill_value
-        if isinstance(fill, str):  # reduce of the node's incoming (non-loop) edge features
-            src, dst = edge_endpoints(graph)
-            not_loop = (src != dst).unsqueeze(1).to(edge_attr.dtype)
-            if fill in ("add", "sum", "mean"):
-                loop_attr = scatter(edge_attr * not_loop, dst.long(), 0, num_dst, reduce="sum")
-                if fill == "mean":
-                    count = scatter(not_loop, dst.long(), 0, num_dst, reduce="sum")
-                    loop_attr = loop_attr / count.clamp(min=1)
-            else:
-                kept = src != dst
-                loop_attr = scatter(edge_attr[kept], dst[kept].long(), 0, num_dst, reduce=fill)
-        else:
-            fill_t = torch.as_tensor(fill, dtype=edge_attr.dtype, device=edge_attr.device)
-            loop_attr = fill_t.expand(num_dst, edge_attr.shape[1])
-        return alpha_edge, loop_attr @ w_eff.t()
+        return alpha_edge, self_loop_attr(edge_attr, graph, num_dst, self.fill_value) @ w_eff.t()
 
     def _why_not_fused(self, x, edge_index, size, return_attention_weights) -> str | None:
         return why_not_fused(self, x, edge_index, size, return_attention_weights)
+
+
+def self_loop_attr(edge_attr: Tensor, graph, num_dst: int, fill) -> Tensor:
+    """[num_dst, edge_dim] features of the self loops PyG's ``add_self_loops(..., fill_value=fill)``
+    appends after removing the graph's own loops: a reduce of each node's incoming non-loop edge
+    features ("add"/"sum"/"mean"/"max"/...), or the constant ``fill``. Raw features: [E, edge_dim]."""
+    if isinstance(fill, str):  # reduce of the node's incoming (non-loop) edge features
+        src, dst = edge_endpoints(graph)
+        not_loop = (src != dst).unsqueeze(1).to(edge_attr.dtype)
+        if fill in ("add", "sum", "mean"):
+            loop_attr = scatter(edge_attr * not_loop, dst.long(), 0, num_dst, reduce="sum")
+            if fill == "mean":
+                count = scatter(not_loop, dst.long(), 0, num_dst, reduce="sum")
+                loop_attr = loop_attr / count.clamp(min=1)
+            return loop_attr
+        kept = src != dst
+        return scatter(edge_attr[kept], dst[kept].long(), 0, num_dst, reduce=fill)
+    fill_t = torch.as_tensor(fill, dtype=edge_attr.dtype, device=edge_attr.device)
+    return fill_t.expand(num_dst, edge_attr.shape[1])
 
 
 def why_not_fused(layer, x, edge_index, size, return_attention_weights) -> str | None:

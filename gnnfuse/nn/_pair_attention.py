@@ -8,9 +8,15 @@ GATv2Conv's self loops are PyG's remove + add, without copying the graph. Attent
 drawn inside the kernel (counter-based, seeded from torch's generator): same distribution as
 ``F.dropout``, another mask.
 
-Falls back to PyG's own forward, with a one-time warning naming the reason, for edge features
-(GATv2Conv's ``edge_attr``, TransformerConv's ``edge_dim``), ``return_attention_weights``, sparse
-adjacency tensors, ``x_dst=None``, explain mode, hooks and ``flow="target_to_source"``.
+Edge features (``edge_dim``): the projection ``lin_edge(edge_attr)`` [E, H * C] is computed as PyG
+computes it (for GATv2Conv over the edges and then the self loops' features, whose rows follow
+``fill_value`` as PyG's ``add_self_loops``: the small [E + N, edge_dim] raw features are
+concatenated, not the projection); the kernel reads it in edge order through the CSR's
+permutation and writes its gradient directly. No [E, H, C] message, key or value tensor exists.
+
+Falls back to PyG's own forward, with a one-time warning naming the reason, for
+``return_attention_weights``, sparse adjacency tensors, ``x_dst=None``, explain mode, hooks and
+``flow="target_to_source"``.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from torch import Tensor
 
 from ..csr import CSR
 from ..ops.pair_attention import dot_attention, gatv2_attention
-from ._attention import _warn_once, why_not_fused
+from ._attention import _warn_once, self_loop_attr, why_not_fused
 from ._layers import FUSED_CLASSES
 from ._mixin import csr_to_edge_index
 
@@ -53,8 +59,8 @@ class GATv2Conv(pyg_nn.GATv2Conv):
 
     def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
         reason = why_not_fused(self, x, edge_index, None, return_attention_weights)
-        if reason is None and edge_attr is not None:
-            reason = "edge_attr is given (edge features are not fused for GATv2Conv)"
+        if reason is None and edge_attr is not None and self.lin_edge is None:
+            reason = "edge_attr is given but edge_dim is not set"  # PyG's own forward ignores it
         if reason is not None:
             return _fallback(pyg_nn.GATv2Conv, self, reason, x, edge_index, edge_attr, return_attention_weights)
         H, C = self.heads, self.out_channels
@@ -62,7 +68,14 @@ class GATv2Conv(pyg_nn.GATv2Conv):
         res = self.res(x_dst) if self.res is not None else None
         x_l = self.lin_l(x_src).view(-1, H, C)
         x_r = x_l if (self.share_weights and x_dst is x_src) else self.lin_r(x_dst).view(-1, H, C)
-        out = gatv2_attention(x_l, x_r, self.att, edge_index, negative_slope=self.negative_slope,
+        edge = None
+        if edge_attr is not None:
+            edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
+            if self.add_self_loops:  # PyG's add_self_loops: the loops' features last
+                loops = min(x_l.shape[0], x_r.shape[0])
+                edge_attr = torch.cat([edge_attr, self_loop_attr(edge_attr, edge_index, loops, self.fill_value)])
+            edge = self.lin_edge(edge_attr).view(-1, H, C)
+        out = gatv2_attention(x_l, x_r, self.att, edge_index, edge_attr=edge, negative_slope=self.negative_slope,
                               dropout=self.dropout if self.training else 0.0, add_self_loops=self.add_self_loops,
                               backend=self.gnnfuse_backend)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
@@ -86,8 +99,8 @@ class TransformerConv(pyg_nn.TransformerConv):
 
     def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
         reason = why_not_fused(self, x, edge_index, None, return_attention_weights)
-        if reason is None and self.lin_edge is not None:
-            reason = "edge_dim is set (edge features are not fused for TransformerConv)"
+        if reason is None and self.lin_edge is not None and edge_attr is None:
+            reason = "edge_dim is set but no edge_attr is given"  # PyG's own forward decides what that means
         if reason is not None:
             return _fallback(pyg_nn.TransformerConv, self, reason, x, edge_index, edge_attr, return_attention_weights)
         H, C = self.heads, self.out_channels
@@ -95,7 +108,10 @@ class TransformerConv(pyg_nn.TransformerConv):
         query = self.lin_query(x_dst).view(-1, H, C)
         key = self.lin_key(x_src).view(-1, H, C)
         value = self.lin_value(x_src).view(-1, H, C)
-        out = dot_attention(query, key, value, edge_index, scale=1.0 / math.sqrt(C),
+        edge = None
+        if self.lin_edge is not None:
+            edge = self.lin_edge(edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr).view(-1, H, C)
+        out = dot_attention(query, key, value, edge_index, edge_attr=edge, scale=1.0 / math.sqrt(C),
                             dropout=self.dropout if self.training else 0.0, backend=self.gnnfuse_backend)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:

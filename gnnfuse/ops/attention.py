@@ -140,8 +140,10 @@ def reference_edges(csr: CSR, num_src: int, self_loops: bool):
             kept)
 
 
-def reference_softmax_sum(e, row, col, ids, values, num_dst: int, p: float, seed: int, dtype: torch.dtype):
-    """sum over row i's edges of softmax_i(e) (* the kernels' dropout) * values[col], [N_dst, H, F]."""
+def reference_softmax_sum(e, row, col, ids, values, num_dst: int, p: float, seed: int, dtype: torch.dtype,
+                          edge_values=None):
+    """sum over row i's edges of softmax_i(e) (* the kernels' dropout) * (values[col] [+ edge_values]),
+    [N_dst, H, F]."""
     heads = e.shape[1]
     row_max = torch.full((num_dst, heads), float("-inf"), dtype=e.dtype, device=e.device)
     row_max = row_max.scatter_reduce(0, row.unsqueeze(1).expand_as(e), e, "amax").detach()
@@ -149,7 +151,8 @@ def reference_softmax_sum(e, row, col, ids, values, num_dst: int, p: float, seed
     coef = w / torch.zeros_like(row_max).index_add(0, row, w)[row]
     if p > 0:
         coef = coef * _keep_mask(seed, ids, heads, p) / (1 - p)
-    msg = coef.unsqueeze(-1) * values.to(e.dtype)[col]
+    vals = values.to(e.dtype)[col]
+    msg = coef.unsqueeze(-1) * (vals if edge_values is None else vals + edge_values)
     return torch.zeros(num_dst, heads, values.shape[2], dtype=e.dtype, device=e.device).index_add(0, row, msg).to(dtype)
 
 

@@ -138,6 +138,8 @@ def fused_gather_scatter(
             Empty target rows give 0. A list of these names computes them all in one pass and
             returns [N_dst, len(reduce) * F], block k = reduce[k] (gnnfuse.ops.multi_aggregate).
         edge_weight: optional [E] weights in edge_index order, cast to x's dtype; differentiable.
+            [E, H] weights with x [N_src, H, F] weight each head (sum/mean; see
+            gnnfuse.ops.head_gather_scatter).
         num_nodes: number of target nodes, any integer type (default: ``x.size(0)``, or the CSR's
             row count).
         backend: "auto" | "cpu" | "triton" | "reference" (env ``GNNFUSE_BACKEND`` replaces "auto").
@@ -157,6 +159,8 @@ def fused_gather_scatter(
         out = _multi_aggregate(x, edge_index_or_csr, [reduce] if isinstance(reduce, str) else reduce,
                                edge_weight=edge_weight, num_nodes=num_nodes, backend=backend)
         return out.reshape(out.shape[0], *x.shape[1:]) if isinstance(reduce, str) else out
+    if isinstance(edge_weight, torch.Tensor) and edge_weight.dim() == 2:  # multi-head weights
+        return _head_gather_scatter(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     # (this runs on every call: on small graphs each Python call in it is a visible share of the time)
     reduce = ALIASES.get(reduce, reduce)  # (check_call validates it)
     csr, backend = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
@@ -225,4 +229,5 @@ def _weight_in_csr_order(edge_weight: torch.Tensor | None, csr: CSR, dtype: torc
                   lambda: edge_weight.to(dtype).index_select(0, csr.perm))
 
 
+from .head_gather_scatter import head_gather_scatter as _head_gather_scatter  # noqa: E402  (builds on this module)
 from .multi_aggregate import multi_aggregate as _multi_aggregate  # noqa: E402  (it builds on this module)

@@ -3,11 +3,15 @@ full feature vectors of both endpoints (GATv2Conv, TransformerConv), flash-atten
 
 For every target row i, head h, over the row's incoming edges k (source j):
 
-    GATv2:      e_k = sum_f att[h,f] * leaky_relu(k[j,h,f] + q[i,h,f])
-    dot:        e_k = scale * sum_f q[i,h,f] * k[j,h,f]          (scale: 1/sqrt(F) by default)
-    out[i,h,:] = sum_k softmax_k(e)_h * keep_k,h / (1 - dropout) * v[j,h,:]
+    GATv2:      e_k = sum_f att[h,f] * leaky_relu(k[j,h,f] + q[i,h,f] [+ a[k,h,f]])
+    dot:        e_k = scale * sum_f q[i,h,f] * (k[j,h,f] [+ a[k,h,f]])    (scale: 1/sqrt(F) by default)
+    out[i,h,:] = sum_k softmax_k(e)_h * keep_k,h / (1 - dropout) * (v[j,h,:] [+ a[k,h,:]] (dot only))
 
 GATv2Conv: q = lin_r(x_dst), k = v = lin_l(x_src); TransformerConv: q = query, k = key, v = value.
+Optional edge features a [E (+ self loops), H, F] (the projected lin_edge(edge_attr), as PyG
+computes them; rows in edge_index order, then one per self loop): the kernels read row perm[k] of a
+for CSR position k (E + i for row i's virtual self loop), so a is never reordered or copied, and
+write its gradient row by row; no other [E, H, F] tensor exists.
 One op, ``gnnfuse::pair_attention`` (declared with ``OpDef``), serves both (``gatv2`` picks the logit); it shares the GAT
 op's machinery: only the per-row softmax max and sum are saved ([N_dst, H]), the backward
 recomputes every logit, no [E, H] or [E, H, F] tensor is made; dropout comes from the same
@@ -17,11 +21,12 @@ and ``add_self_loops`` is PyG's remove + add without copying the graph.
 Backward, with g = grad_out, D_i = g_i . out_i, p_k the softmax, c_k = p_k keep_k / (1 - dropout):
     ds_k = p_k (keep_k / (1 - dropout) g_i . v_j - D_i)
     dot:   grad q_i = sum_k ds_k scale k_j,  grad k_j = sum_k ds_k scale q_i
-    GATv2: t_k = att * leaky_relu'(k_j + q_i);  grad q_i = sum_k ds_k t_k,  grad k_j = sum_k ds_k t_k,
-           grad att = sum_k ds_k leaky_relu(k_j + q_i)
+    GATv2: u_k = k_j + q_i [+ a_k], t_k = att * leaky_relu'(u_k);  grad q_i = sum_k ds_k t_k,
+           grad k_j = sum_k ds_k t_k,  grad a_k = ds_k t_k,  grad att = sum_k ds_k leaky_relu(u_k)
+    dot with edge features: grad q_i = sum_k ds_k scale (k_j + a_k),  grad a_k = ds_k scale q_i + c_k g_i
     grad v_j = sum_k c_k g_i
-Row pass (graph rows): D, grad q, grad att (per-row partials summed afterwards); transpose pass
-(source rows): grad k, grad v. Kernels: csrc/pair_attention.cpp (CPU) and
+Row pass (graph rows): D, grad q, grad a, grad att (per-row partials summed afterwards); transpose
+pass (source rows): grad k, grad v. Kernels: csrc/pair_attention.cpp (CPU) and
 gnnfuse/triton/pair_attention.py (CUDA).
 """
 from __future__ import annotations
@@ -38,14 +43,14 @@ from ._opdef import OpDef
 from .attention import reference_edges, reference_softmax_sum, stats_dtype
 from .gather_scatter import _as_csr
 
-# q [N_dst, H, F], k and v [N_src, H, F], att [H, F] (GATv2 only), contiguous, one dtype. Returns
-# out [N_dst, H, F] and the softmax's row max and row sum ([N_dst, H], stats_dtype). needs: which of
-# (q, k, v, att) want a gradient.
+# q [N_dst, H, F], k and v [N_src, H, F], att [H, F] (GATv2 only), edge [E (+ loops), H, F] with perm
+# (the CSR's), contiguous, one dtype. Returns out [N_dst, H, F] and the softmax's row max and row sum
+# ([N_dst, H], stats_dtype). needs: which of (q, k, v, att, edge) want a gradient.
 N_SCALARS = 6  # self_loops, gatv2, negative_slope, scale, dropout, seed
 
 
-def _forward_cpu(q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, *scalars):
-    return tuple(load_extension("attention").pair_forward(q, k, v, att, rowptr, col, *scalars))
+def _forward_cpu(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, *scalars):
+    return tuple(load_extension("attention").pair_forward(q, k, v, att, edge, rowptr, col, perm, *scalars))
 
 
 def _backward_cpu(*args):
@@ -61,56 +66,64 @@ def _forward_fake(q, k, v, att, rowptr, col, *rest):
     return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), stats, torch.empty_like(stats)
 
 
-def _backward_fake(grad_out, out, row_max, row_sum, q, k, v, att, *rest):
+def _backward_fake(grad_out, out, row_max, row_sum, q, k, v, att, edge, *rest):
     needs = rest[-1]
     return tuple(torch.empty_like(t) if (need and t is not None) else q.new_empty(0)
-                 for need, t in zip(needs, (q, k, v, att)))
+                 for need, t in zip(needs, (q, k, v, att, edge)))
 
 
 def _save(ctx, inputs, output):
-    q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, *scalars = inputs
+    q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, *scalars = inputs
     ctx.scalars = tuple(scalars)
     ctx.mark_non_differentiable(output[1], output[2])
-    return (output[0], output[1], output[2], q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos)
+    return (output[0], output[1], output[2], q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos)
 
 
 def _backward(ctx, saved, grad_out, _gm, _gz):
-    out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos = saved
-    needs = [bool(n) for n in ctx.needs[:4]]
+    out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos = saved
+    needs = [bool(n) for n in ctx.needs[:5]]
     if t_rowptr is None:  # op called directly without the transpose: build it now
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, k.shape[0])
-    grads = BACKWARD(grad_out.contiguous(), out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos,
-                     *ctx.scalars, needs, backend=ctx.backend)
-    return (*(g if need else None for g, need in zip(grads, needs)), *([None] * (5 + N_SCALARS)))
+    grads = BACKWARD(grad_out.contiguous(), out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col,
+                     t_pos, *ctx.scalars, needs, backend=ctx.backend)
+    return (*(g if need else None for g, need in zip(grads, needs)), *([None] * (6 + N_SCALARS)))
 
 
 FORWARD = OpDef(
-    "pair_attention(Tensor q, Tensor k, Tensor v, Tensor? att, Tensor rowptr, Tensor col, Tensor? t_rowptr, "
-    "Tensor? t_col, Tensor? t_pos, bool self_loops, bool gatv2, float negative_slope, float scale, float dropout, "
-    "int seed) -> (Tensor, Tensor, Tensor)",
+    "pair_attention(Tensor q, Tensor k, Tensor v, Tensor? att, Tensor? edge, Tensor rowptr, Tensor col, "
+    "Tensor? perm, Tensor? t_rowptr, Tensor? t_col, Tensor? t_pos, bool self_loops, bool gatv2, "
+    "float negative_slope, float scale, float dropout, int seed) -> (Tensor, Tensor, Tensor)",
     kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "pair_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor q, Tensor k, "
-    "Tensor v, Tensor? att, Tensor rowptr, Tensor col, Tensor t_rowptr, Tensor t_col, Tensor t_pos, bool self_loops, "
-    "bool gatv2, float negative_slope, float scale, float dropout, int seed, bool[] needs) "
-    "-> (Tensor, Tensor, Tensor, Tensor)",
+    "Tensor v, Tensor? att, Tensor? edge, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, Tensor t_col, "
+    "Tensor t_pos, bool self_loops, bool gatv2, float negative_slope, float scale, float dropout, int seed, "
+    "bool[] needs) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     kernels={"cpu": _backward_cpu, "triton": _backward_triton}, fake=_backward_fake,
     public_name="gatv2_attention / dot_attention")
 
 
-def reference(q, k, v, att, csr: CSR, self_loops: bool, gatv2: bool, slope: float, scale: float, p: float, seed: int):
+def reference(q, k, v, att, edge, csr: CSR, self_loops: bool, gatv2: bool, slope: float, scale: float, p: float,
+              seed: int):
     """The op's maths with plain torch ops and autograd (materialises [E, H, F]: tests, backend='reference')."""
     row, col, ids, _ = reference_edges(csr, k.shape[0], self_loops)
     work = stats_dtype(q.dtype)
     qi, kj = q.to(work)[row], k.to(work)[col]
+    ek = None
+    if edge is not None:  # edge-order row of each walked edge: perm[k] for CSR position k, E + i for a loop
+        real = ids < csr.num_edges
+        erow = ids.clone()
+        erow[real] = csr.perm.long()[ids[real]]
+        ek = edge.to(work)[erow]
     if gatv2:
-        e = (torch.nn.functional.leaky_relu(kj + qi, slope) * att.to(work)).sum(-1)
-    else:
-        e = (qi * kj).sum(-1) * scale
-    return reference_softmax_sum(e, row, col, ids, v, q.shape[0], p, seed, v.dtype)
+        u = kj + qi if ek is None else kj + qi + ek
+        e = (torch.nn.functional.leaky_relu(u, slope) * att.to(work)).sum(-1)
+        return reference_softmax_sum(e, row, col, ids, v, q.shape[0], p, seed, v.dtype)
+    e = (qi * (kj if ek is None else kj + ek)).sum(-1) * scale
+    return reference_softmax_sum(e, row, col, ids, v, q.shape[0], p, seed, v.dtype, edge_values=ek)
 
 
-def _run(q, k, v, att, graph, gatv2, slope, scale, dropout, seed, add_self_loops, backend):
+def _run(q, k, v, att, edge, graph, gatv2, slope, scale, dropout, seed, add_self_loops, backend):
     """Checks shared by both public functions (arguments named as the caller knows them), then the
     op (or the reference)."""
     q_name, v_name = ("x_dst", "x_src") if gatv2 else ("query", "value")
@@ -127,16 +140,29 @@ def _run(q, k, v, att, graph, gatv2, slope, scale, dropout, seed, add_self_loops
         seed = int(torch.randint(0, 2**31 - 1, ())) if dropout > 0 else 0
     elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
         raise ValueError(f"seed must be an int in [0, 2**31); got {seed!r}")
-    require_same_device(q=q, k=k, v=v, att=att, edge_index=csr.col)
+    num_loops = min(n_src, csr.num_dst) if add_self_loops else 0
+    if edge is not None:
+        edge = _features("edge_attr", edge)
+        rows = f"[E, {heads}, {width}] or [E + {num_loops}, {heads}, {width}] (self loops last)" if num_loops \
+            else f"[E, {heads}, {width}]"
+        require_shape("edge_attr", edge, rows.replace("E", str(csr.num_edges)),
+                      edge.dim() == 3 and edge.shape[1:] == (heads, width)
+                      and edge.shape[0] in (csr.num_edges, csr.num_edges + num_loops))
+    require_same_device(q=q, k=k, v=v, att=att, edge_attr=edge, edge_index=csr.col)
     backend = resolve_backend(backend, k.device)
     scalars = (bool(add_self_loops), bool(gatv2), float(slope), float(scale), float(dropout), seed)
     q, k, v = (t.to(k.dtype).contiguous() for t in (q, k, v))
     att = att.to(k.dtype).contiguous() if att is not None else None
+    if edge is not None:
+        edge = edge.to(k.dtype).contiguous()
+        if edge.shape[0] < csr.num_edges + num_loops:  # self loops without an edge term: zero rows
+            edge = torch.cat([edge, edge.new_zeros(num_loops, *edge.shape[1:])])
     if backend == "reference":
-        return reference(q, k, v, att, csr, *scalars)
-    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, att))
+        return reference(q, k, v, att, edge, csr, *scalars)
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, att, edge))
     transpose = csr.transpose_parts() if wants_grad else (None, None, None)
-    return FORWARD(q, k, v, att, csr.rowptr, csr.col, *transpose, *scalars, backend=backend)[0]
+    perm = csr.perm if edge is not None else None
+    return FORWARD(q, k, v, att, edge, csr.rowptr, csr.col, perm, *transpose, *scalars, backend=backend)[0]
 
 
 def _features(name: str, t) -> torch.Tensor:
@@ -146,14 +172,17 @@ def _features(name: str, t) -> torch.Tensor:
 
 
 def gatv2_attention(x_src: torch.Tensor, x_dst: torch.Tensor, att: torch.Tensor, edge_index_or_csr, *,
-                    negative_slope: float = 0.2, dropout: float = 0.0, seed: int | None = None,
-                    add_self_loops: bool = False, backend: str = "auto") -> torch.Tensor:
+                    edge_attr: torch.Tensor | None = None, negative_slope: float = 0.2, dropout: float = 0.0,
+                    seed: int | None = None, add_self_loops: bool = False, backend: str = "auto") -> torch.Tensor:
     """GATv2's attention-weighted aggregation, fused: ``out [N_dst, H, F]`` (see the module doc).
 
     Args:
         x_src: [N_src, H, F] projected source features (lin_l(x)); also the aggregated values.
         x_dst: [N_dst, H, F] projected target features (lin_r(x)).
         att: [H, F] (or [1, H, F]) attention vector.
+        edge_attr: optional projected edge features [E, H, F] in edge_index order, added inside the
+            leaky_relu (PyG's lin_edge(edge_attr)); with add_self_loops, [E + min(N_src, N_dst), H, F]
+            gives the self loops' terms last (PyG's add_self_loops order), [E, H, F] gives them none.
         edge_index_or_csr, negative_slope, dropout, seed, add_self_loops, backend: as in
             :func:`gnnfuse.gat_attention`.
 
@@ -168,17 +197,20 @@ def gatv2_attention(x_src: torch.Tensor, x_dst: torch.Tensor, att: torch.Tensor,
     require_shape("att", att, f"[H, F] = {list(x_src.shape[1:])}", tuple(att.shape) == tuple(x_src.shape[1:]))
     if not isinstance(negative_slope, (int, float)):
         raise TypeError(f"negative_slope must be a float; got {type(negative_slope).__name__}")
-    return _run(x_dst, x_src, x_src, att, edge_index_or_csr, True, negative_slope, 1.0, dropout, seed,
+    return _run(x_dst, x_src, x_src, att, edge_attr, edge_index_or_csr, True, negative_slope, 1.0, dropout, seed,
                 add_self_loops, backend)
 
 
 def dot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, edge_index_or_csr, *,
-                  scale: float | None = None, dropout: float = 0.0, seed: int | None = None,
-                  add_self_loops: bool = False, backend: str = "auto") -> torch.Tensor:
+                  edge_attr: torch.Tensor | None = None, scale: float | None = None, dropout: float = 0.0,
+                  seed: int | None = None, add_self_loops: bool = False, backend: str = "auto") -> torch.Tensor:
     """Graph transformer attention (TransformerConv's), fused: ``out [N_dst, H, F]``.
 
     Args:
         query: [N_dst, H, F]; key and value: [N_src, H, F].
+        edge_attr: optional projected edge features [E, H, F] in edge_index order, added to the keys
+            and the values (TransformerConv's lin_edge(edge_attr)); with add_self_loops as in
+            :func:`gatv2_attention`.
         scale: logit scale, default 1/sqrt(F).
         edge_index_or_csr, dropout, seed, add_self_loops, backend: as in :func:`gnnfuse.gat_attention`.
 
@@ -193,5 +225,5 @@ def dot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, e
         scale = 1.0 / math.sqrt(key.shape[2]) if key.shape[2] else 1.0
     if not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float; got {type(scale).__name__}")
-    return _run(query, key, value, None, edge_index_or_csr, False, 0.0, scale, dropout, seed, add_self_loops,
-                backend)
+    return _run(query, key, value, None, edge_attr, edge_index_or_csr, False, 0.0, scale, dropout, seed,
+                add_self_loops, backend)

@@ -78,7 +78,12 @@ def _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG: tl.constexpr):
     """This program's piece of a work list: (row, piece index, first edge, the row's end, the
     piece's stop (the row's virtual self loop, position ``end``, belongs to its last piece),
     the partial slot of the piece, or -1 when the row is not split)."""
-    s = tl.program_id(0).to(tl.int64)
+    return _piece_at(tl.program_id(0).to(tl.int64), seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+
+
+@triton.jit
+def _piece_at(s, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG: tl.constexpr):
+    """Piece ``s`` of a work list (see _piece)."""
     row = tl.load(seg_row + s).to(tl.int64)
     k = s - tl.load(seg_ptr + row)
     start = tl.load(rowptr + row).to(tl.int64) + k * SEG

@@ -13,14 +13,20 @@ from .attention_kernels import _merge_pieces_kernel
 from .pair_attention_kernels import _pair_backward_rows_kernel, _pair_backward_sources_kernel, _pair_forward_kernel
 
 
+# GATv2's att gradient: the row pass runs at most this many programs, each summing its pieces'
+# partials, so the buffer is [ATT_SLOTS, H, F] floats (8 MB at 4x64) whatever the graph's size; a
+# constant (not the GPU's SM count) keeps the sum's order, hence the bits, the same on every GPU.
+ATT_SLOTS = 8192
+
+
 def _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed):
     n_src, H, F = k.shape
     acc = tl.float64 if k.dtype == torch.float64 else tl.float32
     scalars = (min(n_src, q.shape[0]) if self_loops else 0, col.shape[0], H, F, float(slope), float(scale), int(seed),
                int(round(p * (1 << 24))), 1.0 / (1.0 - p))
-    be, hb, fb = gat._blocks(H, F)
+    be, hb, fb = gat._blocks(H, F, col.shape[0], q.shape[0])
     flags = dict(SELF_LOOPS=bool(self_loops), DROPOUT=p > 0, GATV2=bool(gatv2), ACC=acc, BE=be, HB=hb, FB=fb,
-                 SEG=gat.SPLIT_EDGES)
+                 SEG=gat.SPLIT_EDGES, num_warps=gat._warps(be, hb, fb))
     return n_src, H, F, scalars, flags
 
 
@@ -33,8 +39,9 @@ def _device(t):
     return torch.cuda.device(t.device) if t.is_cuda else gat._nullcontext()
 
 
-def forward(q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
+def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
     n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
+    flags["HAS_EDGE"] = edge is not None
     num_dst = q.shape[0]
     stat = torch.float64 if k.dtype == torch.float64 else torch.float32
     out = k.new_empty(num_dst, H, F)
@@ -50,7 +57,8 @@ def forward(q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, self_loops, gatv2
     hb = flags["HB"]
     with _device(k):
         _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
-            q, k, v, att if att is not None else k, rowptr, col, out, m, z, wl.seg_row, wl.seg_ptr, wl.slot,
+            q, k, v, att if att is not None else k, edge if edge is not None else k, perm if perm is not None else col,
+            rowptr, col, out, m, z, wl.seg_row, wl.seg_ptr, wl.slot,
             p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v), **flags)
         if parts:
             _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
@@ -59,28 +67,34 @@ def forward(q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, self_loops, gatv2
     return out, m, z
 
 
-def backward(grad_out, out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_pos, self_loops, gatv2, slope,
-             scale, p, seed, needs):
+def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2,
+             slope, scale, p, seed, needs):
     n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
+    flags["HAS_EDGE"] = edge is not None
     num_dst = q.shape[0]
     need_q, need_k, need_v, need_att = needs[0], needs[1], needs[2], needs[3] and bool(gatv2)
+    need_edge = needs[4] and edge is not None
     empty = k.new_empty(0)
     g_q = torch.empty_like(q) if need_q else empty
     g_k = torch.empty_like(k) if need_k else empty
     g_v = torch.empty_like(v) if need_v else empty
     g_att = empty
+    g_edge = torch.zeros_like(edge) if need_edge else empty  # rows of skipped self-loop edges stay 0
     D = torch.empty_like(m)
     hb = flags["HB"]
     att_ = att if att is not None else k
+    edge_, perm_ = (edge, perm) if edge is not None else (k, col)
     kv_same = _same(k, v)
     with _device(k):
         if num_dst and H:
             wl = gat._work(rowptr)
             p_q = m.new_empty(wl.num_partials, H, F) if need_q and wl.num_partials else m
-            p_att = m.new_empty(wl.num_pieces, H, F) if need_att else m
-            _pair_backward_rows_kernel[(wl.num_pieces, cdiv(H, hb))](
-                grad_out, out, m, z, q, k, v, att_, rowptr, col, D, g_q if need_q else k, p_q, p_att, wl.seg_row,
-                wl.seg_ptr, wl.slot, *scalars, KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, **flags)
+            programs = min(wl.num_pieces, ATT_SLOTS) if need_att else wl.num_pieces
+            p_att = m.new_empty(programs, H, F) if need_att else m
+            _pair_backward_rows_kernel[(programs, cdiv(H, hb))](
+                grad_out, out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, g_q if need_q else k, p_q, p_att,
+                g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot, wl.num_pieces, *scalars,
+                KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge, **flags)
             if need_q:
                 gat._fold(p_q, g_q, wl, H * F)
             if need_att:
@@ -93,10 +107,10 @@ def backward(grad_out, out, m, z, q, k, v, att, rowptr, col, t_rowptr, t_col, t_
             p_k = m.new_empty(parts, H, F) if need_k and parts else m
             p_v = m.new_empty(parts, H, F) if need_v and parts else m
             _pair_backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
-                grad_out, m, z, q, k, v, att_, t_rowptr, t_col, t_pos, D, g_k if need_k else k, g_v if need_v else k,
-                p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v, **flags)
+                grad_out, m, z, q, k, v, att_, edge_, perm_, t_rowptr, t_col, t_pos, D, g_k if need_k else k,
+                g_v if need_v else k, p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v, **flags)
             if need_k:
                 gat._fold(p_k, g_k, wl, H * F)
             if need_v:
                 gat._fold(p_v, g_v, wl, H * F)
-    return g_q, g_k, g_v, g_att
+    return g_q, g_k, g_v, g_att, g_edge

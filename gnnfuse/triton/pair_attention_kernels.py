@@ -12,16 +12,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention_kernels import NEG_INF, _dropout_scale, _piece, _store_row
+from .attention_kernels import NEG_INF, _dropout_scale, _piece, _piece_at, _store_row
 
 
 @triton.jit
-def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, nbr, pos, node_vec, att, N_EDGES, H, F,
-                slope, qk_scale, seed, threshold, scale, TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr,
-                DROPOUT: tl.constexpr, GATV2: tl.constexpr, ACC: tl.constexpr):
+def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, nbr, pos, node_vec, att, edge, perm, N_EDGES,
+                H, F, slope, qk_scale, seed, threshold, scale, TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr,
+                DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
     """One block of a row's edges (the virtual self loop at position ``end`` when stop == end + 1).
     Returns (other endpoint [BE], valid [BE, HB], valid [BE, HB, FB], the other endpoints' vectors
-    [BE, HB, FB], logit e [BE, HB] (-inf where invalid), dropout factor [BE, HB])."""
+    [BE, HB, FB], logit e [BE, HB] (-inf where invalid), dropout factor [BE, HB], the edge
+    features' row [BE] and tile [BE, HB, FB] (zeros without HAS_EDGE))."""
     real = ks < end
     other = tl.load(nbr + ks, mask=real, other=0).to(tl.int64)
     other = tl.where(real, other, node)
@@ -34,21 +35,34 @@ def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, nbr, po
     v3 = v2[:, :, None] & fmask[None, None, :]
     ov = tl.load(others + other[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
                  other=0).to(ACC)
+    if TRANSPOSED:
+        k = tl.load(pos + ks, mask=real, other=0).to(tl.int64)
+    else:
+        k = ks
+    if HAS_EDGE:  # edge features: row perm[k] (edge order), the self loop's row E + node
+        erow = tl.where(real, tl.load(perm + k, mask=real, other=0).to(tl.int64), N_EDGES + node)
+        ev = tl.load(edge + erow[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
+                     other=0).to(ACC)
+    else:
+        erow = k
+        ev = tl.zeros(ov.shape, ACC)
     if GATV2:
         u = ov + node_vec[None, :, :]
+        if HAS_EDGE:
+            u += ev
         e = tl.sum(tl.where(u > 0, u, u * slope) * att[None, :, :], 2)
+    elif HAS_EDGE and TRANSPOSED:  # the walking row is the key: q_i . (k_j + edge)
+        e = tl.sum(ov * (node_vec[None, :, :] + ev), 2) * qk_scale
+    elif HAS_EDGE:
+        e = tl.sum((ov + ev) * node_vec[None, :, :], 2) * qk_scale
     else:
         e = tl.sum(ov * node_vec[None, :, :], 2) * qk_scale
     e = tl.where(v2, e, NEG_INF)
     if DROPOUT:
-        if TRANSPOSED:
-            k = tl.load(pos + ks, mask=real, other=0).to(tl.int64)
-        else:
-            k = ks
         keep = _dropout_scale(seed, tl.where(real, k, N_EDGES + node), heads, H, threshold, scale)
     else:
         keep = tl.full(e.shape, 1.0, ACC)
-    return other, v2, v3, ov, e, keep
+    return other, v2, v3, ov, e, keep, erow, ev
 
 
 @triton.jit
@@ -66,9 +80,9 @@ def _att_tile(att, heads, feats, hf, F, GATV2: tl.constexpr, ACC: tl.constexpr, 
 
 
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
-def _pair_forward_kernel(q, k, v, att, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot, p_acc, p_m, p_z,
-                         NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                         SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
+def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot, p_acc,
+                         p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
+                         SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
                          KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
                          FB: tl.constexpr, SEG: tl.constexpr):
     i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
@@ -84,9 +98,9 @@ def _pair_forward_kernel(q, k, v, att, rowptr, col, out, m_out, z_out, seg_row, 
     acc = tl.zeros((HB, FB), ACC)
     for k0 in range(start, stop, BE):
         ks = k0 + tl.arange(0, BE)
-        j, v2, v3, kv, e, keep = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col, qi, a,
-                                             N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
-                                             SELF_LOOPS, DROPOUT, GATV2, ACC)
+        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col, qi,
+                                                      a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
+                                                      scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
         m_new = tl.maximum(m, tl.max(e, 0))
         m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
         rescale = tl.exp(m - m_safe)
@@ -97,6 +111,8 @@ def _pair_forward_kernel(q, k, v, att, rowptr, col, out, m_out, z_out, seg_row, 
         else:
             xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
                          other=0).to(ACC)
+            if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
+                xv += ev
         acc = acc * rescale[:, None] + tl.sum((w * keep)[:, :, None] * xv, 0)
         m = m_new
     if part < 0:
@@ -108,64 +124,83 @@ def _pair_forward_kernel(q, k, v, att, rowptr, col, out, m_out, z_out, seg_row, 
 
 
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
-def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, rowptr, col, D, g_q, p_q, p_att, seg_row, seg_ptr,
-                               slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                               SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
-                               KV_SAME: tl.constexpr, NEED_Q: tl.constexpr, NEED_ATT: tl.constexpr,
+def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, g_q, p_q, p_att, g_edge,
+                               seg_row, seg_ptr, slot, NUM_PIECES, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
+                               threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
+                               GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
+                               NEED_Q: tl.constexpr, NEED_ATT: tl.constexpr, NEED_EDGE: tl.constexpr,
                                ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
                                SEG: tl.constexpr):
-    """D_i = g_i . out_i (the first piece stores it); grad q (partials for split rows) and, for
-    GATv2, grad att's partial of this piece (p_att[piece], summed on the host)."""
-    i, kk, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+    """D_i = g_i . out_i (the first piece stores it); grad q (partials for split rows), the edge
+    features' gradient (each edge's row written once) and, for GATv2, grad att. Each program walks
+    pieces pid, pid + P, pid + 2P, ... (P programs; P = NUM_PIECES unless grad att is wanted) and
+    keeps grad att's partial across them: p_att has P rows (summed on the host in a fixed order),
+    not one per piece."""
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < H
     feats = tl.arange(0, FB)
     fmask = feats < F
     hf = hmask[:, None] & fmask[None, :]
-    gi = _head_tile(g, i, heads, feats, hf, H, F, ACC)
-    d = tl.sum(gi * _head_tile(out, i, heads, feats, hf, H, F, ACC), 1)
-    tl.store(D + i * H + heads, d, mask=hmask & (kk + 0 * heads == 0))  # [HB] masks: the interpreter wants arrays
-    if NEED_Q or NEED_ATT:
-        qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
-        a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
-        mi = tl.load(m_in + i * H + heads, mask=hmask, other=0)
-        zi = tl.load(z_in + i * H + heads, mask=hmask, other=1)
-        zi = tl.where(zi > 0, zi, 1.0)
-        acc_q = tl.zeros((HB, FB), ACC)
-        acc_a = tl.zeros((HB, FB), ACC)
-        for k0 in range(start, stop, BE):
-            ks = k0 + tl.arange(0, BE)
-            j, v2, v3, kv, e, keep = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col, qi, a,
-                                                 N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
-                                                 SELF_LOOPS, DROPOUT, GATV2, ACC)
-            p = tl.exp(e - mi[None, :]) / zi[None, :]
-            if KV_SAME:
-                xv = kv
-            else:
-                xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                             other=0).to(ACC)
-            ds = tl.where(v2, p * (keep * tl.sum(gi[None, :, :] * xv, 2) - d[None, :]), 0.0)
-            if GATV2:
-                u = kv + qi[None, :, :]
-                acc_q += tl.sum(ds[:, :, None] * a[None, :, :] * tl.where(u > 0, 1.0, slope), 0)
-                if NEED_ATT:
-                    acc_a += tl.sum(ds[:, :, None] * tl.where(u > 0, u, u * slope), 0)
-            else:
-                acc_q += tl.sum(ds[:, :, None] * kv, 0) * qk_scale
-        whole = part + 0 * heads < 0  # the row is one piece
-        if NEED_Q:
-            tl.store(g_q + i * H * F + heads[:, None] * F + feats[None, :], acc_q.to(g_q.dtype.element_ty),
-                     mask=hf & whole[:, None])
-            tl.store(p_q + part * H * F + heads[:, None] * F + feats[None, :], acc_q, mask=hf & ~whole[:, None])
-        if NEED_ATT:
-            piece = tl.program_id(0).to(tl.int64)
-            tl.store(p_att + piece * H * F + heads[:, None] * F + feats[None, :], acc_a, mask=hf)
+    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
+    acc_a = tl.zeros((HB, FB), ACC)
+    for s in range(tl.program_id(0), NUM_PIECES, tl.num_programs(0)):
+        i, kk, start, end, stop, part = _piece_at(s, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+        gi = _head_tile(g, i, heads, feats, hf, H, F, ACC)
+        d = tl.sum(gi * _head_tile(out, i, heads, feats, hf, H, F, ACC), 1)
+        tl.store(D + i * H + heads, d, mask=hmask & (kk + 0 * heads == 0))  # [HB] masks: the interpreter wants arrays
+        if NEED_Q or NEED_ATT or NEED_EDGE:
+            qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
+            mi = tl.load(m_in + i * H + heads, mask=hmask, other=0)
+            zi = tl.load(z_in + i * H + heads, mask=hmask, other=1)
+            zi = tl.where(zi > 0, zi, 1.0)
+            acc_q = tl.zeros((HB, FB), ACC)
+            for k0 in range(start, stop, BE):
+                ks = k0 + tl.arange(0, BE)
+                j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col,
+                                                             qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
+                                                             threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2,
+                                                             HAS_EDGE, ACC)
+                p = tl.exp(e - mi[None, :]) / zi[None, :]
+                if KV_SAME:
+                    xv = kv
+                else:
+                    xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                                 mask=v3, other=0).to(ACC)
+                    if HAS_EDGE:
+                        xv += ev
+                ds = tl.where(v2, p * (keep * tl.sum(gi[None, :, :] * xv, 2) - d[None, :]), 0.0)
+                if GATV2:
+                    u = kv + qi[None, :, :]
+                    if HAS_EDGE:
+                        u += ev
+                    t = ds[:, :, None] * a[None, :, :] * tl.where(u > 0, 1.0, slope)  # d logit / d u, times ds
+                    acc_q += tl.sum(t, 0)
+                    if NEED_ATT:
+                        acc_a += tl.sum(ds[:, :, None] * tl.where(u > 0, u, u * slope), 0)
+                else:
+                    if HAS_EDGE:
+                        acc_q += tl.sum(ds[:, :, None] * (kv + ev), 0) * qk_scale
+                    else:
+                        acc_q += tl.sum(ds[:, :, None] * kv, 0) * qk_scale
+                    t = ds[:, :, None] * qi[None, :, :] * qk_scale + (p * keep)[:, :, None] * gi[None, :, :]
+                if NEED_EDGE:
+                    tl.store(g_edge + er[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                             t.to(g_edge.dtype.element_ty), mask=v3)
+            whole = part + 0 * heads < 0  # the row is one piece
+            if NEED_Q:
+                tl.store(g_q + i * H * F + heads[:, None] * F + feats[None, :], acc_q.to(g_q.dtype.element_ty),
+                         mask=hf & whole[:, None])
+                tl.store(p_q + part * H * F + heads[:, None] * F + feats[None, :], acc_q, mask=hf & ~whole[:, None])
+    if NEED_ATT:
+        slot_a = tl.program_id(0).to(tl.int64)
+        tl.store(p_att + slot_a * H * F + heads[:, None] * F + feats[None, :], acc_a, mask=hf)
 
 
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
-def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, t_rowptr, t_col, t_pos, D, g_k, g_v, p_k, p_v,
-                                  seg_row, seg_ptr, slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold,
-                                  scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
+def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_rowptr, t_col, t_pos, D, g_k, g_v, p_k,
+                                  p_v, seg_row, seg_ptr, slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
+                                  threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
+                                  GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
                                   NEED_K: tl.constexpr, NEED_V: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr,
                                   HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr):
     """grad k[j] and grad v[j] over j's out-edges (the transpose's row; partials for split rows)."""
@@ -182,9 +217,10 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, t_rowptr, t_col, 
     acc_v = tl.zeros((HB, FB), ACC)
     for q0 in range(start, stop, BE):
         qs = q0 + tl.arange(0, BE)
-        i, v2, v3, qv, e, keep = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q, t_col, t_pos, kj, a,
-                                             N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, True,
-                                             SELF_LOOPS, DROPOUT, GATV2, ACC)
+        i, v2, v3, qv, e, keep, _er, ev = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q, t_col, t_pos,
+                                                      kj, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
+                                                      threshold, scale, True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
+                                                      ACC)
         ih = i[:, None] * H + heads[None, :]
         mi = tl.load(m_in + ih, mask=v2, other=0)
         zi = tl.load(z_in + ih, mask=v2, other=1)
@@ -195,9 +231,15 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, t_rowptr, t_col, 
             acc_v += tl.sum((p * keep)[:, :, None] * gi, 0)
         if NEED_K:
             di = tl.load(D + ih, mask=v2, other=0)
-            ds = tl.where(v2, p * (keep * tl.sum(gi * vj[None, :, :], 2) - di), 0.0)
+            if GATV2 or not HAS_EDGE:
+                gv = tl.sum(gi * vj[None, :, :], 2)
+            else:  # TransformerConv's values carry the edge term
+                gv = tl.sum(gi * (vj[None, :, :] + ev), 2)
+            ds = tl.where(v2, p * (keep * gv - di), 0.0)
             if GATV2:
                 u = qv + kj[None, :, :]
+                if HAS_EDGE:
+                    u += ev
                 acc_k += tl.sum(ds[:, :, None] * a[None, :, :] * tl.where(u > 0, 1.0, slope), 0)
             else:
                 acc_k += tl.sum(ds[:, :, None] * qv, 0) * qk_scale

@@ -340,6 +340,7 @@ void register_gather_scatter(pybind11::module& m) {
   m.def("gather_scatter_backward", &gather_scatter_backward);
   m.def("output_cache_bytes", [] { return OutputCache::instance().cached_bytes(); });
   m.def("clear_output_cache", [] { OutputCache::instance().clear(); });
+  m.def("output_cache_bypass", [](bool on) { return OutputCache::instance().set_bypass(on); });
 }
 
 }  // namespace gnnfuse

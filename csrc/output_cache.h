@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <list>
@@ -46,7 +47,7 @@ class OutputCache {
     int64_t numel = 1;
     for (int64_t s : sizes) numel *= s;
     const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
-    if (bytes < kMinBytes || limit() == 0) return at::empty(sizes, options);
+    if (bytes < kMinBytes || bypass_ || limit() == 0) return at::empty(sizes, options);
     void* data = take(bytes);
     if (data == nullptr) {
       TORCH_CHECK(posix_memalign(&data, 64, static_cast<size_t>(bytes)) == 0, "gnnfuse: out of memory allocating ",
@@ -64,6 +65,10 @@ class OutputCache {
     std::lock_guard<std::mutex> guard(mutex_);
     return cached_;
   }
+
+  // While on, outputs bypass the cache (fresh memory, as without it) and the cached blocks stay:
+  // benchmarks time both in the same process. Returns the previous setting.
+  bool set_bypass(bool on) { return bypass_.exchange(on); }
 
   // Frees every cached block.
   void clear() {
@@ -117,18 +122,24 @@ class OutputCache {
       std::free(data);
       return;
     }
-    while (cached_ + bytes > limit_ && !free_.empty()) {  // oldest first
-      std::free(free_.front().data);
-      cached_ -= free_.front().bytes;
-      free_.pop_front();
-    }
+    trim(bytes);
     free_.push_back(Block{data, bytes});
     cached_ += bytes;
   }
 
+  // Frees the oldest blocks until `room` more bytes fit under the limit (mutex held).
+  void trim(int64_t room) {
+    while (cached_ + room > limit_ && !free_.empty()) {
+      std::free(free_.front().data);
+      cached_ -= free_.front().bytes;
+      free_.pop_front();
+    }
+  }
+
   std::mutex mutex_;
   std::once_flag limit_once_;
-  int64_t limit_ = 0;
+  std::atomic<int64_t> limit_{0};
+  std::atomic<bool> bypass_{false};
   int64_t cached_ = 0;
   std::list<Block> free_;  // oldest at the front
 };

@@ -147,3 +147,40 @@ def test_backward_gradient_buffers_are_reused_bitwise():
     x = torch.randn(n, 64, requires_grad=True)
     grads = [torch.autograd.grad(gnnfuse.fused_gather_scatter(x, edge_index, "sum").sum(), x)[0] for _ in range(3)]
     assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2])
+
+
+def test_cache_size_setting_zero_turns_the_cache_off():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import torch, gnnfuse\n"
+              "from gnnfuse._build import load_extension\n"
+              "out = gnnfuse.fused_gather_scatter(torch.randn(8192, 64), torch.randint(0, 8192, (2, 30000)))\n"
+              "del out\n"
+              "print(load_extension().output_cache_bytes())\n")
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "GNNFUSE_CPU_OUTPUT_CACHE_MB": "0",
+           "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True)
+    assert done.stdout.strip().splitlines()[-1] == "0"
+
+
+def test_bypass_gives_fresh_buffers_and_keeps_the_cached_ones():
+    ext = load_extension()
+    edge_index, n = big_graph()
+    x = torch.randn(n, 64)
+    ext.clear_output_cache()
+    del_me = gnnfuse.fused_gather_scatter(x, edge_index, "sum")
+    want = del_me.clone()
+    del del_me
+    assert ext.output_cache_bytes() == n * 64 * 4
+    previous = ext.output_cache_bypass(True)
+    try:
+        fresh = gnnfuse.fused_gather_scatter(x, edge_index, "sum")
+    finally:
+        ext.output_cache_bypass(previous)
+    assert ext.output_cache_bytes() == n * 64 * 4 and torch.equal(fresh, want)
+    del fresh
+    assert ext.output_cache_bytes() == n * 64 * 4  # a fresh buffer is not the cache's

@@ -107,9 +107,10 @@ inline Vec64<T> fold_vec(Vec64<T> acc, Vec64<T> v) {
 // `scale(e)` is the message scale; kScaled=false skips the multiply. Prefetching (when
 // prefetch_end > 0) covers the start of the source row `ahead` edges further on, up to
 // prefetch_end: the edge loop is split where that look-ahead runs out, so neither part tests it
-// per edge (measured, 1 thread, thread CPU time, loaded machine: F=32 Facebook 0.61 ms against
-// 0.66 ms with the per-edge test and a runtime line count, community-1m 111 ms against 113 ms;
-// F=128 community-arxiv 33.9 ms against 36.5 ms).
+// per edge, and the line count is a constant. Against the per-edge test and a runtime byte count,
+// both builds side by side in one process (1 thread, thread CPU time, fastest of 15, loaded
+// machine): 0-6 % faster (Facebook reordered F=32 0.59 against 0.61 ms, community-arxiv F=32
+// 7.45 against 7.91 ms), elsewhere within the noise (+-3 %).
 template <int NV, typename T, typename index_t, typename Red, bool kScaled, typename ScaleFn>
 inline void reduce_row_tile(const T* x, int64_t F, const index_t* col, int64_t e0, int64_t e1, int64_t f0,
                             const ScaleFn& scale, T* out_row, int64_t ahead, int64_t prefetch_end) {
@@ -143,19 +144,36 @@ inline void reduce_row_tile(const T* x, int64_t F, const index_t* col, int64_t e
   for (int k = 0; k < NV; ++k) store_vec(out_row + f0 + k * L, acc[k]);
 }
 
-// Same reduction for a feature tail narrower than one vector, one scalar at a time.
+// Same reduction for a feature tail narrower than one vector (nf < lanes), one scalar at a time:
+// edges outside, features inside, so each edge's index and scale are read once (a narrow layer,
+// e.g. F=4 classes, would otherwise walk the row nf times). Every element is still folded in CSR
+// order. Prefetching as in reduce_row_tile (one line: the tail of a row is at most 60 bytes).
 template <typename T, typename index_t, typename Red, bool kScaled, typename ScaleFn>
 inline void reduce_row_scalar(const T* x, int64_t F, const index_t* col, int64_t e0, int64_t e1, int64_t f0,
-                              int64_t nf, const ScaleFn& scale, T* out_row) {
-  for (int64_t f = f0; f < f0 + nf; ++f) {
-    T acc = 0;
-    for (int64_t e = e0; e < e1; ++e) {
-      T v = x[static_cast<int64_t>(col[e]) * F + f];
-      if constexpr (kScaled) v *= static_cast<T>(scale(e));
-      if (e == e0) acc = v; else Red::update(acc, v);
-    }
-    out_row[f] = Red::finish(acc, e1 - e0);
+                              int64_t nf, const ScaleFn& scale, T* out_row, int64_t ahead, int64_t prefetch_end) {
+  T acc[kLanes<T>];
+  auto message = [&](const T* xr, int64_t f, int64_t e) {
+    T v = xr[f];
+    if constexpr (kScaled) v *= static_cast<T>(scale(e));
+    return v;
+  };
+  if (e0 + ahead < prefetch_end) prefetch_lines<1>(x + static_cast<int64_t>(col[e0 + ahead]) * F);
+  {
+    const T* xr = x + static_cast<int64_t>(col[e0]) * F + f0;
+    for (int64_t f = 0; f < nf; ++f) acc[f] = message(xr, f, e0);
   }
+  const int64_t prefetch_until = std::max<int64_t>(e0 + 1, std::min<int64_t>(e1, prefetch_end - ahead));
+  for (int64_t e = e0 + 1; e < e1; ++e) {
+    if (e < prefetch_until) prefetch_lines<1>(x + static_cast<int64_t>(col[e + ahead]) * F);
+    const T* xr = x + static_cast<int64_t>(col[e]) * F + f0;
+    if constexpr (kScaled) {
+      const T s = static_cast<T>(scale(e));
+      for (int64_t f = 0; f < nf; ++f) Red::update(acc[f], xr[f] * s);
+    } else {
+      for (int64_t f = 0; f < nf; ++f) Red::update(acc[f], xr[f]);
+    }
+  }
+  for (int64_t f = 0; f < nf; ++f) out_row[f0 + f] = Red::finish(acc[f], e1 - e0);
 }
 
 // One row, all F features: tiles of 8, 4, 2, 1 vectors, then a scalar tail. Only the first
@@ -182,8 +200,9 @@ inline void reduce_row(const T* x, int64_t F, const index_t* col, int64_t e0, in
   if (f0 + L <= F) {
     reduce_row_tile<1, T, index_t, Red, kScaled>(x, F, col, e0, e1, f0, scale, out_row, ahead, prefetch_end);
     f0 += L;
+    prefetch_end = 0;
   }
-  if (f0 < F) reduce_row_scalar<T, index_t, Red, kScaled>(x, F, col, e0, e1, f0, F - f0, scale, out_row);
+  if (f0 < F) reduce_row_scalar<T, index_t, Red, kScaled>(x, F, col, e0, e1, f0, F - f0, scale, out_row, ahead, prefetch_end);
 }
 
 }  // namespace gnnfuse

@@ -97,8 +97,11 @@ def test_weighted_rows_and_gradients_same_for_any_thread_count(reduce):
 
 
 # ---- reuse of large output buffers ------------------------------------------------------------
+WIDE = 1024  # 8192 x 1024 floats: 32 MiB, the smallest output the cache keeps
+
+
 def big_graph():
-    """A graph whose F=64 float output (~2 MB) is above the cache's 1 MiB threshold."""
+    """A graph whose F=WIDE float output is at the cache's 32 MiB threshold."""
     n = 8192
     g = torch.Generator().manual_seed(3)
     return torch.randint(0, n, (2, 4 * n), generator=g), n
@@ -108,14 +111,14 @@ def test_output_buffer_of_a_dead_result_is_reused_with_correct_values():
     ext = load_extension()
     edge_index, n = big_graph()
     csr = CSR.from_edge_index(edge_index, n)
-    x = torch.randn(n, 64)
+    x = torch.randn(n, WIDE)
     ext.clear_output_cache()
     first = gnnfuse.fused_gather_scatter(x, csr, "sum")
     want = first.clone()
     address = first.data_ptr()
     first.fill_(float("nan"))  # stale contents must not leak into the next result
     del first
-    assert ext.output_cache_bytes() == n * 64 * 4
+    assert ext.output_cache_bytes() == n * WIDE * 4
     again = gnnfuse.fused_gather_scatter(x, csr, "sum")
     assert again.data_ptr() == address and ext.output_cache_bytes() == 0
     assert torch.equal(again, want)
@@ -126,25 +129,25 @@ def test_output_buffer_of_a_dead_result_is_reused_with_correct_values():
 def test_output_buffer_stays_while_a_view_lives_and_resizes_like_any_tensor():
     ext = load_extension()
     edge_index, n = big_graph()
-    x = torch.randn(n, 64)
+    x = torch.randn(n, WIDE)
     ext.clear_output_cache()
     out = gnnfuse.fused_gather_scatter(x, edge_index, "mean")
     view = out[:10]
     del out
     assert ext.output_cache_bytes() == 0  # the view still uses the buffer
     del view
-    assert ext.output_cache_bytes() == n * 64 * 4
+    assert ext.output_cache_bytes() == n * WIDE * 4
     grown = gnnfuse.fused_gather_scatter(x, edge_index, "mean")
     want = grown.clone()
-    grown.resize_(2 * n, 64)  # a resizable CPU tensor: moves to the CPU allocator
+    grown.resize_(2 * n, WIDE)  # a resizable CPU tensor: moves to the CPU allocator
     assert torch.equal(grown[:n], want)
     del grown
-    assert ext.output_cache_bytes() == n * 64 * 4  # the old buffer went back
+    assert ext.output_cache_bytes() == n * WIDE * 4  # the old buffer went back
 
 
 def test_backward_gradient_buffers_are_reused_bitwise():
     edge_index, n = big_graph()
-    x = torch.randn(n, 64, requires_grad=True)
+    x = torch.randn(n, WIDE, requires_grad=True)
     grads = [torch.autograd.grad(gnnfuse.fused_gather_scatter(x, edge_index, "sum").sum(), x)[0] for _ in range(3)]
     assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2])
 
@@ -157,7 +160,7 @@ def test_cache_size_setting_zero_turns_the_cache_off():
 
     script = ("import torch, gnnfuse\n"
               "from gnnfuse._build import load_extension\n"
-              "out = gnnfuse.fused_gather_scatter(torch.randn(8192, 64), torch.randint(0, 8192, (2, 30000)))\n"
+              "out = gnnfuse.fused_gather_scatter(torch.randn(8192, 1024), torch.randint(0, 8192, (2, 30000)))\n"
               "del out\n"
               "print(load_extension().output_cache_bytes())\n")
     repo = str(Path(__file__).resolve().parents[1])
@@ -170,17 +173,17 @@ def test_cache_size_setting_zero_turns_the_cache_off():
 def test_bypass_gives_fresh_buffers_and_keeps_the_cached_ones():
     ext = load_extension()
     edge_index, n = big_graph()
-    x = torch.randn(n, 64)
+    x = torch.randn(n, WIDE)
     ext.clear_output_cache()
     del_me = gnnfuse.fused_gather_scatter(x, edge_index, "sum")
     want = del_me.clone()
     del del_me
-    assert ext.output_cache_bytes() == n * 64 * 4
+    assert ext.output_cache_bytes() == n * WIDE * 4
     previous = ext.output_cache_bypass(True)
     try:
         fresh = gnnfuse.fused_gather_scatter(x, edge_index, "sum")
     finally:
         ext.output_cache_bypass(previous)
-    assert ext.output_cache_bytes() == n * 64 * 4 and torch.equal(fresh, want)
+    assert ext.output_cache_bytes() == n * WIDE * 4 and torch.equal(fresh, want)
     del fresh
-    assert ext.output_cache_bytes() == n * 64 * 4  # a fresh buffer is not the cache's
+    assert ext.output_cache_bytes() == n * WIDE * 4  # a fresh buffer is not the cache's

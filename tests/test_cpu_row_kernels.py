@@ -187,3 +187,22 @@ def test_bypass_gives_fresh_buffers_and_keeps_the_cached_ones():
     assert ext.output_cache_bytes() == n * WIDE * 4 and torch.equal(fresh, want)
     del fresh
     assert ext.output_cache_bytes() == n * WIDE * 4  # a fresh buffer is not the cache's
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_a_column_rounds_the_same_in_a_vector_tile_and_in_the_scalar_tail(reduce):
+    """With edge weights each element is folded as acc + w * x in every part of a row (vector tiles
+    and the narrow scalar tail alike), so a feature column's result, and its gradient through the
+    transposed row kernel, do not depend on where the column falls in the row."""
+    edge_index = long_and_empty_rows(seed=2)
+    n = 300
+    w = torch.rand(edge_index.shape[1], generator=torch.Generator().manual_seed(3))
+    x = torch.randn(n, 35, generator=torch.Generator().manual_seed(4), requires_grad=True)  # 32 + a 3-wide tail
+    out = gnnfuse.fused_gather_scatter(x, edge_index, reduce, edge_weight=w)
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    for j in (0, 17, 33):
+        column = x.detach()[:, j:j + 1].clone().requires_grad_()
+        alone = gnnfuse.fused_gather_scatter(column, edge_index, reduce, edge_weight=w)
+        (grad_alone,) = torch.autograd.grad(alone, column, torch.ones_like(alone))
+        assert torch.equal(out.detach()[:, j], alone.detach()[:, 0]), j
+        assert torch.equal(grad[:, j], grad_alone[:, 0]), j

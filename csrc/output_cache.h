@@ -4,8 +4,9 @@
 // takes a page fault (and the OS zeroes the page first). On the VM where the CPU suite runs,
 // allocating and writing 128 MB costs 48 ms against 16 ms for rewriting warm memory: for a
 // gather-scatter whose sources are cache-resident, the page faults of its output are a third to
-// a half of the call (community-arxiv, F=128, 87 MB output, 1 thread: 42 ms against 74 ms). Training calls the same op with the same shapes every step, so the
-// buffers of outputs that have died are kept and handed to the next call of the same size.
+// a half of the call (community-arxiv, F=128, 87 MB output, 1 thread: 40 ms against 74 ms).
+// Training calls the same op with the same shapes every step, so the buffers of outputs that
+// have died are kept and handed to the next call of the same size.
 //
 // - Only blocks of at least kMinBytes = 32 MiB are cached: glibc's malloc serves smaller ones from
 //   its heap once such a block has been freed (its mmap threshold rises to at most 32 MiB), so

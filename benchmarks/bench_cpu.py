@@ -11,6 +11,8 @@ and its spread (median / fastest round - 1).
 
 For each graph, width F and reduction (sum, max): forward and forward+backward of
   gnnfuse        fused_gather_scatter on a prebuilt CSR (C++ kernels)
+  gnnfuse-fresh  the same with the reuse of dead outputs' buffers bypassed: every output is fresh
+                 memory whose pages fault on first write, as torch.sparse.mm's do (--fresh-output)
   sparse.mm      torch.sparse.mm on a CSR tensor (MKL-style; reduce="amax" for max)
   index_add      index_select + index_add_ (sum) / scatter_reduce (max): stock PyG's path
   compiled       torch.compile of that index_add / scatter_reduce function
@@ -57,6 +59,22 @@ def load_graph(spec: str, order: str = "generated", reorder_method: str = "commu
     t0 = time.perf_counter()
     perm = gnnfuse.reorder(edge_index, n, reorder_method)
     return relabel(edge_index, perm), n, time.perf_counter() - t0
+
+
+def fresh_output(fn):
+    """fn with the C++ kernels' output cache bypassed during the call."""
+    from gnnfuse._build import load_extension
+
+    ext = load_extension()
+
+    def call(x):
+        previous = ext.output_cache_bypass(True)
+        try:
+            return fn(x)
+        finally:
+            ext.output_cache_bypass(previous)
+
+    return call
 
 
 def make_methods(edge_index: torch.Tensor, csr: gnnfuse.CSR, reduce: str):
@@ -136,7 +154,7 @@ def time_methods(methods: dict, x: torch.Tensor, backward: bool, rounds: int, ma
 
 
 def run(graphs, widths, reductions, threads, max_seconds, only=None, checkpoint=None, orders=("generated",),
-        passes=("fwd", "fwd+bwd"), rounds=9, reorder_method="community-refined"):
+        passes=("fwd", "fwd+bwd"), rounds=9, reorder_method="community-refined", fresh=False):
     rows = []
     for spec in graphs:
         loaded = {}
@@ -147,13 +165,13 @@ def run(graphs, widths, reductions, threads, max_seconds, only=None, checkpoint=
         if not loaded:
             print(f"{spec}: skipped (no ../shared/data and GNNFUSE_DATA unset)")
             continue
-        rows += run_graph(spec, loaded, widths, reductions, threads, max_seconds, only, passes, rounds)
+        rows += run_graph(spec, loaded, widths, reductions, threads, max_seconds, only, passes, rounds, fresh)
         if checkpoint:
             checkpoint(rows)  # partial results survive a crash or a time limit
     return rows
 
 
-def run_graph(spec, loaded, widths, reductions, threads, max_seconds, only, passes, rounds):
+def run_graph(spec, loaded, widths, reductions, threads, max_seconds, only, passes, rounds, fresh=False):
     """Every order of one graph: the orders' methods are timed in the same interleaved rounds, so
     the order comparison is as fair as the anchor comparison."""
     rows, csrs = [], {}
@@ -178,6 +196,8 @@ def run_graph(spec, loaded, widths, reductions, threads, max_seconds, only, pass
                 for name, fn in make_methods(edge_index, csrs[order], reduce).items():
                     if not only or name in only:
                         methods[(order, name)] = fn
+                if fresh:
+                    methods[(order, "gnnfuse-fresh")] = fresh_output(methods[(order, "gnnfuse")])
             for nthreads in threads:
                 torch.set_num_threads(nthreads)
                 for pass_ in passes:
@@ -202,6 +222,9 @@ def run_graph(spec, loaded, widths, reductions, threads, max_seconds, only, pass
                         ours = row.get("gnnfuse_ms")
                         if ours:
                             row["gather_GBps"] = num_edges * F * x.element_size() / (row["gnnfuse_min_ms"] * 1e-3) / 1e9
+                            if row.get("gnnfuse-fresh_ms") and row.get("sparse.mm_ms"):
+                                row["fresh vs sparse.mm"] = row["sparse.mm_ms"] / row["gnnfuse-fresh_ms"]
+                                row["best fresh vs sparse.mm"] = row["sparse.mm_min_ms"] / row["gnnfuse-fresh_min_ms"]
                             for name in ANCHORS:
                                 if row.get(f"{name}_ms"):
                                     row[f"vs {name}"] = row[f"{name}_ms"] / ours
@@ -229,6 +252,11 @@ def summarise(rows) -> str:
                     if vals:
                         parts.append(f"{name} {geomean(vals):.2f}x by medians (min {min(vals):.2f}x), "
                                      f"{geomean(best):.2f}x by fastest rounds (min {min(best):.2f}x), {len(vals)} rows")
+                fresh = [r["fresh vs sparse.mm"] for r in sel if r.get("fresh vs sparse.mm")]
+                if fresh:
+                    best = [r["best fresh vs sparse.mm"] for r in sel]
+                    parts.append(f"gnnfuse-fresh vs sparse.mm {geomean(fresh):.2f}x by medians, {geomean(best):.2f}x "
+                                 "by fastest rounds")
                 if parts:
                     lines.append(f"- {order} order, {threads} thread(s), {reduce} {pass_}: " + "; ".join(parts))
     # what an order is worth: scrambled time / this order's time, ours and sparse.mm's
@@ -267,6 +295,8 @@ def main(argv=None):
                         help="gnnfuse.reorder method of the reordered order (what auto picks on CPU)")
     parser.add_argument("--passes", default="fwd,fwd+bwd")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds per configuration")
+    parser.add_argument("--fresh-output", action="store_true",
+                        help="also time gnnfuse with the output-buffer reuse bypassed (gnnfuse-fresh)")
     args = parser.parse_args(argv)
     graphs = ["Cora", "rfc-uniform"] if args.quick else args.graphs.split(",")
     threads = [int(t) for t in args.threads.split(",")]
@@ -279,6 +309,8 @@ def main(argv=None):
                "sparse.mm_ms", "sparse.mm_min_ms", "sparse.mm_spread", "index_add_ms", "compiled_ms", "vs sparse.mm",
                "best vs sparse.mm", "vs index_add", "vs compiled", "vs torch_scatter", "gather_GBps", "argsort_ms",
                "build/argsort", "reorder_s"]
+    if args.fresh_output:
+        columns[9:9] = ["gnnfuse-fresh_ms", "gnnfuse-fresh_min_ms", "best fresh vs sparse.mm"]
 
     def save(rows):
         meta["torch_scatter"] = "installed" if any("torch_scatter_ms" in r for r in rows) else "not installed"
@@ -290,7 +322,7 @@ def main(argv=None):
 
     rows = run(graphs, [int(f) for f in args.widths.split(",")], args.reductions.split(","), threads,
                args.max_seconds, only, checkpoint=save, orders=args.orders.split(","), passes=args.passes.split(","),
-               rounds=args.rounds, reorder_method=args.reorder)
+               rounds=args.rounds, reorder_method=args.reorder, fresh=args.fresh_output)
     md = save(rows)
     print(summarise(rows))
     print(f"wrote {md}")

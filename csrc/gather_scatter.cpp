@@ -8,6 +8,7 @@
 
 #include <limits>
 
+#include "output_cache.h"
 #include "reducer.h"
 #include "row_tiles.h"
 
@@ -256,7 +257,7 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_forward(const at::Tensor& x, c
   check_csr_args(x, rowptr, col, weight);
   const Reduce reduce = parse_reduce(reduce_name);
   const int64_t num_rows = rowptr.numel() - 1, F = x.size(1);
-  auto out = at::empty({num_rows, F}, x.options());
+  auto out = empty_output({num_rows, F}, x.options());
   const bool tracks_arg = need_arg && (reduce == Reduce::Max || reduce == Reduce::Min);
   auto arg = at::empty({tracks_arg ? num_rows : 0, tracks_arg ? F : 0}, rowptr.options());
   if (num_rows == 0 || F == 0) return {out, arg};
@@ -292,7 +293,7 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
   TORCH_CHECK(t_rowptr.numel() - 1 <= x.size(0), "gather_scatter_backward: transpose has more rows than x");
   const Reduce reduce = parse_reduce(reduce_name);
   const int64_t num_rows = rowptr.numel() - 1, F = x.size(1), num_src = t_rowptr.numel() - 1;
-  auto grad_x = need_x_grad ? at::empty_like(x) : at::empty({0}, x.options());
+  auto grad_x = need_x_grad ? empty_output(x.sizes(), x.options()) : at::empty({0}, x.options());
   // Sources past the transpose's last row have no edges: their gradient is 0.
   if (need_x_grad && x.size(0) > num_src) grad_x.narrow(0, num_src, x.size(0) - num_src).zero_();
   const bool need_w = need_weight_grad && weight.has_value();
@@ -365,6 +366,9 @@ void register_gather_scatter(pybind11::module& m) {
   m.def("gather_scatter", &gather_scatter_op);
   m.def("gather_scatter_backward", &gather_scatter_backward_op);
   m.def("gather_scatter_forward", &gather_scatter_forward);  // the kernel alone (benchmarks)
+  m.def("output_cache_bytes", [] { return OutputCache::instance().cached_bytes(); });
+  m.def("clear_output_cache", [] { OutputCache::instance().clear(); });
+  m.def("output_cache_bypass", [](bool on) { return OutputCache::instance().set_bypass(on); });
 }
 
 }  // namespace gnnfuse

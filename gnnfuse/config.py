@@ -46,6 +46,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("TRITON_INTERPRET", "flag", "0", "every call with backend='triton' on CPU tensors",
             "Triton's interpreter; gnnfuse accepts backend='triton' for CPU tensors only when it is 1 "
             "(the test suite sets it).", "runtime"),
+    Setting("GNNFUSE_CPU_OUTPUT_CACHE_MB", "integer", "1/8 of the machine's memory",
+            "by the C++ kernels, at the first CPU output of 32 MiB or more in a process",
+            "Megabytes of dead CPU gather-scatter outputs of 32 MiB or more (forward results, x gradients) kept "
+            "for reuse by the next call of the same size, which then skips the page faults of fresh memory; 0 "
+            "turns it off.",
+            "runtime"),
     # ---- building the C++ kernels --------------------------------------------------------------------------
     Setting("GNNFUSE_BUILD_DIR", "path", "$XDG_CACHE_HOME/gnnfuse, else ~/.cache/gnnfuse",
             "each build or load of the C++ kernels",

@@ -79,7 +79,8 @@ def take(mode: int, tensors: tuple[torch.Tensor, ...]) -> tuple[Callable[..., bo
     """A stamp of ``tensors``: ``(same, data)``, where ``same(data, *tensors)`` is True while they
     still match (see the module docstring); None for tensors that cannot be stamped (inference
     tensors, subclasses). In mode ``SAME_OBJECT`` the caller keeps the tensors and their storages
-    alive; in mode ``SAME_MEMORY`` it drops the stamp when one of the storages is freed."""
+    alive; in mode ``SAME_MEMORY`` it drops the stamp when one of the storages is freed, and keys it
+    on the tensors' data pointers and shapes (the Python stamps leave those to the key)."""
     if any(type(t) not in PLAIN for t in tensors):
         return None
     if _native:
@@ -87,32 +88,55 @@ def take(mode: int, tensors: tuple[torch.Tensor, ...]) -> tuple[Callable[..., bo
         return None if data is None else (_native[1], data)
     if any(t.is_inference() for t in tensors):
         return None
-    views = tuple(fingerprint_view(t) for t in tensors)
-    prints = tuple(None if v is None else v.tobytes() for v in views)
-    who = tensors if mode == SAME_OBJECT else tuple(weakref.ref(t.untyped_storage()) for t in tensors)
-    return _same_in_python, (mode, who, _layout(tensors), views, prints)
+    views = tuple(v for v in map(fingerprint_view, tensors) if v is not None)  # CPU tensors only
+    prints = tuple([v.tobytes() for v in views])
+    if mode == SAME_OBJECT:
+        layout = tuple([(t.data_ptr(), t._version, t.dtype, t.shape, t.stride()) for t in tensors])
+        return _same_objects, (tuple(map(id, tensors)), layout, views, prints)
+    storages = tuple([weakref.ref(t.untyped_storage()) for t in tensors])
+    layout = tuple([(t._version, t.dtype, t.stride()) for t in tensors])  # data pointer and shape: in the key
+    if len(tensors) == 1:  # the common case (hot path of every GPU call)
+        return _same_memory_1, (storages[0], layout[0], views[0] if views else None, prints[0] if views else None)
+    return _same_memory, (storages, layout, views, prints)
 
 
-def _layout(tensors: tuple[torch.Tensor, ...]) -> tuple:
-    return tuple([(t.data_ptr(), t._version, t.dtype, t.shape, t.stride()) for t in tensors])
-
-
-def _same_in_python(data: tuple, *tensors: torch.Tensor) -> bool:
-    mode, who, layout, views, prints = data
-    if len(tensors) != len(who):
+# Python stamps: one function per mode (inlined for speed); each reads a fingerprint only once the
+# memory is known to be the stamped tensor's. An inference tensor in place of a stamped one has no
+# version to compare (RuntimeError): not the same.
+def _same_objects(data: tuple, *tensors: torch.Tensor) -> bool:
+    """Mode SAME_OBJECT: the caller holds the stamped tensors, so their ids stay theirs."""
+    ids, layout, views, prints = data
+    try:
+        return (tuple(map(id, tensors)) == ids
+                and tuple([(t.data_ptr(), t._version, t.dtype, t.shape, t.stride()) for t in tensors]) == layout
+                and tuple([v.tobytes() for v in views]) == prints)
+    except RuntimeError:
         return False
-    for t, old in zip(tensors, who):
-        if (t is not old) if mode == SAME_OBJECT else (old() is not t.untyped_storage()):
+
+
+def _same_memory(data: tuple, *tensors: torch.Tensor) -> bool:
+    """Mode SAME_MEMORY, several tensors (their data pointers and shapes are part of the cache's key)."""
+    storages, layout, views, prints = data
+    if len(tensors) != len(storages):
+        return False
+    for t, storage in zip(tensors, storages):
+        if storage() is not t.untyped_storage():
             return False
     try:
-        if _layout(tensors) != layout:
-            return False
-    except RuntimeError:  # an inference tensor sharing the storage: it has no version to compare
+        return (tuple([(t._version, t.dtype, t.stride()) for t in tensors]) == layout
+                and tuple([v.tobytes() for v in views]) == prints)
+    except RuntimeError:
         return False
-    for view, fingerprint in zip(views, prints):
-        if view is not None and view.tobytes() != fingerprint:
-            return False
-    return True
+
+
+def _same_memory_1(data: tuple, t: torch.Tensor) -> bool:
+    """Mode SAME_MEMORY, one tensor (its data pointer and shape are part of the cache's key)."""
+    storage, layout, view, fingerprint = data
+    try:
+        return (storage() is t.untyped_storage() and (t._version, t.dtype, t.stride()) == layout
+                and (view is None or view.tobytes() == fingerprint))
+    except RuntimeError:
+        return False
 
 
 def _span_bytes(t: torch.Tensor) -> int:

@@ -220,14 +220,16 @@ def test_stamp_functions_reject_what_they_did_not_stamp(stamps):
     assert not same(data, a)  # another count
     assert not same(data, b, a)  # other objects
     assert not same(data, a, b.clone())
-    by_memory = _tensor_cache.take(_tensor_cache.SAME_MEMORY, (b,))
-    assert by_memory[0](by_memory[1], b.view(600))  # another tensor over the same memory
-    assert not by_memory[0](by_memory[1], b.view(20, 30))  # the same memory, another shape
-    assert not by_memory[0](by_memory[1], b.view(torch.float64))
+    assert not same(data, a, "not a tensor")
+    clear_cache()  # the cache: stamps of mode SAME_MEMORY, keyed on data pointer and shape
+    first = _tensor_cache.cached("test", (b,), (), object)
+    assert _tensor_cache.cached("test", (b.view(600),), (), object) is first  # another tensor, same memory
+    for other in (b.view(20, 30), b.view(torch.float64), b[::2], b.clone()):
+        assert _tensor_cache.cached("test", (other,), (), object) is not first
     with torch.inference_mode():
         assert _tensor_cache.take(_tensor_cache.SAME_MEMORY, (torch.arange(3),)) is None
-        assert not by_memory[0](by_memory[1], torch.arange(3))
-    assert not same(data, a, "not a tensor")
+        inner = torch.arange(600)
+        assert _tensor_cache.cached("test", (inner,), (), object) is not _tensor_cache.cached("test", (inner,), (), object)
 
 
 def test_from_scipy_drops_stored_zeros_without_touching_the_input():

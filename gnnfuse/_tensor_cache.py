@@ -76,13 +76,15 @@ def python_stamps() -> Iterator[None]:
 
 # ---- stamps ----------------------------------------------------------------------------------------
 def take(mode: int, tensors: tuple[torch.Tensor, ...]) -> tuple[Callable[..., bool], object] | None:
-    """A stamp of ``tensors``: ``(same, data)``, where ``same(data, *tensors)`` is True while they
-    still match (see the module docstring); None for tensors that cannot be stamped (inference
-    tensors, subclasses). In mode ``SAME_OBJECT`` the caller keeps the tensors and their storages
-    alive; in mode ``SAME_MEMORY`` it drops the stamp when one of the storages is freed, and keys it
-    on the tensors' data pointers and shapes (the Python stamps leave those to the key)."""
-    if any(type(t) not in PLAIN for t in tensors):
-        return None
+    """A stamp of ``tensors``: ``(same, data)``, where ``same(data, *tensors)``, given the same
+    number of tensors in the same order, is True while they still match (see the module
+    docstring); None for tensors that cannot be stamped (inference tensors, subclasses). In mode
+    ``SAME_OBJECT`` the caller keeps the tensors and their storages alive; in mode ``SAME_MEMORY``
+    it drops the stamp when one of the storages is freed, and keys it on the tensors' data pointers
+    and shapes (the Python stamps leave those to the key)."""
+    for t in tensors:
+        if type(t) not in PLAIN:
+            return None
     if _native:
         data = _native[0](mode, *tensors)
         return None if data is None else (_native[1], data)
@@ -90,6 +92,17 @@ def take(mode: int, tensors: tuple[torch.Tensor, ...]) -> tuple[Callable[..., bo
         return None
     views = tuple(v for v in map(fingerprint_view, tensors) if v is not None)  # CPU tensors only
     prints = tuple([v.tobytes() for v in views])
+    if mode == SAME_OBJECT and len(tensors) == 1:  # a CSR's perm: written out, 30% faster
+        a = tensors[0]
+        va = fingerprint_view(a)
+        return _same_object_1, (a, (a.data_ptr(), a._version, a.shape, a.stride(), a.dtype), va,
+                                va is not None and va.tobytes())
+    if mode == SAME_OBJECT and len(tensors) == 2:  # a CSR's rowptr and col: written out, 30% faster
+        a, b = tensors
+        flat = (a.data_ptr(), b.data_ptr(), a._version, b._version, a.shape, b.shape, a.stride(), b.stride(),
+                a.dtype, b.dtype)
+        va, vb = fingerprint_view(a), fingerprint_view(b)
+        return _same_objects_2, (a, b, flat, va, vb, va is not None and va.tobytes(), vb is not None and vb.tobytes())
     if mode == SAME_OBJECT:
         layout = tuple([(t.data_ptr(), t._version, t.dtype, t.shape, t.stride()) for t in tensors])
         return _same_objects, (tuple(map(id, tensors)), layout, views, prints)
@@ -110,6 +123,27 @@ def _same_objects(data: tuple, *tensors: torch.Tensor) -> bool:
         return (tuple(map(id, tensors)) == ids
                 and tuple([(t.data_ptr(), t._version, t.dtype, t.shape, t.stride()) for t in tensors]) == layout
                 and tuple([v.tobytes() for v in views]) == prints)
+    except RuntimeError:
+        return False
+
+
+def _same_object_1(data: tuple, a: torch.Tensor) -> bool:
+    """Mode SAME_OBJECT, one tensor: the same checks as _same_objects, written out."""
+    a0, flat, va, pa = data
+    try:
+        return (a is a0 and (a.data_ptr(), a._version, a.shape, a.stride(), a.dtype) == flat
+                and (va is None or va.tobytes() == pa))
+    except RuntimeError:
+        return False
+
+
+def _same_objects_2(data: tuple, a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Mode SAME_OBJECT, two tensors: the same checks as _same_objects, written out."""
+    a0, b0, flat, va, vb, pa, pb = data
+    try:
+        return (a is a0 and b is b0 and (a.data_ptr(), b.data_ptr(), a._version, b._version, a.shape, b.shape,
+                                         a.stride(), b.stride(), a.dtype, b.dtype) == flat
+                and (va is None or va.tobytes() == pa) and (vb is None or vb.tobytes() == pb))
     except RuntimeError:
         return False
 

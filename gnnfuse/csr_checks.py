@@ -28,7 +28,15 @@ import torch
 
 from . import reference
 from ._tensor_cache import SAME_OBJECT, take
-from ._validate import INDEX_DTYPES, device_assert, require_fits_index, require_index, require_shape, require_tensor
+from ._validate import (
+    INDEX_DTYPES,
+    INT32_MAX,
+    device_assert,
+    require_fits_index,
+    require_index,
+    require_shape,
+    require_tensor,
+)
 from .ops.coo_to_csr import validate_csr, validate_perm
 
 if TYPE_CHECKING:
@@ -107,8 +115,8 @@ def check_layout(csr: CSR) -> None:
         fine = False
     if not fine:
         _explain_layout(csr)
-    if c.dtype is torch.int32:
-        require_fits_index("CSR", c.dtype, edges=c.shape[0], nodes=max(csr.num_src, r.shape[0] - 1))
+    if c.dtype is torch.int32 and max(c.shape[0], csr.num_src, r.shape[0] - 1) > INT32_MAX:
+        require_fits_index("CSR", c.dtype, edges=c.shape[0], nodes=max(csr.num_src, r.shape[0] - 1))  # raises
 
 
 def _explain_layout(csr: CSR) -> None:

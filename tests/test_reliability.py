@@ -211,6 +211,25 @@ def test_perm_is_checked_when_first_read(stamps):
         gnnfuse.fused_gather_scatter(x, broken, edge_weight=w)
 
 
+def test_csr_pickles_without_its_stamps(stamps):
+    import copy
+    import io
+    import pickle
+
+    csr = CSR.from_edge_index(random_graph(10, 10, 30, seed=14), 10)
+    x = torch.randn(10, 2)
+    want = gnnfuse.fused_gather_scatter(x, csr, edge_weight=torch.ones(30))
+    buffer = io.BytesIO()
+    torch.save(csr, buffer)
+    buffer.seek(0)
+    for other in (pickle.loads(pickle.dumps(csr)), torch.load(buffer, weights_only=False)):
+        assert other._stamps is None and other._perm_stamp is None and not other._trusted  # checked on first use
+        torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, other, edge_weight=torch.ones(30)), want)
+    copied = copy.deepcopy(csr)  # the stamps are copied but record the original's memory: checked again
+    copied.col[0] = (copied.col[0] + 1) % 10
+    assert copied.checked() is copied and not torch.equal(copied.col, csr.col)
+
+
 def test_stamp_functions_reject_what_they_did_not_stamp(stamps):
     from gnnfuse import _tensor_cache
 

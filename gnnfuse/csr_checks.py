@@ -66,7 +66,7 @@ def validate(csr: CSR) -> CSR:
     (:class:`gnnfuse.IndexOutOfRange` otherwise, quoting the id); perm a permutation of
     ``[0, E)``. Returns the CSR, so ``CSR(...).validate()`` chains."""
     check_structure(csr)
-    checked_perm(csr)
+    _check_perm(csr, layout_checked=True)
     csr._trusted = True
     return csr
 
@@ -87,10 +87,21 @@ def checked_perm(csr: CSR) -> torch.Tensor:
     """``csr.perm`` after checking it (``CSR.perm`` calls this when its stamp does not match)."""
     if torch.compiler.is_compiling():
         return csr._perm
+    return _check_perm(csr, layout_checked=False)
+
+
+def _check_perm(csr: CSR, layout_checked: bool) -> torch.Tensor:
     csr._perm_stamp = None
     csr._trusted = False
-    check_layout(csr)  # perm may have been replaced: its dtype, shape and device must match col's
-    validate_perm(csr._perm)
+    p, c = csr._perm, csr.col
+    if not layout_checked:  # perm may have been replaced: its dtype, shape and device must match col's
+        try:
+            fine = p.dtype is c.dtype and c.dtype in INDEX_DTYPES and p.shape == c.shape and p.device == c.device
+        except AttributeError:
+            fine = False
+        if not fine:
+            check_layout(csr)  # raises, naming what is wrong
+    validate_perm(p)
     csr._perm_stamp = stamp(csr._perm)
     csr._trusted = csr._stamps is not None
     return csr._perm

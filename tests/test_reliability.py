@@ -211,6 +211,29 @@ def test_perm_is_checked_when_first_read(stamps):
         gnnfuse.fused_gather_scatter(x, broken, edge_weight=w)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_csr_checks_and_stamps(stamps):
+    """On CUDA: the structure and perm checks (torch ops), stamps without fingerprints (C++ ones
+    once the CPU kernels are loaded, else Python), and changes seen through pointer and version."""
+    good = CSR.from_edge_index(random_graph(12, 12, 50, seed=15), 12).to("cuda")
+    x, w = torch.randn(12, 3, device="cuda"), torch.rand(50, device="cuda")
+    want = gnnfuse.fused_gather_scatter(x, good, edge_weight=w)
+    hand = CSR(good.rowptr.clone(), good.col.clone(), good.perm.clone(), 12)
+    torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, hand, edge_weight=w), want)
+    stamps_before, perm_stamp = hand._stamps, hand._perm_stamp
+    assert stamps_before is not None and perm_stamp is not None
+    gnnfuse.fused_gather_scatter(x, hand, edge_weight=w)
+    assert hand._stamps is stamps_before and hand._perm_stamp is perm_stamp  # not checked again
+    hand.col[3] = 40  # in place: version bumped
+    with pytest.raises(IndexOutOfRange, match="node id 40"):
+        gnnfuse.fused_gather_scatter(x, hand)
+    hand.col = good.col.clone()
+    hand.perm = torch.zeros_like(good.perm)  # unweighted calls never read it; weighted ones do
+    torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, hand), gnnfuse.fused_gather_scatter(x, good))
+    with pytest.raises(ValueError, match="not a permutation"):
+        gnnfuse.fused_gather_scatter(x, hand, edge_weight=w)
+
+
 def test_csr_pickles_without_its_stamps(stamps):
     import copy
     import io

@@ -28,7 +28,7 @@ Goal 2: the first-call check of a hand-built CSR costs at most ~10% of building 
   Timed interleaved (round-robin, wall time), median and IQR of the rounds.
 
 Graphs: Cora (or a Cora-sized synthetic graph when the data is absent) and arxiv-like (1.17M
-edges). Takes about a minute per thread count. Writes validation_<device>_<date>[_tag].{json,md}
+edges). Takes about 30 s for ``--threads 1,2`` (a minute on a loaded 2-core VM). Writes validation_<device>_<date>[_tag].{json,md}
 into --out (default benchmarks/results). Example, the two thread counts the results report:
 
     python -m benchmarks.bench_validation --threads 1,2 --tag quiet --notes "quiet machine"

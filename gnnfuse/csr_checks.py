@@ -5,7 +5,7 @@ A CSR's values are checked in two independent parts, each once and again only af
 * the *structure*, ``rowptr`` and ``col``, which every op reads: :func:`checked` (``CSR.checked``,
   which ops call first) checks it the first time an op uses the CSR, and afterwards compares one
   stamp of the two tensors (see gnnfuse._tensor_cache: same objects, pointers, shapes, versions and,
-  on CPU, fingerprints; about 0.2 us with the C++ stamps). A change also drops the cached
+  on CPU, fingerprints; about 0.3 us with the C++ stamps). A change also drops the cached
   transpose and expanded rows, which derive from the structure alone.
 * ``perm``, which only ops with per-edge inputs read (edge weights, edge softmax, attention and
   edge-feature terms, the transpose's edge ids): ``CSR.perm`` is a property that checks it to be

@@ -12,9 +12,15 @@ Three tables, every variant of a row timed in the same process, interleaved
   one sum pass.
 * ``scatter``: ``gnnfuse.scatter(msg, dst, 0, dim_size=N, reduce=r)`` on messages [E, F] against
   ``torch.Tensor.scatter_reduce`` (include_self=False) and, for sum, ``index_add_``; torch_scatter
-  too when it is installed. The gnnfuse call sorts the index every time (a fair one-off call).
+  too when it is installed. Two gnnfuse columns: ``gnnfuse`` with the same index tensor every call
+  (a GNN's edge index: its sort is cached) and ``gnnfuse_oneoff`` with a fresh copy of the index
+  every call (sorted, and its per-graph setup built, each time). On CPU, where torch_scatter is
+  single-threaded, ``scatter_reduce_1t`` (scatter_reduce on one thread) stands in for it when it
+  is not installed.
 * ``pna``: a PNAConv training step (forward, loss, gradients of every parameter), gnnfuse.nn vs
-  torch_geometric.nn with the same weights; peak memory above the inputs on CUDA.
+  torch_geometric.nn with the same weights; peak memory above the inputs on CUDA, against the size
+  of one [N, aggregators*F] output (``output_MB``) and of the towers' aggregations our layer keeps
+  for the backward (``aggregations_MB``, towers times that).
 """
 from __future__ import annotations
 
@@ -101,9 +107,13 @@ def scatter_rows(name, edge_index, nodes, width, device, rounds):
         idx = dst.view(-1, 1).expand(-1, width)
         fns = {
             "gnnfuse": lambda: gnnfuse.scatter(msg, dst, 0, dim_size=nodes, reduce=reduce),
+            "gnnfuse_oneoff": lambda: gnnfuse.scatter(msg, dst.clone(), 0, dim_size=nodes, reduce=reduce),
             "scatter_reduce": lambda: msg.new_zeros(nodes, width).scatter_reduce(0, idx, msg, torch_name,
                                                                                 include_self=False),
         }
+        if device.type == "cpu" and torch_scatter is None:
+            fns["scatter_reduce_1t"] = lambda: _one_thread(
+                lambda: msg.new_zeros(nodes, width).scatter_reduce(0, idx, msg, torch_name, include_self=False))
         if reduce == "sum":
             fns["index_add_"] = lambda: msg.new_zeros(nodes, width).index_add_(0, dst, msg)
         if torch_scatter is not None:
@@ -113,11 +123,23 @@ def scatter_rows(name, edge_index, nodes, width, device, rounds):
         row = {"graph": name, "edges": edge_index.shape[1], "F": width, "reduce": reduce}
         _times(row, "", times)
         row["scatter_reduce/gnnfuse"] = row["scatter_reduce_ms"] / row["gnnfuse_ms"]
+        row["scatter_reduce/gnnfuse_oneoff"] = row["scatter_reduce_ms"] / row["gnnfuse_oneoff_ms"]
+        if "scatter_reduce_1t_ms" in row:
+            row["scatter_reduce_1t/gnnfuse"] = row["scatter_reduce_1t_ms"] / row["gnnfuse_ms"]
         if "torch_scatter_ms" in row:
             row["torch_scatter/gnnfuse"] = row["torch_scatter_ms"] / row["gnnfuse_ms"]
         rows.append(row)
         print(row, flush=True)
     return rows
+
+
+def _one_thread(fn):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def pna_row(name, edge_index, nodes, width, device, rounds):
@@ -137,6 +159,7 @@ def pna_row(name, edge_index, nodes, width, device, rounds):
     steps = {"gnnfuse": make_step(ours, x, edge_index), "pyg": make_step(stock, x, edge_index)}
     time_training_steps(row, steps, device, rounds)
     row["output_MB"] = nodes * len(AGGRS) * width * x.element_size() / 2**20  # one [N, aggregators*F]
+    row["aggregations_MB"] = row["output_MB"] * ours.towers  # each tower's [N, aggregators*F_in]
     return row
 
 
@@ -148,6 +171,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--widths", default="64")
     parser.add_argument("--parts", default="multi,scatter,pna")
+    parser.add_argument("--pna-max-edges", type=int, default=5_000_000,
+                        help="skip the PNA step on larger graphs (PyG's per-edge messages: minutes, or OOM)")
     parser.add_argument("--quick", action="store_true", help="Cora-sized graphs only, 3 rounds (a smoke test)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -169,7 +194,7 @@ def main(argv=None):
             for part, fn in (("multi", lambda: [multi_row(name, csr, nodes, width, device, args.rounds)]),
                              ("scatter", lambda: scatter_rows(name, edge_index, nodes, width, device, args.rounds)),
                              ("pna", lambda: [pna_row(name, edge_index, nodes, width, device, args.rounds)])):
-                if part not in parts:
+                if part not in parts or (part == "pna" and edge_index.shape[1] > args.pna_max_edges):
                     continue
                 try:
                     tables[part] += fn()
@@ -184,17 +209,22 @@ def main(argv=None):
         "multi": ["graph", "nodes", "edges", "F", "fwd_sum_ms", "fwd_multi4_ms", "fwd_separate_ms", "fwd multi4/sum",
                   "fwd separate/multi4", "train_sum_ms", "train_multi4_ms", "train_separate_ms", "train multi4/sum",
                   "train separate/multi4", "error"],
-        "scatter": ["graph", "edges", "F", "reduce", "gnnfuse_ms", "scatter_reduce_ms", "index_add__ms",
-                    "torch_scatter_ms", "scatter_reduce/gnnfuse", "torch_scatter/gnnfuse", "error"],
+        "scatter": ["graph", "edges", "F", "reduce", "gnnfuse_ms", "gnnfuse_oneoff_ms", "scatter_reduce_ms",
+                    "scatter_reduce_1t_ms", "index_add__ms", "torch_scatter_ms", "scatter_reduce/gnnfuse",
+                    "scatter_reduce/gnnfuse_oneoff", "scatter_reduce_1t/gnnfuse", "torch_scatter/gnnfuse", "error"],
         "pna": ["graph", "nodes", "edges", "F", "towers", "gnnfuse_ms", "gnnfuse_min_ms", "pyg_ms", "pyg_min_ms",
-                "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "output_MB", "error"],
+                "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "output_MB", "aggregations_MB", "error"],
     }
     summary = {
         "multi": lambda rows: {"geomean fwd multi4/sum": geomean([r["fwd multi4/sum"] for r in rows if "F" in r and
                                                                    "fwd multi4/sum" in r]),
                                "geomean train multi4/sum": geomean([r.get("train multi4/sum") for r in rows])},
         "scatter": lambda rows: {"geomean scatter_reduce/gnnfuse": geomean([r.get("scatter_reduce/gnnfuse")
-                                                                            for r in rows])},
+                                                                            for r in rows]),
+                                 "geomean scatter_reduce/gnnfuse_oneoff": geomean(
+                                     [r.get("scatter_reduce/gnnfuse_oneoff") for r in rows]),
+                                 "geomean scatter_reduce_1t/gnnfuse": geomean(
+                                     [r.get("scatter_reduce_1t/gnnfuse") for r in rows])},
         "pna": lambda rows: {"geomean speedup": geomean([r.get("speedup") for r in rows])},
     }
     for part in parts:

@@ -30,14 +30,16 @@ from gnnfuse.triton import gather_scatter as tgs
 from gnnfuse.triton import schedule
 
 VARIANTS = ("auto", "global", "windowed", "csr", "coo", "cusparse")
-# --sweep: hybrid-plan overrides around the windowed schedule (window rows, row-group tile, the
-# long rows' CSR tile)
+# --sweep: hybrid-plan overrides of the auto plan (the locality statistic still picks the window):
+# 2l = two launches (row groups, then the long rows' CSR kernel), "2l before" = the default before
+# the one-launch plan (16-edge long-row tiles, 8 row-group warps above F=32), gbfN = row-group
+# feature tile, leN = the long rows' edge tile, gwN = row-group warps, rN = rows per group,
+# smN = short_max, segN = longest piece
 SWEEP = {
-    "w1024": dict(window=1024), "w2048": dict(window=2048), "w8192": dict(window=8192),
-    "w4096 sm32": dict(window=4096, short_max=32), "w4096 sm128": dict(window=4096, short_max=128),
-    "w4096 r8": dict(window=4096, group_rows=8), "w4096 gw4": dict(window=4096, group_warps=4),
-    "w4096 gbf128": dict(window=4096, group_block_f=128),
-    "w4096 lbf128": dict(window=4096, block_f=128), "w4096 le32": dict(window=4096, block_e=32),
+    "2l": dict(one_pass=False), "2l before": dict(one_pass=False, block_e=16, group_warps=8),
+    "gbf128": dict(group_block_f=128), "le16": dict(block_e=16), "le64": dict(block_e=64),
+    "gw2": dict(group_warps=2), "gw8": dict(group_warps=8), "r8": dict(group_rows=8), "r32": dict(group_rows=32),
+    "sm32": dict(short_max=32), "sm128": dict(short_max=128), "seg512": dict(seg=512), "seg2048": dict(seg=2048),
 }
 
 
@@ -131,7 +133,8 @@ def main(argv=None) -> None:
     rows = []
 
     def save():
-        return save_results(name, meta, rows, COLUMNS, out_dir=args.out, notes=summarise(rows))
+        columns = COLUMNS + (list(SWEEP) if args.sweep else [])
+        return save_results(name, meta, rows, columns, out_dir=args.out, notes=summarise(rows))
 
     for gname, stress in [(g, False) for g in filter(None, args.graphs.split(","))] + \
                          [(g, True) for g in filter(None, args.stress.split(","))]:
@@ -155,12 +158,12 @@ def main(argv=None) -> None:
             if device == "cuda":
                 torch.cuda.empty_cache()
     if args.l2_ceiling:
-        rows.extend(l2_ceiling(widths, meta, variants, args.rounds, args.scale, device))
+        rows.extend(l2_ceiling(widths, meta, variants, args.rounds, args.scale, device, args.sweep))
     md = save()
     print(md.read_text(), flush=True)
 
 
-def l2_ceiling(widths, meta, variants, rounds, scale, device):
+def l2_ceiling(widths, meta, variants, rounds, scale, device, sweep=False):
     """Rows of a bipartite graph (1M targets x 16 uniform sources each) whose sources fit in a
     quarter of L2 at each width: its gather_GBps is what L2 serves, the bound for any ordering."""
     rows = []
@@ -172,7 +175,7 @@ def l2_ceiling(widths, meta, variants, rounds, scale, device):
                           torch.arange(n_dst, device=device).repeat_interleave(deg)])
         csr = CSR.from_edge_index(ei, (n_src, n_dst))
         r = {"graph": "l2-resident-sources", "order": "uniform", "N": n_dst, "E": csr.num_edges,
-             **measure(csr, F, meta["copy_GBps"], variants, rounds)}
+             **measure(csr, F, meta["copy_GBps"], variants, rounds, sweep)}
         rows.append(r)
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
     return rows

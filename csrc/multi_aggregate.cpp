@@ -15,6 +15,10 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 #include <vector>
 
 #include "checks.h"
@@ -38,6 +42,32 @@ inline T std_of(T var) {
   return sd <= std::sqrt(T(1e-5)) ? T(0) : sd;
 }
 
+// std_of over n values in place. A scalar sqrt per element cost more than the whole statistics
+// pass over a short-row graph (GCC does not vectorise sqrt under errno semantics), so with AVX the
+// square roots go 8 (float) or 4 (double) at a time; the arguments are >= 1e-5 (or NaN).
+template <typename T>
+void std_in_place(T* v, int64_t n) {
+  int64_t f = 0;
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 floor = _mm256_set1_ps(1e-5f), cut = _mm256_set1_ps(std::sqrt(1e-5f)), zero = _mm256_setzero_ps();
+    for (; f + 8 <= n; f += 8) {
+      const __m256 x = _mm256_loadu_ps(v + f);
+      const __m256 sd = _mm256_sqrt_ps(_mm256_blendv_ps(x, floor, _mm256_cmp_ps(x, floor, _CMP_LT_OQ)));
+      _mm256_storeu_ps(v + f, _mm256_blendv_ps(sd, zero, _mm256_cmp_ps(sd, cut, _CMP_LE_OQ)));
+    }
+  } else if constexpr (std::is_same_v<T, double>) {
+    const __m256d floor = _mm256_set1_pd(1e-5), cut = _mm256_set1_pd(std::sqrt(1e-5)), zero = _mm256_setzero_pd();
+    for (; f + 4 <= n; f += 4) {
+      const __m256d x = _mm256_loadu_pd(v + f);
+      const __m256d sd = _mm256_sqrt_pd(_mm256_blendv_pd(x, floor, _mm256_cmp_pd(x, floor, _CMP_LT_OQ)));
+      _mm256_storeu_pd(v + f, _mm256_blendv_pd(sd, zero, _mm256_cmp_pd(sd, cut, _CMP_LE_OQ)));
+    }
+  }
+#endif
+  for (; f < n; ++f) v[f] = std_of(v[f]);
+}
+
 Needs needs_of(const std::vector<int64_t>& codes) {
   Needs n;
   for (int64_t c : codes) {
@@ -51,10 +81,12 @@ Needs needs_of(const std::vector<int64_t>& codes) {
   return n;
 }
 
-// One row's statistics over features [f0, f0 + nf), nf <= W: sum, sum of squares, max, min (+ the
-// winners when Track) in one loop per edge. With nf == W (a compile-time width) the accumulators
-// live in registers across the row's edges; the first edge initialises them.
-template <int64_t W, typename scalar_t, typename index_t, bool Track>
+// One row's statistics over features [f0, f0 + nf), nf <= W: sum, and when asked sum of squares (Sq)
+// and max/min (Ext, + the winners when Track) in one loop per edge. With nf == W (a compile-time
+// width) the accumulators live in registers across the row's edges; the first edge initialises
+// them. Statistics nobody asked for are not computed: on short rows (Cora: ~4 edges) this loop is
+// compute-bound, and each unused statistic cost as much as the sum.
+template <int64_t W, typename scalar_t, typename index_t, bool Track, bool Sq, bool Ext>
 inline void row_stats(const scalar_t* x, const index_t* col, const scalar_t* weight, int64_t e0, int64_t e1,
                       int64_t f0, int64_t nf, int64_t F, int64_t ahead, int64_t prefetch_end,
                       at::opmath_type<scalar_t>* s_out, at::opmath_type<scalar_t>* q_out,
@@ -71,10 +103,12 @@ inline void row_stats(const scalar_t* x, const index_t* col, const scalar_t* wei
     for (int64_t f = 0; f < n; ++f) {
       const acc_t v = w * acc_t(xr[f]);
       s[f] = v;
-      q[f] = v * v;
-      mx[f] = v;
-      mn[f] = v;
-      if constexpr (Track) {
+      if constexpr (Sq) q[f] = v * v;
+      if constexpr (Ext) {
+        mx[f] = v;
+        mn[f] = v;
+      }
+      if constexpr (Track && Ext) {
         wmax[f] = static_cast<index_t>(e0);
         wmin[f] = static_cast<index_t>(e0);
       }
@@ -90,28 +124,32 @@ inline void row_stats(const scalar_t* x, const index_t* col, const scalar_t* wei
     for (int64_t f = 0; f < n; ++f) {
       const acc_t v = w * acc_t(xr[f]);
       s[f] += v;
-      q[f] += v * v;
-      const bool up = Reducer<Reduce::Max>::wins(v, mx[f]);
-      const bool down = Reducer<Reduce::Min>::wins(v, mn[f]);
-      mx[f] = up ? v : mx[f];
-      mn[f] = down ? v : mn[f];
-      if constexpr (Track) {
-        wmax[f] = up ? pos : wmax[f];
-        wmin[f] = down ? pos : wmin[f];
+      if constexpr (Sq) q[f] += v * v;
+      if constexpr (Ext) {
+        const bool up = Reducer<Reduce::Max>::wins(v, mx[f]);
+        const bool down = Reducer<Reduce::Min>::wins(v, mn[f]);
+        mx[f] = up ? v : mx[f];
+        mn[f] = down ? v : mn[f];
+        if constexpr (Track) {
+          wmax[f] = up ? pos : wmax[f];
+          wmin[f] = down ? pos : wmin[f];
+        }
       }
     }
   }
   std::copy(s, s + n, s_out);
-  std::copy(q, q + n, q_out);
-  std::copy(mx, mx + n, mx_out);
-  std::copy(mn, mn + n, mn_out);
-  if constexpr (Track) {
+  if constexpr (Sq) std::copy(q, q + n, q_out);
+  if constexpr (Ext) {
+    std::copy(mx, mx + n, mx_out);
+    std::copy(mn, mn + n, mn_out);
+  }
+  if constexpr (Track && Ext) {
     std::copy(wmax, wmax + n, wmax_out);
     std::copy(wmin, wmin + n, wmin_out);
   }
 }
 
-template <typename scalar_t, typename index_t, bool Track>
+template <typename scalar_t, typename index_t, bool Track, bool Sq, bool Ext>
 void multi_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col, const scalar_t* weight,
                   const std::vector<int64_t>& codes, const Needs need, scalar_t* out, index_t* arg,
                   int64_t num_rows, int64_t F) {
@@ -144,10 +182,10 @@ void multi_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col, 
         for (int64_t t = 0; t < nf; t += W) {
           const int64_t nt = std::min(W, nf - t);
           if (nt == W) {
-            row_stats<W, scalar_t, index_t, Track>(x, col, weight, e0, e1, f0 + t, W, F, ahead, prefetch_end, s + t,
+            row_stats<W, scalar_t, index_t, Track, Sq, Ext>(x, col, weight, e0, e1, f0 + t, W, F, ahead, prefetch_end, s + t,
                                                    q + t, mx + t, mn + t, wmax + t, wmin + t);
           } else {
-            row_stats<0, scalar_t, index_t, Track>(x, col, weight, e0, e1, f0 + t, nt, F, ahead, prefetch_end, s + t,
+            row_stats<0, scalar_t, index_t, Track, Sq, Ext>(x, col, weight, e0, e1, f0 + t, nt, F, ahead, prefetch_end, s + t,
                                                    q + t, mx + t, mn + t, wmax + t, wmin + t);
           }
         }
@@ -163,6 +201,14 @@ void multi_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col, 
         const acc_t inv_deg = acc_t(1) / acc_t(e1 - e0);
         for (int64_t k = 0; k < K; ++k) {
           scalar_t* o = out_row + k * F + f0;
+          if (need.mul && (codes[k] == reduce_code::kVar || codes[k] == reduce_code::kStd)) {
+            for (int64_t f = 0; f < nf; ++f) {  // pr holds the product: a scalar loop of its own
+              const acc_t mean = s[f] * inv_deg;
+              const acc_t var = q[f] * inv_deg - mean * mean;
+              o[f] = scalar_t(codes[k] == reduce_code::kVar ? var : std_of(var));
+            }
+            continue;
+          }
           switch (codes[k]) {
             case reduce_code::kSum:
               for (int64_t f = 0; f < nf; ++f) o[f] = scalar_t(s[f]);
@@ -181,11 +227,13 @@ void multi_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col, 
               break;
             case reduce_code::kVar:
             case reduce_code::kStd:
+#pragma omp simd
               for (int64_t f = 0; f < nf; ++f) {
                 const acc_t mean = s[f] * inv_deg;
-                const acc_t var = q[f] * inv_deg - mean * mean;
-                o[f] = scalar_t(codes[k] == reduce_code::kVar ? var : std_of(var));
+                pr[f] = q[f] * inv_deg - mean * mean;  // (pr is free unless "mul", handled above)
               }
+              if (codes[k] == reduce_code::kStd) std_in_place(pr, nf);
+              for (int64_t f = 0; f < nf; ++f) o[f] = scalar_t(pr[f]);
               break;
           }
         }
@@ -220,13 +268,23 @@ std::tuple<at::Tensor, at::Tensor> multi_aggregate_forward(const at::Tensor& x, 
   if (num_rows == 0 || F == 0) return {out, arg};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "multi_aggregate_forward", [&] {
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "multi_aggregate_forward_index", [&] {
-      auto run = [&](auto track) {
-        multi_kernel<scalar_t, index_t, decltype(track)::value>(
+      auto run = [&](auto track, auto sq, auto ext) {
+        multi_kernel<scalar_t, index_t, decltype(track)::value, decltype(sq)::value, decltype(ext)::value>(
             x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(),
             weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr, codes, need, out.data_ptr<scalar_t>(),
             num_arg ? arg.data_ptr<index_t>() : nullptr, num_rows, F);
       };
-      if (num_arg) run(std::true_type{}); else run(std::false_type{});
+      const bool ext = need.max || need.min;
+      if (num_arg) {  // (winners are tracked only for max/min)
+        if (need.sq) run(std::true_type{}, std::true_type{}, std::true_type{});
+        else run(std::true_type{}, std::false_type{}, std::true_type{});
+      } else if (need.sq) {
+        if (ext) run(std::false_type{}, std::true_type{}, std::true_type{});
+        else run(std::false_type{}, std::true_type{}, std::false_type{});
+      } else {
+        if (ext) run(std::false_type{}, std::false_type{}, std::true_type{});
+        else run(std::false_type{}, std::false_type{}, std::false_type{});
+      }
     });
   });
   return {out, arg};
@@ -238,7 +296,8 @@ std::tuple<at::Tensor, at::Tensor> multi_aggregate_forward(const at::Tensor& x, 
 //   dm = c[i] + d[i] m + [winner of max] g_max[i] + [winner of min] g_min[i] + g_mul[i] prod_{others}
 // where sum/mean/var/std give the per-target terms (c, d: d var / d m = 2 (m - mean) / deg, and
 // d std = d var / (2 std) where std > 0). A first pass over target rows forms c, d (and the row
-// products for mul); the second walks source rows: grad_x[j] = sum_e w dm, grad_w[p] = <dm, x[j]>.
+// products for mul); the second walks source rows: grad_x[j] = sum_e w dm, grad_w[p] = <dm, x[j]>
+// for every term but max/min's, which a third pass over the [N, F] winners adds.
 template <typename scalar_t, typename index_t>
 void multi_backward_kernel(const scalar_t* grad_out, const scalar_t* x, const scalar_t* out, const index_t* rowptr,
                            const index_t* col, const scalar_t* weight, const index_t* t_rowptr,
@@ -337,7 +396,6 @@ void multi_backward_kernel(const scalar_t* grad_out, const scalar_t* x, const sc
         const int64_t p = t_pos[q];
         const acc_t w = weight ? acc_t(weight[p]) : acc_t(1);
         const scalar_t* g = grad_out + i * K * F;
-        const index_t pos = static_cast<index_t>(p);
         // one simple loop per term, each vectorised
         if (linear) {
           const acc_t* ci = c.data() + i * F;
@@ -350,18 +408,6 @@ void multi_backward_kernel(const scalar_t* grad_out, const scalar_t* x, const sc
           const acc_t* di = d.data() + i * F;
 #pragma omp simd
           for (int64_t f = 0; f < F; ++f) dm[f] += di[f] * w * acc_t(xj[f]);
-        }
-        if (k_max >= 0) {
-          const index_t* win = arg + i * F;
-          const scalar_t* gk = g + k_max * F;
-#pragma omp simd
-          for (int64_t f = 0; f < F; ++f) dm[f] += win[f] == pos ? acc_t(gk[f]) : acc_t(0);
-        }
-        if (k_min >= 0) {
-          const index_t* win = arg + (min_slot * num_rows + i) * F;
-          const scalar_t* gk = g + k_min * F;
-#pragma omp simd
-          for (int64_t f = 0; f < F; ++f) dm[f] += win[f] == pos ? acc_t(gk[f]) : acc_t(0);
         }
         if (k_mul >= 0) {
           const acc_t* pr = prod.data() + i * F;
@@ -391,6 +437,35 @@ void multi_backward_kernel(const scalar_t* grad_out, const scalar_t* x, const sc
       }
     }
   });
+  // max/min: each (target, feature) sends its gradient to its one winner. Walking the transpose for
+  // this read the targets' winners and gradients once per edge (4 extra [F] rows per edge: the
+  // backward cost 13x the forward on a power-law graph); going over the [N, F] winners reads them
+  // once. Targets in ascending order, so the additions into a source row come in a fixed order for
+  // any thread count. Threads split the features (grad_x only), or it runs serially when w's
+  // gradient (a sum over features) is wanted.
+  const int64_t k_win[2] = {k_max, k_min};
+  const int64_t slot_of[2] = {0, min_slot};
+  auto winners = [&](int64_t f0, int64_t f1) {
+    for (int s = 0; s < 2; ++s) {
+      if (k_win[s] < 0) continue;
+      for (int64_t i = 0; i < num_rows; ++i) {
+        const index_t* win = arg + (slot_of[s] * num_rows + i) * F;
+        const scalar_t* gk = grad_out + i * K * F + k_win[s] * F;
+        for (int64_t f = f0; f < f1; ++f) {
+          const int64_t p = win[f];
+          if (p < 0) continue;  // an empty row
+          const int64_t j = col[p];
+          const acc_t g = acc_t(gk[f]);
+          if (grad_x) grad_x[j * F + f] = scalar_t(acc_t(grad_x[j * F + f]) + g * (weight ? acc_t(weight[p]) : acc_t(1)));
+          if (need_w) grad_w[p] = scalar_t(acc_t(grad_w[p]) + g * acc_t(x[j * F + f]));
+        }
+      }
+    }
+  };
+  if (k_max >= 0 || k_min >= 0) {
+    if (need_w) winners(0, F);
+    else at::parallel_for(0, F, 1, winners);
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor> multi_aggregate_backward(

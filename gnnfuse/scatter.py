@@ -6,7 +6,8 @@ Each call is turned into one segment reduction of a [S, F] matrix into [T, F] ro
 gather-scatter whose gather is the identity (source row s is read once, by the one segment that
 holds it), and runs on the ``gnnfuse::gather_scatter`` op: OpenMP C++ on CPU, Triton on CUDA,
 compile-safe, with the op's gradients. ``segment_csr`` hands ``indptr`` to the kernels as the
-CSR's rowptr; ``scatter`` sorts the index once per call (``segment_coo`` does not, its index is
+CSR's rowptr; ``scatter`` sorts the index once and caches the sort on the index tensor, so a
+repeated index (a GNN's edge index) is not sorted again (``segment_coo`` never sorts, its index is
 sorted).
 
 Semantics follow torch_scatter, including the broadcasting of ``index`` against ``src`` and
@@ -28,6 +29,7 @@ import math
 
 import torch
 
+from ._tensor_cache import cached
 from ._validate import device_assert, require_tensor
 from .ops._library import resolve_backend
 from .ops.gather_scatter import FORWARD
@@ -43,7 +45,7 @@ _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def _reduce_rows(x, rowptr, col, transpose, reduce, backend):
     """(out [T, F], arg [T, F] source rows of the winners, -1 where empty; [0, 0] unless max/min)."""
     out, arg = FORWARD(x, rowptr, col, None, *transpose, reduce, backend=backend)
-    if reduce in ARG:  # CSR position -> source row (col), empty rows stay -1
+    if reduce in ARG and arg.numel():  # CSR position -> source row (col), empty rows stay -1
         arg = torch.where(arg >= 0, col[arg.clamp(min=0)], arg)
     return out, arg
 
@@ -79,9 +81,9 @@ def _segment_reduce(x, rowptr, col, transpose, targets, num_targets, reduce, bac
     return out, arg, counts
 
 
-def _wants_transpose(src, reduce) -> bool:
+def _wants_transpose(src, reduce, want_arg) -> bool:
     """The kernels need the transpose for gradients and to record max/min winners."""
-    return reduce in ARG or (torch.is_grad_enabled() and src.requires_grad)
+    return (reduce in ARG and want_arg) or (torch.is_grad_enabled() and src.requires_grad)
 
 
 def _sorted_segments(targets, num_targets, presorted, need_transpose=True):
@@ -131,9 +133,11 @@ def _check(src, index, reduce):
     return canonical_reduce(reduce, SINGLE)
 
 
-def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=False):
-    """Returns (result in src's layout with dim -> N, argmax along dim or None)."""
+def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=False, want_arg=True):
+    """Returns (result in src's layout with dim -> N, argmax along dim or None). ``want_arg=False``
+    (plain ``scatter``): max/min record no winners unless a gradient or ``out=`` needs them."""
     reduce = _check(src, index, reduce)
+    want_arg = want_arg or out is not None
     dim = _normalise_dim(dim, src.dim())
     index = _broadcast_index(index, src, dim)
     if index.dim() != src.dim():
@@ -145,23 +149,34 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
     N = dim_size
     outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
     rows_share_index = all(s == 1 for s in index.shape[dim + 1:])  # one target per source row of F = inner
-    idx = index.expand(shape[:dim + 1] + list(index.shape[dim + 1:])).long()
-    blocks = torch.arange(outer, device=src.device).view(-1, 1) * N
-    if rows_share_index:
-        F = inner
-        targets = (blocks + idx.reshape(outer, E)).reshape(-1)
-    else:  # the index differs along the trailing dims: every element is its own row
-        F = 1
-        idx = idx.expand(shape).reshape(outer, E, inner)
-        targets = ((blocks.view(-1, 1, 1) + idx) * inner + torch.arange(inner, device=src.device)).reshape(-1)
-        presorted = False
-    x = src.reshape(outer * E * (inner if F == 1 else 1), F)
+    F = inner if rows_share_index else 1
     T = outer * N * (inner if F == 1 else 1)
-    rowptr, perm, transpose = _sorted_segments(targets, T, presorted, _wants_transpose(src, reduce))
+    need_transpose = _wants_transpose(src, reduce, want_arg)
+
+    def segments():
+        """(targets, rowptr, perm, transpose): the flat targets and their sort, the costly part."""
+        idx = index.expand(shape[:dim + 1] + list(index.shape[dim + 1:])).long()
+        blocks = torch.arange(outer, device=src.device).view(-1, 1) * N
+        if rows_share_index:
+            targets = (blocks + idx.reshape(outer, E)).reshape(-1)
+        else:  # the index differs along the trailing dims: every element is its own row
+            idx = idx.expand(shape).reshape(outer, E, inner)
+            targets = ((blocks.view(-1, 1, 1) + idx) * inner + torch.arange(inner, device=src.device)).reshape(-1)
+        return (targets, *_sorted_segments(targets, T, presorted and rows_share_index, need_transpose))
+
+    # A repeated index (a GNN's edge index, layer after layer) is sorted once: the segments are
+    # cached on the index tensor's memory like a graph's CSR (gnnfuse._tensor_cache: a write to the
+    # index invalidates them). Never while Dynamo traces (a cache hit would be baked into the graph).
+    if torch.compiler.is_compiling():
+        targets, rowptr, perm, transpose = segments()
+    else:
+        targets, rowptr, perm, transpose = cached(
+            "scatter", (index,), (tuple(shape), dim, N, presorted, need_transpose), segments)
+    x = src.reshape(outer * E * (inner if F == 1 else 1), F)
     res, arg, counts = _segment_reduce(x, rowptr, perm, transpose, targets, T, reduce, backend)
     out_shape = shape[:dim] + [N] + shape[dim + 1:]
     res = res.reshape(out_shape)
-    if reduce in ARG:  # source row -> position along dim; empty -> E
+    if reduce in ARG and want_arg:  # source row -> position along dim; empty -> E
         pos = (arg // inner) % E if F == 1 else arg % max(E, 1)
         arg = torch.where(arg >= 0, pos, E).reshape(out_shape)
     else:
@@ -207,7 +222,7 @@ def scatter(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: torch.Te
 
         out = gnnfuse.scatter(x, batch, dim=0, reduce="mean")   # [num_graphs, F] graph readout
     """
-    return _scatter_impl(src, index, dim, out, dim_size, reduce, backend)[0]
+    return _scatter_impl(src, index, dim, out, dim_size, reduce, backend, want_arg=False)[0]
 
 
 def scatter_sum(src, index, dim=-1, out=None, dim_size=None, *, backend="auto"):
@@ -285,7 +300,7 @@ def segment_csr(src: torch.Tensor, indptr: torch.Tensor, out: torch.Tensor | Non
     row_of = None
     transpose: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | tuple[None, None, None] = (None, None, None)
     backend = resolve_backend(backend, src.device)
-    if _wants_transpose(src, reduce) or src.dtype not in _FLOATING or backend == "reference":
+    if _wants_transpose(src, reduce, True) or src.dtype not in _FLOATING or backend == "reference":
         row_of = torch.searchsorted(rowptr, positions, right=True) - 1  # every position lies in one row
         transpose = (torch.arange(S + 1, device=src.device), row_of, positions)
     x = src.reshape(S, inner)

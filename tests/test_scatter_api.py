@@ -279,3 +279,23 @@ def test_compile_fullgraph_dynamic(reduce):
 
 def test_exported_at_top_level():
     assert gnnfuse.scatter is S.scatter and gnnfuse.segment_csr is S.segment_csr
+
+
+def test_repeated_index_is_sorted_once_and_a_write_invalidates(monkeypatch):
+    """scatter caches the sort of its index on the index tensor: a second call with the same index
+    sorts nothing; an in-place write to the index (or another dim_size) builds a new one."""
+    index = torch.tensor([2, 0, 1, 0, 2, 2], device=DEVICE)
+    src = torch.randn(6, 3, device=DEVICE)
+    sorts = []
+    real_sort = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda *a, **k: sorts.append(1) or real_sort(*a, **k))
+    first = gnnfuse.scatter(src, index, 0, dim_size=3, reduce="sum")
+    second = gnnfuse.scatter(src * 2, index, 0, dim_size=3, reduce="sum")
+    assert len(sorts) == 1
+    torch.testing.assert_close(second, 2 * first)
+    index[0] = 1  # in place: the cached sort must not be served
+    got = gnnfuse.scatter(src, index, 0, dim_size=3, reduce="sum")
+    torch.testing.assert_close(got, torch.zeros(3, 3, device=DEVICE).index_add_(0, index, src))
+    assert len(sorts) == 2
+    gnnfuse.scatter(src, index, 0, dim_size=4, reduce="sum")
+    assert len(sorts) == 3

@@ -82,6 +82,41 @@ def test_hybrid_all_rows_short_and_dtypes(dtype):
         torch.testing.assert_close(out.double(), _ref(x, csr, reduce, None), rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "mul"])
+def test_one_pass_plan_is_bitwise_the_two_launch_one(reduce):
+    """The hybrid plan in one launch (row groups and long-row pieces from one id-ordered task list)
+    reduces every row with the same code as the two launches: bitwise the same values and winners,
+    with windows or without, and right against the reference."""
+    csr = _graph(scale=2)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(csr.num_src, 20, generator=g).to(DEVICE)
+    w = (torch.rand(csr.num_edges, generator=g) + 0.5).to(DEVICE)
+    # rows of <= 4 edges in groups of 4, two feature tiles (the second partly masked); longer rows
+    # in pieces of 32 edges (the hub is split: partials + combine), two 16-edge tiles each
+    tiles = dict(block_e=16, seg=32, short_max=4, group_rows=4, group_block_f=16, block_f=16)
+    for weight in (None, w):
+        ref = _ref(x, csr, reduce, weight)
+        two = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=tgs.plan_for(
+            x, csr.rowptr, csr.col, reduce, "hybrid", window=0, **tiles))
+        for window in (0, 8):
+            plan = tgs.plan_for(x, csr.rowptr, csr.col, reduce, "hybrid", one_pass=True, window=window, **tiles)
+            assert "one launch" in plan.describe()
+            one = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=plan)
+            torch.testing.assert_close(one[0].double(), ref, atol=1e-5, rtol=1e-5)
+            assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+def test_task_list_orders_windows_pieces_first():
+    rowptr = torch.tensor([0, 1, 4, 4, 6, 16, 17, 17, 30])  # degrees 1 3 0 2 10 1 0 13
+    short = tgs.short_rows(rowptr, 3, 4)  # windows of 4 ids, each by decreasing degree
+    assert short.tolist() == [1, 3, 0, 2, 5, 6]
+    wl = tgs.work_list(rowptr, 8, 3)  # pieces of <= 8 edges: row 4 (two), row 7 (two)
+    tasks = tgs.task_list(rowptr, short, wl, 2, 8, 3, 4)
+    # window 0: groups 0 (rows 1 3) and 1 (rows 0 2); window 1: pieces 0-3, then group 2 (rows 5 6)
+    assert tasks.tolist() == [0, 1, -1, -2, -3, -4, 2]
+    assert tgs.task_list(rowptr, short, wl, 2, 8, 3, 0).tolist() == [-1, -2, -3, -4, 0, 1, 2]
+
+
 def _cpu_arg(x, csr, weight, reduce):
     c = csr.to("cpu")  # with the transpose, the CPU op records max/min winners too
     return tuple(reversed(torch.ops.gnnfuse.gather_scatter(
@@ -200,10 +235,12 @@ def test_dispatch_and_explain():
     for reduce in ("sum", "mean", "max", "min", "mul"):
         plan = choose(reduce, 1000, 3000, 32, torch.float32)
         assert plan.kernel == "hybrid" and plan.deterministic and plan.short_max > 0
-    wide = choose("sum", 1000, 30000, 256, torch.float32)
-    assert (wide.block_f, wide.group_block_f) == (64, 64)  # hybrid: 256-byte tiles at wide F
-    narrow = choose("sum", 1000, 30000, 64, torch.float32)  # long rows: 128-byte tiles, 4 warps, up to 256 bytes
-    assert (narrow.block_e, narrow.block_f, narrow.num_warps, narrow.group_block_f) == (16, 32, 4, 64)
+    wide = choose("sum", 1000, 30000, 256, torch.float32)  # one launch, 256-byte tiles, 4 warps, 32-edge pieces
+    assert (wide.one_pass, wide.block_e, wide.block_f, wide.group_block_f, wide.group_warps) == (True, 32, 64, 64, 4)
+    assert choose("sum", 1000, 30000, 64, torch.float32).one_pass  # from 256-byte rows up
+    narrow = choose("sum", 1000, 30000, 32, torch.float32)  # two launches; long rows: 128-byte tiles, 4 warps
+    assert not narrow.one_pass
+    assert (narrow.block_e, narrow.block_f, narrow.num_warps, narrow.group_block_f) == (16, 32, 4, 32)
     assert choose("sum", 1000, 30000, 256, torch.float32, kernel="csr").block_f == 256  # CSR alone: wide tiles
     assert choose("sum", 1000, 3000, 32, torch.float32, kernel="coo").kernel == "coo"
     assert choose("max", 1000, 3000, 32, torch.float32, kernel="coo").kernel == "hybrid"  # coo is sum/mean only

@@ -62,6 +62,16 @@ def _backward_cpu(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos,
 
 
 def _backward_triton(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, aggrs, need_x, need_w):
+    from ..triton import multi_aggregate as kernels
+
+    codes = _codes(aggrs)
+    if kernels.fast_backward_applies(x, weight, codes, need_w):
+        mean = None
+        if (VAR in codes or STD in codes) and MEAN not in codes:
+            mean = GATHER_SCATTER(x, rowptr, col, None, None, None, None, "mean")[0]
+        grad_x = kernels.backward_x(grad_out.contiguous(), out, x, rowptr, col, (t_rowptr, t_col, t_pos), arg, codes,
+                                    mean) if need_x else x.new_empty(0)
+        return grad_x, x.new_empty(0)
     return _gradients(grad_out, out, x, rowptr, col, weight, (t_rowptr, t_col, t_pos), arg, _codes(aggrs), need_x,
                       need_w and weight is not None)
 
@@ -85,9 +95,11 @@ def _backward_fake(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos
 def _gradients(grad_out, out, x, rowptr, col, weight, transpose, arg, codes, need_x, need_w):
     """(grad_x, grad_w) from passes of the Triton gather-scatter backward: dm = c[i] + d[i] m for
     sum/mean/var/std (one or two passes), one pass per max/min (the recorded winner) and for mul."""
+    from ..triton.gather_scatter import _mean_divisor
+
     N, F, K = rowptr.shape[0] - 1, x.shape[1], len(codes)
     g, o = grad_out.reshape(N, K, F), out.reshape(N, K, F)
-    deg = (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(x.dtype).view(N, 1)
+    deg = _mean_divisor(rowptr, x.dtype)  # [N, 1], cached on the graph
     no_arg = rowptr.new_empty(0, 0)
     c = d = mean = None
     for k, code in enumerate(codes):
@@ -102,23 +114,18 @@ def _gradients(grad_out, out, x, rowptr, col, weight, transpose, arg, codes, nee
             c = _plus(c, g[:, k])
         elif code == MEAN:
             c = _plus(c, g[:, k] / deg)
-    grad_x = torch.zeros_like(x) if need_x else x.new_empty(0)
+    grad_x = _linear_x_grad(c, d, x, weight, transpose) if need_x and c is not None else \
+        (torch.zeros_like(x) if need_x else x.new_empty(0))
     grad_w = x.new_zeros(col.shape[0]) if need_w else x.new_empty(0)
 
     def run(go, xx, w, a, reduce, nx, nw):
         return GATHER_SCATTER_BACKWARD.kernels["triton"](go.contiguous(), xx, rowptr, col, w, *transpose, a, reduce,
                                                          nx, nw)
 
-    if c is not None:
-        gx, gw = run(c, x, weight, no_arg, "sum", need_x, need_w)
-        grad_x, grad_w = (grad_x + gx if need_x else grad_x), (grad_w + gw if need_w else grad_w)
-    if d is not None:  # the d[i] * m part: x[j] * sum_e w^2 d[i] and w * <d[i], x[j]^2>
-        if need_x:
-            gx, _ = run(d, x, None if weight is None else weight * weight, no_arg, "sum", True, False)
-            grad_x = grad_x + x * gx
-        if need_w:
-            _, gw = run(d, x * x, weight, no_arg, "sum", False, True)
-            grad_w = grad_w + weight * gw
+    if need_w and c is not None:  # w's gradient of the linear part: <c[i], x[j]> + w <d[i], x[j]^2>
+        grad_w = grad_w + run(c, x, weight, no_arg, "sum", False, True)[1]
+        if d is not None:
+            grad_w = grad_w + weight * run(d, x * x, weight, no_arg, "sum", False, True)[1]
     slot = 0
     for code in _ARG_CODES:
         if code in codes:
@@ -130,6 +137,30 @@ def _gradients(grad_out, out, x, rowptr, col, weight, transpose, arg, codes, nee
         gx, gw = run(g[:, codes.index(MUL)], x, weight, no_arg, "mul", need_x, need_w)
         grad_x, grad_w = (grad_x + gx if need_x else grad_x), (grad_w + gw if need_w else grad_w)
     return grad_x, grad_w
+
+
+def _linear_x_grad(c, d, x, weight, transpose):
+    """x's gradient of the linear part dm = c[i] + d[i] m: grad_x[j] = sum_e w c[i] + x[j] sum_e w^2 d[i]
+    over the edges e = (j -> i), as sum passes of the gather-scatter forward over the transpose.
+    Unweighted, c and d ride in one pass of width 2F (the transpose's indices are read once)."""
+    from ..triton.gather_scatter import infer
+
+    t_rowptr, t_col, t_pos = transpose
+    F = x.shape[1]
+    w_t = None if weight is None else weight.index_select(0, t_pos)
+    if d is None:
+        gx = infer(c.contiguous(), t_rowptr, t_col, w_t, "sum")
+    elif weight is None:
+        both = infer(torch.cat([c, d], dim=1), t_rowptr, t_col, None, "sum")
+        gx = both[:, :F] + x[:both.shape[0]] * both[:, F:]
+    else:
+        gx = infer(c.contiguous(), t_rowptr, t_col, w_t, "sum") + \
+            x[:t_rowptr.numel() - 1] * infer(d.contiguous(), t_rowptr, t_col, w_t * w_t, "sum")
+    if gx.shape[0] == x.shape[0]:
+        return gx.to(x.dtype)
+    grad_x = torch.zeros_like(x)
+    grad_x[:gx.shape[0]] = gx
+    return grad_x
 
 
 def _plus(acc, term):
@@ -151,9 +182,25 @@ def _backward(ctx, saved, grad_out, _grad_arg):
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
         if any(c in ctx.codes for c in _ARG_CODES):
             arg = FORWARD(x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.aggrs, backend=ctx.backend)[1]
+    aggrs, grad_out, out = _fold_repeats(ctx.aggrs, grad_out, out, x.shape[1])
     grad_x, grad_w = BACKWARD(grad_out.contiguous(), x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg,
-                              ctx.aggrs, need_x, need_w, backend=ctx.backend)
+                              aggrs, need_x, need_w, backend=ctx.backend)
     return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
+
+
+def _fold_repeats(aggrs: str, grad_out, out, F: int):
+    """A reduction listed twice gets the sum of its blocks' gradients, once: the backward kernels
+    (and the winners, recorded once per reduction) see each reduction once."""
+    names = aggrs.split(",")
+    unique = list(dict.fromkeys(names))
+    if len(unique) == len(names):
+        return aggrs, grad_out, out
+    N = grad_out.shape[0]
+    slots = torch.tensor([unique.index(n) for n in names], device=grad_out.device)
+    folded = grad_out.new_zeros(N, len(unique), F).index_add_(1, slots, grad_out.reshape(N, len(names), F))
+    firsts = torch.tensor([names.index(n) for n in unique], device=out.device)
+    out = out.reshape(N, len(names), F).index_select(1, firsts).reshape(N, len(unique) * F)
+    return ",".join(unique), folded.reshape(N, len(unique) * F), out
 
 
 # x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order; t_* the transpose, given exactly
@@ -174,7 +221,7 @@ BACKWARD = OpDef(  # its own derivative is not implemented: double backward rais
 # ---- public API ----------------------------------------------------------------------------------
 def multi_aggregate(x: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, aggrs, *,
                     edge_weight: torch.Tensor | None = None, num_nodes: int | None = None,
-                    backend: str = "auto") -> torch.Tensor:
+                    backend: str = "auto", return_degree: bool = False):
     """Several reductions of the messages ``w[e] * x[src[e]]`` in one pass over the edges.
 
     Args:
@@ -182,10 +229,14 @@ def multi_aggregate(x: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, aggr
         aggrs: a list of "sum" | "mean" | "max" | "min" | "mul" | "var" | "std" (aliases "add",
             "amax", "amin", "prod"). var is mean(m^2) - mean(m)^2; std is sqrt(max(var, 1e-5)),
             0 where that is <= sqrt(1e-5) (PyG's VarAggregation and StdAggregation).
+        return_degree: also return each target's in-degree (edges, not weights) as [N_dst] in x's
+            dtype, not differentiable: what PNA's degree scalers need, read off the CSR's rowptr
+            (no pass over the edges).
 
     Returns:
         [N_dst, len(aggrs) * F] (x of [N, *feat] is flattened to F features): columns
         ``k*F:(k+1)*F`` are ``aggrs[k]``. Empty target rows give 0 for every reduction.
+        With ``return_degree``: (that, degree).
 
     Example::
 
@@ -199,7 +250,9 @@ def multi_aggregate(x: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, aggr
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
     x2 = x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
     if backend == "reference":
-        return reference.multi_aggregate(x2, csr.col, csr._row(), csr.num_dst, names, weight)
-    wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
-    transpose = csr._transpose_parts() if wants_grad else (None, None, None)
-    return FORWARD(x2, csr.rowptr, csr.col, weight, *transpose, ",".join(names), backend=backend)[0]
+        out = reference.multi_aggregate(x2, csr.col, csr._row(), csr.num_dst, names, weight)
+    else:
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+        transpose = csr._transpose_parts() if wants_grad else (None, None, None)
+        out = FORWARD(x2, csr.rowptr, csr.col, weight, *transpose, ",".join(names), backend=backend)[0]
+    return (out, csr.in_degree().to(x.dtype)) if return_degree else out

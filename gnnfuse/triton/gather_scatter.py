@@ -8,7 +8,9 @@ choice in gather_scatter_dispatch.py, the row schedule in schedule.py.
 Forward kernels (see the dispatch module for when each runs):
   * ``_rowgroup_kernel`` (the default "hybrid" plan's short rows): rows of at most short_max
     edges, sorted by degree, ``ROWS`` per program; step j gathers the j-th edge of each row.
-    The hybrid plan sends the remaining rows through the CSR kernel below.
+    The hybrid plan sends the remaining rows through the CSR kernel below; from 256-byte rows
+    (``plan.one_pass``) ``_one_pass_kernel`` runs both as one launch over an id-ordered task list
+    (schedule.task_list), so a window's long and short rows share the source rows they read.
   * ``_csr_fwd_kernel`` + ``_combine_kernel``: a work list splits every row into pieces of at
     most SEG edges; one program per (piece, feature tile) gathers [BLOCK_E, BLOCK_F] tiles of x
     and reduces them in registers. Rows of one piece write ``out`` directly; pieces of split
@@ -45,9 +47,10 @@ from .gather_scatter_fwd_kernels import (
     _coo_kernel,
     _combine_kernel,
     _csr_fwd_kernel,
+    _one_pass_kernel,
     _rowgroup_kernel,
 )
-from .schedule import choose_window, short_rows
+from .schedule import choose_window, short_rows, task_list
 
 
 # work lists (cached per rowptr tensor object)
@@ -192,6 +195,14 @@ class _ForwardSetup:
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, SEG=plan.seg,
                              BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+        self.tasks = None
+        if hybrid and plan.one_pass:  # one launch: the long rows' pieces take the row groups' tiles
+            group_block_f = plan.group_block_f or plan.block_f
+            self.tasks = task_list(rowptr, self.short, self.wl, plan.group_rows, plan.seg, plan.short_max, plan.window)
+            self.one_pass_grid = (self.tasks.numel(), cdiv(F, group_block_f))
+            self.one_pass_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
+                                      SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=group_block_f,
+                                      num_warps=plan.group_warps)
         self.combine_grid = (self.wl.split_rows.numel() * nft,)
         self.combine_meta = dict(REDUCE=code, ACC64=acc64, TRACK=tracks, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f,
                                  num_warps=4)
@@ -252,16 +263,21 @@ def _forward(x, rowptr, col, weight, reduce, tracks: bool, kernel, plan) -> tupl
     # (unused pointer arguments get any tensor: no allocation for them)
     arg_p = arg if tracks else col
     short = setup.short
-    if short is not None and short.numel():
-        launch("rowgroup", _rowgroup_kernel, setup.rowgroup_grid,
-               (x, short, rowptr, col, w, out, arg_p, short.numel(), F), setup.rowgroup_meta, fast)
     wl = setup.wl
-    if wl.num_pieces == 0:
-        return out, arg
     part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device) if wl.num_partials else out
     parg = torch.empty(wl.num_partials, F, dtype=torch.long, device=x.device) if wl.num_partials and tracks else col
-    launch("csr", _csr_fwd_kernel, setup.csr_grid,
-           (x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F), setup.csr_meta, fast)
+    if setup.tasks is not None and setup.tasks.numel():
+        launch("one_pass", _one_pass_kernel, setup.one_pass_grid,
+               (x, short, short.numel(), setup.tasks, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr,
+                wl.slot, F), setup.one_pass_meta, fast)
+    elif short is not None and short.numel():
+        launch("rowgroup", _rowgroup_kernel, setup.rowgroup_grid,
+               (x, short, rowptr, col, w, out, arg_p, short.numel(), F), setup.rowgroup_meta, fast)
+    if wl.num_pieces == 0:
+        return out, arg
+    if setup.tasks is None:
+        launch("csr", _csr_fwd_kernel, setup.csr_grid,
+               (x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F), setup.csr_meta, fast)
     if wl.split_rows.numel():
         launch("combine", _combine_kernel, setup.combine_grid,
                (part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F), setup.combine_meta, fast)

@@ -12,6 +12,7 @@ Kernels:
   * ``hybrid`` rows of at most ``short_max`` edges go to a row-group kernel (``group_rows`` rows
                per program, one edge of each per step, rows sorted by degree); longer rows to
                the CSR kernel. Atomic-free and deterministic; both kernels record max/min winners.
+               ``one_pass``: both in one launch, window by window (bitwise the same result).
   * ``atomic`` fully-atomic baseline (one atomic per edge and feature); benchmarks only.
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Plan:
     group_warps: int = 4  # hybrid: warps of the row-group kernel (num_warps is the CSR part's)
     group_block_f: int = 0  # hybrid: features per row-group tile (0: block_f)
     window: int = 0  # hybrid: short rows degree-sorted within windows of this many ids (0: globally)
+    one_pass: bool = False  # hybrid: row groups and long-row pieces in one launch, window by window
 
     def describe(self) -> str:
         name = {
@@ -50,7 +52,9 @@ class Plan:
                       f"{self.group_block_f or self.block_f} features per program, {self.group_warps} warps, "
                       + (f"degree-sorted within windows of {self.window} consecutive ids" if self.window
                          else "in global degree order")
-                      + ") + CSR row-parallel for longer rows (atomic-free)",
+                      + ") + CSR row-parallel for longer rows (atomic-free)"
+                      + ("; both in one launch, each window's long-row pieces next to its row groups" if self.one_pass
+                         else ""),
             "atomic": "fully-atomic COO baseline (one atomic per edge and feature)",
         }[self.kernel]
         return (f"gnnfuse.triton.gather_scatter_fwd_kernels: {name}; BLOCK_E={self.block_e} BLOCK_F={self.block_f} "
@@ -105,22 +109,31 @@ def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     features). The long rows want many small programs with 4 warps each: 128-byte tiles of 16
     edges up to F*itemsize = 256 bytes (arxiv-like F=64: 0.093 vs 0.160 ms with the CSR plan's
     64-wide 1-warp tile; hub-stress, reddit-like and products-like 5-25% faster), 256-byte
-    tiles above (arxiv-like F=128: 0.18 vs 0.26 ms with 128-wide tiles)."""
+    tiles above (arxiv-like F=128: 0.18 vs 0.26 ms with 128-wide tiles).
+
+    From 256-byte rows up (float32 F >= 64), one launch (``one_pass``) with 4 warps and 32-edge
+    long-row tiles: the long rows of an id window then run next to its short rows, and the
+    source rows both read come from DRAM once (H100, benchmarks/results/gpu-locality-sweep_h100_2026-11-23.md:
+    community-products reordered F=128/256 5.95/11.6 -> 5.34/10.5 ms, R-MAT F=256 13.0 -> 9.8 ms;
+    uniform-source graphs and L2-resident rows no slower; R-MAT F=64 6% slower; at F=32 2-10% slower)."""
     csr = csr_configs(F, avg_degree, itemsize)[0]
     group_f = min(csr["block_f"], max(16, 256 // itemsize))
     if F * itemsize <= 256:
         long_rows = dict(block_e=16, block_f=min(group_f, max(16, 128 // itemsize)), seg=csr["seg"], num_warps=4)
     else:
         long_rows = dict(csr, block_f=group_f, num_warps=4)
-    first = dict(long_rows, short_max=64, group_rows=16, group_warps=4 if F <= 32 else 8, group_block_f=group_f)
-    out = [first]
+    first = dict(long_rows, short_max=64, group_rows=16, group_warps=4 if F <= 32 else 8, group_block_f=group_f,
+                 one_pass=False)
+    if F * itemsize >= 256:
+        first = dict(first, one_pass=True, block_e=32, group_warps=4)
+    out = [first, dict(first, one_pass=not first["one_pass"])]
     wide = _block_f(F, itemsize)
     for short_max in (32, 64):
         for group_rows in (8, 16, 32):
             for group_warps in (4, 8):
                 for block_f in sorted({group_f, wide}):
                     cfg = dict(long_rows, short_max=short_max, group_rows=group_rows, group_warps=group_warps,
-                               group_block_f=block_f)
+                               group_block_f=block_f, one_pass=False)
                     if cfg not in out:
                         out.append(cfg)
     return out

@@ -103,13 +103,9 @@ def _merge_winner(acc, arg, val, at, REDUCE: tl.constexpr):
 
 
 @triton.jit
-def _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG: tl.constexpr, BLOCK_F: tl.constexpr):
-    """This program's (piece, feature tile) of a work list (see _WorkList): the row, the piece's
-    index k within it, the row's CSR range [r0, r1), the piece's edges [start, end), features."""
-    pid = tl.program_id(0).to(tl.int64)
-    nft = tl.cdiv(F, BLOCK_F)
-    s = pid // nft
-    ft = pid % nft
+def _piece_at(s, ft, seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Piece ``s`` of a work list (see _WorkList), feature tile ``ft``: the row, the piece's index
+    k within it, the row's CSR range [r0, r1), the piece's edges [start, end), features."""
     row = tl.load(seg_row_ptr + s)
     k = s - tl.load(seg_ptr_ptr + row)
     r0 = tl.load(rowptr_ptr + row).to(tl.int64)
@@ -120,24 +116,36 @@ def _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG: tl.constexpr, BLOC
     return row, k, r0, r1, start, end, offs_f, offs_f < F
 
 
-@fast_kernel
 @triton.jit
-def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
-                    seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
-                    REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
-                    SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
-    """TRACK: max/min also record the winning CSR position (only when a backward will need it)."""
+def _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG: tl.constexpr, BLOCK_F: tl.constexpr):
+    """This program's (piece, feature tile) of a work list: _piece_at of a 1-D grid, tiles minor."""
+    pid = tl.program_id(0).to(tl.int64)
+    nft = tl.cdiv(F, BLOCK_F)
+    return _piece_at(pid // nft, pid % nft, seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG, BLOCK_F)
+
+
+@triton.jit
+def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
+               seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
+               REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
+               SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """One (piece, feature tile) of the CSR kernel. TRACK: max/min also record the winning CSR
+    position (only when a backward will need it)."""
     ACC = tl.float64 if ACC64 else tl.float32
-    row, k, r0, r1, start, end, offs_f, fmask = _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG, BLOCK_F)
+    row, k, r0, r1, start, end, offs_f, fmask = _piece_at(s, ft, seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG,
+                                                          BLOCK_F)
     # Element-wise accumulators over the loop (one per edge lane and feature), reduced across
     # lanes once after it: no cross-warp reduction per tile.
     lane = tl.arange(0, BLOCK_E)
     acc2 = _identity_tile(BLOCK_E, BLOCK_F, REDUCE, ACC)
     arg2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int32)  # winning position - start, per lane
+    # the next tile's column indices load before this tile's gathers, which then wait on no index load
+    c_next = tl.load(col_ptr + start + lane, mask=start + lane < end, other=0)
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + lane
         emask = offs_e < end
-        c = tl.load(col_ptr + offs_e, mask=emask, other=0).to(tl.int64)
+        c = c_next.to(tl.int64)
+        c_next = tl.load(col_ptr + offs_e + BLOCK_E, mask=offs_e + BLOCK_E < end, other=0)
         m2 = emask[:, None] & fmask[None, :]
         if REDUCE == 4:
             v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=1.0).to(ACC)
@@ -192,6 +200,19 @@ def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_pt
 
 @fast_kernel
 @triton.jit
+def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
+                    seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
+                    REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
+                    SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Every piece of a work list, one program per (piece, feature tile), tiles minor."""
+    pid = tl.program_id(0).to(tl.int64)
+    nft = tl.cdiv(F, BLOCK_F)
+    _csr_piece(pid // nft, pid % nft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
+               seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F)
+
+
+@fast_kernel
+@triton.jit
 def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows_ptr, seg_ptr_ptr, slot_ptr, F,
                     REDUCE: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, BLOCK_K: tl.constexpr,
                     BLOCK_F: tl.constexpr):
@@ -240,30 +261,28 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
     tl.store(out_ptr + row * F + offs_f, res.to(out_ptr.dtype.element_ty), mask=fmask)
 
 
-@fast_kernel
 @triton.jit
-def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
-                     REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
-                     ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
-    """Short rows, ROWS per program: step j gathers the j-th edge of every row at once (a
-    [ROWS, BLOCK_F] tile), so a program keeps ROWS source rows in flight where the CSR kernel
-    would spend a whole [BLOCK_E, BLOCK_F] tile on a row of 2-3 edges. Rows come sorted by
-    degree (rows_ptr), so a program's rows need about the same number of steps. Each row is
-    reduced in edge order (as on CPU). TRACK: max/min also record the winning CSR position."""
+def _row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
+               REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
+               ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Row group ``group`` (ROWS short rows) of the row-group kernel, feature tile ``ft``."""
     ACC = tl.float64 if ACC64 else tl.float32
-    offs_r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offs_r = group * ROWS + tl.arange(0, ROWS)
     rmask = offs_r < num_rows
     rows = tl.load(rows_ptr + offs_r, mask=rmask, other=0).to(tl.int64)
     start = tl.load(rowptr_ptr + rows, mask=rmask, other=0).to(tl.int64)
     deg = tl.load(rowptr_ptr + rows + 1, mask=rmask, other=0).to(tl.int64) - start
-    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = offs_f < F
     acc = _identity_tile(ROWS, BLOCK_F, REDUCE, ACC)
     arg = tl.full([ROWS, BLOCK_F], -1, tl.int64)
+    # the next step's column indices load before this step's gathers (as in _csr_piece)
+    c_next = tl.load(col_ptr + start, mask=rmask & (deg > 0), other=0)
     for j in range(0, tl.max(deg, axis=0)):
         emask = rmask & (j < deg)
         m2 = emask[:, None] & fmask[None, :]
-        c = tl.load(col_ptr + start + j, mask=emask, other=0).to(tl.int64)
+        c = c_next.to(tl.int64)
+        c_next = tl.load(col_ptr + start + j + 1, mask=rmask & (j + 1 < deg), other=0)
         v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
         if HAS_W:
             v = v * tl.load(w_ptr + start + j, mask=emask, other=1.0).to(ACC)[:, None]
@@ -285,6 +304,41 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_p
     tl.store(out_ptr + dst, res.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & fmask[None, :])
     if (REDUCE == 2 or REDUCE == 3) and TRACK:
         tl.store(arg_ptr + dst, arg.to(arg_ptr.dtype.element_ty), mask=rmask[:, None] & fmask[None, :])
+
+
+@fast_kernel
+@triton.jit
+def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
+                     REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
+                     ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Short rows, ROWS per program: step j gathers the j-th edge of every row at once (a
+    [ROWS, BLOCK_F] tile), so a program keeps ROWS source rows in flight where the CSR kernel
+    would spend a whole [BLOCK_E, BLOCK_F] tile on a row of 2-3 edges. Rows come sorted by
+    degree (rows_ptr), so a program's rows need about the same number of steps. Each row is
+    reduced in edge order (as on CPU). TRACK: max/min also record the winning CSR position."""
+    _row_group(tl.program_id(0).to(tl.int64), tl.program_id(1), x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr,
+               arg_ptr, num_rows, F, REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F)
+
+
+@fast_kernel
+@triton.jit
+def _one_pass_kernel(x_ptr, rows_ptr, num_rows, task_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr,
+                     parg_ptr, seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
+                     REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
+                     ROWS: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """The hybrid plan in one launch: program (t, ft) runs task t of an id-ordered task list
+    (schedule.task_list), a row group (code g >= 0: _row_group) or a long-row piece (code
+    -1 - s: _csr_piece), so the long rows of a window run next to its short rows and the source
+    rows they share are read from DRAM once, not once per kernel. Each row is reduced by the same
+    code as in the two-launch plan: bitwise the same result."""
+    code = tl.load(task_ptr + tl.program_id(0))
+    ft = tl.program_id(1)
+    if code >= 0:
+        _row_group(code, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
+                   REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F)
+    else:
+        _csr_piece(-1 - code, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
+                   seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F)
 
 
 @fast_kernel

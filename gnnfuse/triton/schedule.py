@@ -22,7 +22,7 @@ from .._tensor_cache import cached
 
 DEFAULT_L2_BYTES = 50 * 2**20  # H100; the device's own value is used where it can be read
 L2_SHARE = 0.5  # of L2 for the source rows (the rest: outputs, indices, other streams)
-# Rows per window. Swept on an H100 (benchmarks/results/gpu-locality_h100_2026-11-22.md,
+# Rows per window. Swept on an H100 (benchmarks/results/archive/gpu-locality_h100_2026-11-22.md,
 # community-products, F=64-256): windows of 1024-4096 ids were 5-20% faster than L2-sized ones
 # (25K-100K ids): the programs in flight then cover a few windows whose rows share sources, so
 # the shared rows stay in L1/L2 while they are reused. Degree sorting inside so small a window
@@ -85,3 +85,23 @@ def short_rows(rowptr: torch.Tensor, short_max: int, window: int = 0) -> torch.T
         return rows[torch.sort(key, stable=True).indices].contiguous()
 
     return cached("short", (rowptr,), (short_max, window), build)
+
+
+def task_list(rowptr: torch.Tensor, short: torch.Tensor, wl, group_rows: int, seg: int, short_max: int,
+              window: int) -> torch.Tensor:
+    """The hybrid plan's work as one id-ordered list for the one-launch kernel, cached on rowptr:
+    window by window (``window`` consecutive ids; 0: one window), first the window's long-row
+    pieces (the longest tasks start first), then its row groups in their degree order. Row group
+    g is coded g, piece s of the work list ``wl`` is coded -1 - s. A group belongs to the window
+    of its first row. (``seg`` and ``short_max`` only key the cache: they fix ``wl`` and ``short``.)"""
+    def build():
+        dev = rowptr.device
+        groups = -(-short.numel() // group_rows)
+        pieces = wl.seg_row.numel()
+        first_rows = short[::group_rows][:groups]
+        span = window if window > 0 else max(rowptr.numel(), 1)
+        key = torch.cat([(wl.seg_row // span) * 2, (first_rows // span) * 2 + 1])  # pieces before groups
+        code = torch.cat([-1 - torch.arange(pieces, device=dev), torch.arange(groups, device=dev)])
+        return code[torch.sort(key, stable=True).indices].contiguous()
+
+    return cached("tasks", (rowptr,), (group_rows, seg, short_max, window), build)

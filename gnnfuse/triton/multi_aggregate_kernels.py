@@ -1,0 +1,319 @@
+"""Triton kernels of ``gnnfuse::multi_aggregate`` (host side: gnnfuse/triton/multi_aggregate.py).
+
+The layout of the gather-scatter forward's hybrid plan (gather_scatter_fwd_kernels.py), with every
+statistic a list of reductions needs kept in registers at once, so each source row is read once:
+
+  * ``_multi_rowgroup_kernel``: rows of at most ``short_max`` edges, ROWS per program, sorted by
+    degree; step j gathers the j-th edge of every row (a [ROWS, BLOCK_F] tile).
+  * ``_multi_csr_kernel``: the longer rows, cut by the gather-scatter work list into pieces of at
+    most SEG edges, one program per (piece, feature tile), element-wise accumulators reduced once
+    after the loop. A row of one piece is written directly; pieces of a split (hub) row write
+    their statistics into ``part[slot + k, NSTAT, F]`` (winners into ``parg[slot + k, 2, F]``)
+    and ``_multi_combine_kernel`` folds them in CSR order.
+
+Statistics: sum, sum of squares, max and min (with the first winning CSR position when TRACK),
+product; each only when a requested reduction needs it (the NEED_* constexprs). ``*_AT``: each
+reduction's block in the output (-1: not requested). Max/min follow the gather-scatter kernels:
+strict comparison (ties keep the earliest edge), a NaN wins and sticks. No atomics: bitwise
+deterministic.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._launch import fast_kernel
+from .gather_scatter_fwd_kernels import (
+    _BIG,
+    _merge_winner,
+    _mul_combine,
+    _nan_max,
+    _nan_min,
+    _tile_winner,
+    _winner_step,
+    _work_piece,
+)
+
+NSTAT = 5  # partial statistics per split-row piece: sum, sum of squares, max, min, product
+
+
+@triton.jit
+def _write_reductions(out_ptr, arg_ptr, row, offs_f, mask, count, s, q, mx, mn, p, amax, amin, num_rows, F,
+                      K: tl.constexpr, TRACK: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr,
+                      MAX_AT: tl.constexpr, MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr,
+                      STD_AT: tl.constexpr, MIN_SLOT: tl.constexpr):
+    """Every requested reduction of a row's statistics (a [BLOCK_F] vector with a scalar row and
+    count, or a [ROWS, BLOCK_F] tile with [ROWS, 1] ones). Empty rows give 0 everywhere, winner -1."""
+    OUT = out_ptr.dtype.element_ty
+    has = count > 0
+    inv = 1.0 / tl.maximum(count, 1).to(s.dtype)
+    base = out_ptr + row * (K * F) + offs_f
+    if SUM_AT >= 0:
+        tl.store(base + SUM_AT * F, s.to(OUT), mask=mask)
+    if MEAN_AT >= 0:
+        tl.store(base + MEAN_AT * F, (s * inv).to(OUT), mask=mask)
+    if MUL_AT >= 0:
+        tl.store(base + MUL_AT * F, tl.where(has, p, 0.0).to(OUT), mask=mask)
+    if MAX_AT >= 0:
+        tl.store(base + MAX_AT * F, tl.where(has, mx, 0.0).to(OUT), mask=mask)
+        if TRACK:
+            tl.store(arg_ptr + row * F + offs_f, amax.to(arg_ptr.dtype.element_ty), mask=mask)
+    if MIN_AT >= 0:
+        tl.store(base + MIN_AT * F, tl.where(has, mn, 0.0).to(OUT), mask=mask)
+        if TRACK:
+            tl.store(arg_ptr + (MIN_SLOT * num_rows + row) * F + offs_f, amin.to(arg_ptr.dtype.element_ty),
+                     mask=mask)
+    if VAR_AT >= 0 or STD_AT >= 0:
+        mean = s * inv
+        var = q * inv - mean * mean
+        if VAR_AT >= 0:
+            tl.store(base + VAR_AT * F, var.to(OUT), mask=mask)
+        if STD_AT >= 0:
+            sd = tl.sqrt(tl.maximum(var, 1e-5))
+            sd = tl.where(sd <= 0.0031622776601683794, 0.0, sd)  # sqrt(1e-5), as PyG's StdAggregation
+            tl.store(base + STD_AT * F, sd.to(OUT), mask=mask)
+
+
+@triton.jit
+def _fold_edge(v, pos, m2, s, q, mx, mn, p, amax, amin, NEED_S: tl.constexpr, NEED_Q: tl.constexpr,
+               NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr, NEED_MUL: tl.constexpr, TRACK: tl.constexpr):
+    """Folds a tile of messages ``v`` (0 where ``m2`` is false) into every needed statistic."""
+    if NEED_S:
+        s += v
+    if NEED_Q:
+        q += v * v
+    if NEED_MUL:
+        p = tl.where(m2, p * v, p)
+    if NEED_MAX:
+        if TRACK:
+            mx, amax = _winner_step(mx, amax, v, pos, m2, 2)
+        else:
+            mx = tl.where(m2, _nan_max(mx, v), mx)
+    if NEED_MIN:
+        if TRACK:
+            mn, amin = _winner_step(mn, amin, v, pos, m2, 3)
+        else:
+            mn = tl.where(m2, _nan_min(mn, v), mn)
+    return s, q, mx, mn, p, amax, amin
+
+
+@fast_kernel
+@triton.jit
+def _multi_rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_short, num_rows, F,
+                           HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr,
+                           NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr,
+                           NEED_MUL: tl.constexpr, K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr,
+                           MAX_AT: tl.constexpr, MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr,
+                           STD_AT: tl.constexpr, MIN_SLOT: tl.constexpr, ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Short rows, ROWS per program (rows_ptr: degree-sorted), each reduced in edge order."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    offs_r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = offs_r < num_short
+    rows = tl.load(rows_ptr + offs_r, mask=rmask, other=0).to(tl.int64)
+    start = tl.load(rowptr_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    deg = tl.load(rowptr_ptr + rows + 1, mask=rmask, other=0).to(tl.int64) - start
+    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = offs_f < F
+    s = tl.zeros([ROWS, BLOCK_F], ACC)
+    q = tl.zeros([ROWS, BLOCK_F], ACC)
+    p = tl.full([ROWS, BLOCK_F], 1.0, ACC)
+    mx = tl.full([ROWS, BLOCK_F], float("-inf"), ACC)
+    mn = tl.full([ROWS, BLOCK_F], float("inf"), ACC)
+    amax = tl.full([ROWS, BLOCK_F], -1, tl.int64)
+    amin = tl.full([ROWS, BLOCK_F], -1, tl.int64)
+    for j in range(0, tl.max(deg, axis=0)):
+        emask = rmask & (j < deg)
+        m2 = emask[:, None] & fmask[None, :]
+        c = tl.load(col_ptr + start + j, mask=emask, other=0).to(tl.int64)
+        v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+        if HAS_W:
+            v = v * tl.load(w_ptr + start + j, mask=emask, other=1.0).to(ACC)[:, None]
+        pos = (start + j)[:, None] + tl.zeros([ROWS, BLOCK_F], tl.int64)
+        s, q, mx, mn, p, amax, amin = _fold_edge(v, pos, m2, s, q, mx, mn, p, amax, amin, NEED_S, NEED_Q, NEED_MAX,
+                                                 NEED_MIN, NEED_MUL, TRACK)
+    _write_reductions(out_ptr, arg_ptr, rows[:, None], offs_f[None, :], rmask[:, None] & fmask[None, :],
+                      deg[:, None], s, q, mx, mn, p, amax, amin, num_rows, F, K, TRACK, SUM_AT, MEAN_AT, MAX_AT,
+                      MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT)
+
+
+@fast_kernel
+@triton.jit
+def _multi_csr_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr, seg_row_ptr,
+                      seg_ptr_ptr, slot_ptr, num_rows, F,
+                      HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr,
+                      NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr, NEED_MUL: tl.constexpr,
+                      K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr, MAX_AT: tl.constexpr,
+                      MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr, STD_AT: tl.constexpr,
+                      MIN_SLOT: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """One (piece, feature tile) of the work list: [BLOCK_E, BLOCK_F] accumulators per statistic,
+    reduced across edge lanes once after the loop."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    row, k, r0, r1, start, end, offs_f, fmask = _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG, BLOCK_F)
+    lane = tl.arange(0, BLOCK_E)
+    s2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
+    q2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
+    p2 = tl.full([BLOCK_E, BLOCK_F], 1.0, ACC)
+    mx2 = tl.full([BLOCK_E, BLOCK_F], float("-inf"), ACC)
+    mn2 = tl.full([BLOCK_E, BLOCK_F], float("inf"), ACC)
+    amax2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int64)
+    amin2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int64)
+    for e0 in range(start, end, BLOCK_E):
+        offs_e = e0 + lane
+        emask = offs_e < end
+        m2 = emask[:, None] & fmask[None, :]
+        c = tl.load(col_ptr + offs_e, mask=emask, other=0).to(tl.int64)
+        v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+        if HAS_W:
+            v = v * tl.load(w_ptr + offs_e, mask=emask, other=1.0).to(ACC)[:, None]
+        pos = offs_e[:, None] + tl.zeros([BLOCK_E, BLOCK_F], tl.int64)
+        s2, q2, mx2, mn2, p2, amax2, amin2 = _fold_edge(v, pos, m2, s2, q2, mx2, mn2, p2, amax2, amin2, NEED_S,
+                                                        NEED_Q, NEED_MAX, NEED_MIN, NEED_MUL, TRACK)
+    s = tl.sum(s2, axis=0)
+    q = tl.sum(q2, axis=0)
+    p = tl.reduce(p2, 0, _mul_combine)
+    amax = tl.full([BLOCK_F], -1, tl.int64)
+    amin = tl.full([BLOCK_F], -1, tl.int64)
+    if TRACK:  # the lowest winning position over the lanes (each lane's winner is its earliest)
+        mx, at = _tile_winner(mx2, amax2 >= 0, amax2, 2)
+        amax = tl.where(at < _BIG, at, -1)
+        mn, at = _tile_winner(mn2, amin2 >= 0, amin2, 3)
+        amin = tl.where(at < _BIG, at, -1)
+    else:
+        mx = tl.reduce(mx2, 0, _nan_max)
+        mn = tl.reduce(mn2, 0, _nan_min)
+    slot = tl.load(slot_ptr + row)
+    if slot < 0:  # the whole row is ours
+        _write_reductions(out_ptr, arg_ptr, row, offs_f, fmask, r1 - r0, s, q, mx, mn, p, amax, amin, num_rows, F,
+                          K, TRACK, SUM_AT, MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT)
+    else:  # a piece of a split row: its statistics, folded by _multi_combine_kernel
+        base = part_ptr + (slot + k) * (5 * F) + offs_f
+        if NEED_S:
+            tl.store(base, s, mask=fmask)
+        if NEED_Q:
+            tl.store(base + F, q, mask=fmask)
+        if NEED_MAX:
+            tl.store(base + 2 * F, mx, mask=fmask)
+        if NEED_MIN:
+            tl.store(base + 3 * F, mn, mask=fmask)
+        if NEED_MUL:
+            tl.store(base + 4 * F, p, mask=fmask)
+        if TRACK:
+            tl.store(parg_ptr + (slot + k) * (2 * F) + offs_f, amax, mask=fmask)
+            tl.store(parg_ptr + (slot + k) * (2 * F) + F + offs_f, amin, mask=fmask)
+
+
+@fast_kernel
+@triton.jit
+def _multi_combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows_ptr, seg_ptr_ptr, slot_ptr,
+                          num_rows, F,
+                          ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr, NEED_Q: tl.constexpr,
+                          NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr, NEED_MUL: tl.constexpr, K: tl.constexpr,
+                          SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr, MAX_AT: tl.constexpr, MIN_AT: tl.constexpr,
+                          MUL_AT: tl.constexpr, VAR_AT: tl.constexpr, STD_AT: tl.constexpr, MIN_SLOT: tl.constexpr,
+                          BLOCK_F: tl.constexpr):
+    """Second pass over split rows: folds the row's pieces in CSR order, then writes."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    pid = tl.program_id(0).to(tl.int64)
+    nft = tl.cdiv(F, BLOCK_F)
+    row = tl.load(split_rows_ptr + pid // nft)
+    offs_f = (pid % nft) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fmask = offs_f < F
+    npieces = tl.load(seg_ptr_ptr + row + 1) - tl.load(seg_ptr_ptr + row)
+    slot = tl.load(slot_ptr + row)
+    s = tl.zeros([BLOCK_F], ACC)
+    q = tl.zeros([BLOCK_F], ACC)
+    p = tl.full([BLOCK_F], 1.0, ACC)
+    mx = tl.full([BLOCK_F], float("-inf"), ACC)
+    mn = tl.full([BLOCK_F], float("inf"), ACC)
+    amax = tl.full([BLOCK_F], -1, tl.int64)
+    amin = tl.full([BLOCK_F], -1, tl.int64)
+    for k in range(0, npieces):
+        base = part_ptr + (slot + k) * (5 * F) + offs_f
+        if NEED_S:
+            s += tl.load(base, mask=fmask, other=0.0)
+        if NEED_Q:
+            q += tl.load(base + F, mask=fmask, other=0.0)
+        if NEED_MUL:
+            p *= tl.load(base + 4 * F, mask=fmask, other=1.0)
+        if NEED_MAX:
+            v = tl.load(base + 2 * F, mask=fmask, other=0.0)
+            if TRACK:
+                a = tl.load(parg_ptr + (slot + k) * (2 * F) + offs_f, mask=fmask, other=-1)
+                mx, amax = _merge_winner(mx, amax, v, a, 2)
+            else:
+                mx = _nan_max(mx, v)
+        if NEED_MIN:
+            v = tl.load(base + 3 * F, mask=fmask, other=0.0)
+            if TRACK:
+                a = tl.load(parg_ptr + (slot + k) * (2 * F) + F + offs_f, mask=fmask, other=-1)
+                mn, amin = _merge_winner(mn, amin, v, a, 3)
+            else:
+                mn = _nan_min(mn, v)
+    count = tl.load(rowptr_ptr + row + 1).to(tl.int64) - tl.load(rowptr_ptr + row).to(tl.int64)
+    _write_reductions(out_ptr, arg_ptr, row, offs_f, fmask, count, s, q, mx, mn, p, amax, amin, num_rows, F, K,
+                      TRACK, SUM_AT, MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT)
+
+
+# ---- backward: x's gradient, unweighted (see multi_aggregate.backward_x) ------------------------------
+@fast_kernel
+@triton.jit
+def _coefficients_kernel(g_ptr, out_ptr, mean_ptr, deg_ptr, cd_ptr, num_rows, F,
+                         K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr, VAR_AT: tl.constexpr,
+                         STD_AT: tl.constexpr, HAS_D: tl.constexpr, ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """The linear part of d out / d message per target, dm = c[i] + d[i] m, in one pass over
+    grad_out: c from sum (g), mean (g / deg), var/std (-2 gv mean / deg), d = 2 gv / deg, with
+    gv = g_var + g_std / (2 std) (0 where std is 0). cd[i] = [c | d] (d only when HAS_D)."""
+    offs_r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    m2 = (offs_r < num_rows)[:, None] & (offs_f < F)[None, :]
+    inv = 1.0 / tl.load(deg_ptr + offs_r, mask=offs_r < num_rows, other=1.0)[:, None]
+    at = offs_r[:, None] * (K * F) + offs_f[None, :]
+    c = tl.zeros([ROWS, BLOCK_F], inv.dtype)
+    if SUM_AT >= 0:
+        c += tl.load(g_ptr + at + SUM_AT * F, mask=m2, other=0.0).to(inv.dtype)
+    if MEAN_AT >= 0:
+        c += tl.load(g_ptr + at + MEAN_AT * F, mask=m2, other=0.0).to(inv.dtype) * inv
+    W = 2 * F if HAS_D else F
+    dst = cd_ptr + offs_r[:, None] * W + offs_f[None, :]
+    if HAS_D:
+        if MEAN_AT >= 0:
+            mean = tl.load(out_ptr + at + MEAN_AT * F, mask=m2, other=0.0).to(inv.dtype)
+        else:
+            mean = tl.load(mean_ptr + offs_r[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(inv.dtype)
+        gv = tl.zeros([ROWS, BLOCK_F], inv.dtype)
+        if VAR_AT >= 0:
+            gv += tl.load(g_ptr + at + VAR_AT * F, mask=m2, other=0.0).to(inv.dtype)
+        if STD_AT >= 0:
+            sd = tl.load(out_ptr + at + STD_AT * F, mask=m2, other=0.0).to(inv.dtype)
+            gs = tl.load(g_ptr + at + STD_AT * F, mask=m2, other=0.0).to(inv.dtype)
+            gv += tl.where(sd > 0, gs / (2 * tl.where(sd > 0, sd, 1.0)), 0.0)
+        c += -2 * gv * mean * inv
+        tl.store(dst + F, 2 * gv * inv, mask=m2)
+    tl.store(dst, c, mask=m2)
+
+
+@fast_kernel
+@triton.jit
+def _winners_grad_kernel(g_ptr, arg_ptr, col_ptr, gx_ptr, num_rows, F, K: tl.constexpr, MAX_AT: tl.constexpr,
+                         MIN_AT: tl.constexpr, MIN_SLOT: tl.constexpr, ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """max and min in one launch: grad_x[col[p], f] += grad_out[i, block, f] for p = the winning CSR
+    position, with a relaxed atomic (several targets a source wins for add in any order)."""
+    offs_r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    m2 = (offs_r < num_rows)[:, None] & (offs_f < F)[None, :]
+    g_at = offs_r[:, None] * (K * F) + offs_f[None, :]
+    if MAX_AT >= 0:
+        _winner_add(g_ptr + g_at + MAX_AT * F, arg_ptr + offs_r[:, None] * F + offs_f[None, :], col_ptr, gx_ptr,
+                    offs_f, m2, F)
+    if MIN_AT >= 0:
+        _winner_add(g_ptr + g_at + MIN_AT * F, arg_ptr + (MIN_SLOT * num_rows + offs_r[:, None]) * F + offs_f[None, :],
+                    col_ptr, gx_ptr, offs_f, m2, F)
+
+
+@triton.jit
+def _winner_add(g_ptrs, arg_ptrs, col_ptr, gx_ptr, offs_f, m2, F):
+    p = tl.load(arg_ptrs, mask=m2, other=-1)
+    won = m2 & (p >= 0)  # empty rows have no winner
+    j = tl.load(col_ptr + p, mask=won, other=0).to(tl.int64)
+    g = tl.load(g_ptrs, mask=won, other=0.0).to(gx_ptr.dtype.element_ty)
+    tl.atomic_add(gx_ptr + j * F + offs_f[None, :], g, mask=won, sem="relaxed")

@@ -5,11 +5,12 @@
 needed by the backward pass, is built on first use and cached on the object.
 
 Trust: a CSR built by gnnfuse (``from_edge_index``, ``transpose``, ``to``) is correct by
-construction; one built by hand (``CSR(rowptr, col, perm, num_src)``) is validated in full
-(:meth:`CSR.validate`) the first time an op uses it. Either way the op re-validates, and drops the
-cached transpose, whenever ``rowptr``/``col``/``perm`` have changed since (replaced, written in
-place, or written around the version counter where the fingerprint sees it: see
-gnnfuse._tensor_cache). A repeated call with an unchanged CSR costs one stamp comparison.
+construction; one built by hand (``CSR(rowptr, col, perm, num_src)``) is checked the first time an
+op uses it (``rowptr`` and ``col``) and the first time ``perm`` is read (only ops with per-edge
+inputs read it). Either way a part is checked again, and the cached transpose dropped, whenever its
+tensors have changed since (replaced, written in place, or written around the version counter
+where the fingerprint sees it). A repeated call with an unchanged CSR costs one stamp comparison.
+See gnnfuse.csr_checks for the details, :meth:`CSR.validate` for the full check on demand.
 
 Passing a raw ``edge_index`` tensor to :func:`gnnfuse.fused_gather_scatter` builds its CSR
 once and caches it on that tensor's memory (see :func:`csr_for_edge_index`).
@@ -18,22 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from . import reference
-from ._tensor_cache import PLAIN, cached, clear, fingerprint_view
-from ._validate import (
-    INDEX_DTYPES,
-    INT32_MAX,
-    device_assert,
-    require_fits_index,
-    require_index,
-    require_node_count,
-    require_shape,
-    require_tensor,
-)
+from . import csr_checks
+from ._tensor_cache import cached, clear
+from ._validate import INDEX_DTYPES, INT32_MAX, device_assert, require_fits_index, require_node_count
+from .csr_checks import check as _check
+from .csr_checks import check_edge_index, check_sorted_by_target
 from .fresh_graph import is_fresh, mark_fresh, unchecked_transpose
-from .ops.coo_to_csr import coo_to_csr, validate_csr
-
-_FIELDS = ("rowptr", "col", "perm")
+from .ops.coo_to_csr import coo_to_csr
 
 
 class CSR:
@@ -44,7 +36,8 @@ class CSR:
     source of each CSR position, in ``[0, num_src)``), ``perm`` [E] (the original edge id of each
     CSR position, a permutation of ``[0, E)``), all of one index dtype (int32 or int64), and
     ``num_src`` the number of source nodes. A hand-built CSR is validated the first time an op
-    uses it (and again after any change to its tensors); :meth:`validate` checks it on demand.
+    uses it (``perm`` the first time it is read), and again after any change to its tensors;
+    :meth:`validate` checks it all on demand.
 
     Example::
 
@@ -55,11 +48,19 @@ class CSR:
     def __init__(self, rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int):
         self.rowptr = rowptr
         self.col = col
-        self.perm = perm
+        self.perm = perm  # sets _perm and _perm_stamp
         self.num_src = require_node_count("num_src", num_src)
         self._derived: dict[str, object] = {}  # "transpose", "row": valid while _stamps matches
-        self._stamps: tuple | None = None  # what checked() compares (see _stamp); set when validated or built
-        self._trusted = False  # built by gnnfuse or validated: compiled code does not re-check it
+        self._stamps: tuple | None = None  # stamp of (rowptr, col) that checked() compares; set when checked or built
+        self._trusted = False  # built by gnnfuse or fully checked: compiled code does not re-check it
+
+    def __getstate__(self) -> dict:
+        """Pickles the tensors and num_src only: stamps and cached derived state belong to this
+        process, so an unpickled CSR is checked like a hand-built one on first use."""
+        return {"rowptr": self.rowptr, "col": self.col, "perm": self._perm, "num_src": self.num_src}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["rowptr"], state["col"], state["perm"], state["num_src"])  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return (f"CSR(num_src={self.num_src}, num_dst={self.num_dst}, num_edges={self.num_edges}, "
@@ -71,7 +72,7 @@ class CSR:
         csr = cls(rowptr, col, perm, num_src)
         csr._trusted = True
         if not torch.compiler.is_compiling():
-            csr._stamp()
+            csr._stamps, csr._perm_stamp = csr_checks.stamp(rowptr, col), csr_checks.stamp(perm)
         return csr
 
     # ---- construction -------------------------------------------------------------------
@@ -202,6 +203,21 @@ class CSR:
 
     # ---- properties ---------------------------------------------------------------------
     @property
+    def perm(self) -> torch.Tensor:
+        """The original edge id of each CSR position; checked to be a permutation of ``[0, E)``
+        when first read, and again after a change (see gnnfuse.csr_checks)."""
+        if not torch.compiler.is_compiling():
+            s = self._perm_stamp
+            if s is None or not s[0](s[1], self._perm):
+                return csr_checks.checked_perm(self)
+        return self._perm
+
+    @perm.setter
+    def perm(self, perm: torch.Tensor) -> None:
+        self._perm = perm
+        self._perm_stamp: tuple | None = None
+
+    @property
     def num_dst(self) -> int:
         return self.rowptr.shape[0] - 1
 
@@ -270,71 +286,9 @@ class CSR:
                 self._derived["transpose"] = parts
         return parts  # type: ignore[return-value]
 
-    # ---- checks -------------------------------------------------------------------------
-    def checked(self) -> CSR:
-        """This CSR, validated if it is new to gnnfuse or changed since it was last checked (see
-        the module docstring); a change also drops the cached transpose. Ops call this first."""
-        if torch.compiler.is_compiling():
-            if not self._trusted:  # never checked eagerly: device-side assertions in the graph
-                self._check_layout()
-                reference.assert_valid_csr(self.rowptr, self.col, self.perm, self.num_src)
-            return self
-        s = self._stamps
-        if s is not None:  # inlined stamp comparison (see _stamp): about 1 us on CPU tensors
-            r, c, p = self.rowptr, self.col, self.perm
-            if (r is s[0] and c is s[1] and p is s[2]
-                    and (r.data_ptr(), c.data_ptr(), p.data_ptr(), r._version, c._version, p._version) == s[3]
-                    and (s[4] is None or (s[4].tobytes(), s[5].tobytes(), s[6].tobytes()) == s[7])):
-                return self
-        return self.validate()
-
-    def validate(self) -> CSR:
-        """Full structural check (one pass in C++ on CPU; torch ops and a host sync on CUDA):
-        rowptr starts at 0, is non-decreasing and ends at len(col); col in ``[0, num_src)``
-        (:class:`gnnfuse.IndexOutOfRange` otherwise, quoting the id); perm a permutation of
-        ``[0, E)``. Returns self, so ``CSR(...).validate()`` chains."""
-        self._check_layout()
-        self._derived.clear()
-        self._stamps = None
-        validate_csr(self.rowptr, self.col, self.perm, self.num_src)
-        self._trusted = True
-        self._stamp()
-        return self
-
-    def _check_layout(self) -> None:
-        """Types, dtypes, shapes and devices of the three tensors (no values)."""
-        for name in _FIELDS:
-            t = require_tensor(f"CSR.{name}", getattr(self, name))
-            require_index(f"CSR.{name}", t)
-        rowptr, col, perm = self.rowptr, self.col, self.perm
-        if not (rowptr.dtype == col.dtype == perm.dtype):
-            raise TypeError("CSR.rowptr, CSR.col and CSR.perm must share one index dtype; got "
-                            f"{rowptr.dtype}, {col.dtype}, {perm.dtype}")
-        if not (rowptr.device == col.device == perm.device):
-            raise ValueError("CSR.rowptr, CSR.col and CSR.perm must be on one device; got "
-                             f"{rowptr.device}, {col.device}, {perm.device}")
-        if rowptr.dim() != 1 or rowptr.shape[0] < 1:
-            require_shape("CSR.rowptr", rowptr, "[num_dst + 1]", False)
-        if col.dim() != 1:
-            require_shape("CSR.col", col, "[E]", False)
-        if perm.shape != col.shape:
-            require_shape("CSR.perm", perm, f"[{col.shape[0]}] like CSR.col", False)
-        require_fits_index("CSR", col.dtype, edges=col.shape[0], nodes=max(self.num_src, rowptr.shape[0] - 1))
-
-    def _stamp(self) -> None:
-        """Records for checked(): (rowptr, col, perm) as objects, their (data pointers, versions),
-        their fingerprint views (None on CUDA), their fingerprints, and their storages. The storages
-        are held strongly: the fingerprinted memory stays readable, and while the old storage lives
-        no other can take its address, so an unchanged data pointer of the same tensor object means
-        the same storage."""
-        tensors = (self.rowptr, self.col, self.perm)
-        if any(type(t) not in PLAIN or t.is_inference() for t in tensors):
-            self._stamps = None  # no version counter or own storage: re-validated on every use, nothing kept
-            return
-        views = tuple(fingerprint_view(t) for t in tensors)
-        prints = None if views[0] is None else tuple(v.tobytes() for v in views)  # type: ignore[union-attr]
-        where = tuple(t.data_ptr() for t in tensors) + tuple(t._version for t in tensors)
-        self._stamps = (*tensors, where, *views, prints, tuple(t.untyped_storage() for t in tensors))
+    # ---- checks (gnnfuse.csr_checks) ---------------------------------------------------------
+    checked = csr_checks.checked
+    validate = csr_checks.validate
 
 
 def expand_rowptr(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
@@ -347,30 +301,6 @@ def expand_rowptr(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
 def transpose_parts_of(rowptr: torch.Tensor, col: torch.Tensor, num_src: int):
     """The transpose of a CSR given by its parts (for the op's own backward, which has no CSR)."""
     return coo_to_csr(col, expand_rowptr(rowptr, col.shape[0]), num_src, rowptr.shape[0] - 1)
-
-
-def check_sorted_by_target(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int) -> None:
-    """Targets non-decreasing and all ids in range, as device-side assertions (no host sync)."""
-    if not dst.numel():
-        return
-    device_assert(~(dst[1:] < dst[:-1]).any(), "edge_index is not sorted by target")
-    device_assert((dst[0] >= 0) & (dst[-1] < num_dst), "edge_index[1] (targets) has a node id outside [0, num_dst)")
-    device_assert(((src >= 0) & (src < num_src)).all(), "edge_index[0] (sources) has a node id outside [0, num_src)")
-
-
-def _check(ok: torch.Tensor, on_cpu: bool, message: str) -> None:
-    if on_cpu:
-        if not bool(ok):
-            raise ValueError(message)
-    else:
-        device_assert(ok, message)
-
-
-def check_edge_index(edge_index: object) -> torch.Tensor:
-    edge_index = require_tensor("edge_index", edge_index)
-    require_index("edge_index", edge_index)
-    require_shape("edge_index", edge_index, "[2, E]", edge_index.dim() == 2 and edge_index.shape[0] == 2)
-    return edge_index
 
 
 def _index_dtype(requested: torch.dtype | None, num_src: int, num_dst: int, num_edges: int) -> torch.dtype:

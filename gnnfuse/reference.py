@@ -30,7 +30,7 @@ def coo_to_csr(key: torch.Tensor, other: torch.Tensor, num_rows: int, num_other:
     return rowptr.to(dtype), other[perm].to(dtype), perm.to(dtype)
 
 
-def validate_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int) -> None:
+def validate_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor | None, num_src: int) -> None:
     """The structural check of a CSR (see gnnfuse.ops.coo_to_csr.validate_csr) with torch ops."""
     E = col.numel()
     if int(rowptr[0]) != 0:
@@ -43,13 +43,15 @@ def validate_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, nu
         r = int(drops[0, 0])
         raise ValueError(f"CSR.rowptr must be non-decreasing; rowptr[{r}] = {int(rowptr[r])} > "
                          f"rowptr[{r + 1}] = {int(rowptr[r + 1])}")
-    for name, values, limit, what in (("CSR.col", col, num_src, "node id"), ("CSR.perm", perm, E, "edge id")):
-        bad = torch.nonzero((values < 0) | (values >= limit))
-        if bad.numel():
-            e = int(bad[0, 0])
-            bound = f"num_src={limit}" if name == "CSR.col" else str(limit)
-            raise IndexOutOfRange(f"{name} contains {what} {int(values[e])} at CSR position {e}, "
-                                  f"outside [0, {bound})")
+    _require_ids_below("CSR.col", col, num_src, "node id", f"num_src={num_src}")
+    if perm is not None:
+        validate_perm(perm)
+
+
+def validate_perm(perm: torch.Tensor) -> None:
+    """That ``perm`` is a permutation of ``[0, len(perm))`` (see gnnfuse.ops.coo_to_csr.validate_perm)."""
+    E = perm.numel()
+    _require_ids_below("CSR.perm", perm, E, "edge id", str(E))
     if E and int(torch.bincount(perm.long(), minlength=E).max()) > 1:
         seen = torch.zeros(E, dtype=torch.bool, device=perm.device)
         for e, v in enumerate(perm.tolist()):  # only on failure: find the first repeat for the message
@@ -57,6 +59,13 @@ def validate_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, nu
                 raise ValueError(f"CSR.perm is not a permutation: edge id {v} appears more than once "
                                  f"(again at CSR position {e})")
             seen[v] = True
+
+
+def _require_ids_below(name: str, values: torch.Tensor, limit: int, what: str, bound: str) -> None:
+    bad = torch.nonzero((values < 0) | (values >= limit))
+    if bad.numel():
+        e = int(bad[0, 0])
+        raise IndexOutOfRange(f"{name} contains {what} {int(values[e])} at CSR position {e}, outside [0, {bound})")
 
 
 def assert_valid_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src) -> None:

@@ -133,24 +133,147 @@ def test_permutation_check_across_threads(threads):
         torch.set_num_threads(before)
 
 
+@pytest.fixture(params=["native", "python"])
+def stamps(request):
+    """Runs a test with the stamps taken in C++ (the graph kernels loaded) and in Python (without)."""
+    from gnnfuse import _tensor_cache
+    from gnnfuse._build import extension_available
+
+    if request.param == "native":
+        if not extension_available():
+            pytest.skip("C++ kernels unavailable")
+        CSR.from_edge_index(torch.tensor([[0], [0]]), 1)  # a CPU build loads them and their stamps
+        assert _tensor_cache._native
+        yield request.param
+    else:
+        with _tensor_cache.python_stamps():
+            yield request.param
+
+
 @pytest.mark.parametrize("field", ["rowptr", "col", "perm"])
-@pytest.mark.parametrize("change", ["set_data", "numpy_write"])
-def test_validated_csr_sees_every_kind_of_change_to_each_tensor(field, change):
-    """The repeated-call check compares each tensor's object, data pointer, version and fingerprint."""
+@pytest.mark.parametrize("change", ["set_data", "numpy_write", "in_place"])
+def test_validated_csr_sees_every_kind_of_change_to_each_tensor(field, change, stamps):
+    """The repeated check compares each tensor's object, data pointer, shape, version and
+    fingerprint: rowptr and col in checked(), perm when it is read."""
     csr = CSR.from_edge_index(random_graph(20, 20, 300, seed=11), 20, index_dtype=torch.int64)
     hand = CSR(csr.rowptr.clone(), csr.col.clone(), csr.perm.clone(), 20).checked()
-    stamps = hand._stamps
-    assert hand.checked()._stamps is stamps  # unchanged: no re-validation
+    hand.perm  # noqa: B018  (first read: checked and stamped)
+    stamps_before, perm_stamp = hand._stamps, hand._perm_stamp
+    assert hand.checked()._stamps is stamps_before and hand._perm_stamp is perm_stamp  # unchanged: not re-checked
     t = getattr(hand, field)
     bad = {"rowptr": 301, "col": 99, "perm": 300}[field]
     if change == "set_data":
         replaced = t.clone()
         replaced[-1] = bad
         t.data = replaced  # same tensor object, new memory, version unchanged
-    else:
+    elif change == "numpy_write":
         t.numpy()[-1] = bad  # same memory, version unchanged
+    else:
+        t[-1] = bad  # an ordinary in-place write: version bumped
+    if field == "perm":
+        assert hand.checked()._stamps is stamps_before  # perm is not part of the structure's stamp
     with pytest.raises((ValueError, IndexError), match=f"{bad}"):
-        hand.checked()
+        hand.checked().perm  # noqa: B018
+
+
+@pytest.mark.parametrize("field", ["rowptr", "col", "perm"])
+def test_validated_csr_sees_a_view_at_the_same_address(field, stamps):
+    """``t.data = t.data[:-1]`` keeps the data pointer and the version: the shape tells."""
+    csr = CSR.from_edge_index(random_graph(20, 20, 300, seed=11), 20)
+    hand = CSR(csr.rowptr.clone(), csr.col.clone(), csr.perm.clone(), 20).checked()
+    hand.perm  # noqa: B018
+    t = getattr(hand, field)
+    t.data = t.data[:-1]
+    with pytest.raises(ValueError, match="rowptr|perm"):
+        hand.checked().perm  # noqa: B018
+
+
+def test_perm_is_checked_when_first_read(stamps):
+    """An op without per-edge inputs never reads perm, so never pays for (or trips on) its check; an
+    op with edge weights reads it, and a broken perm then raises before any kernel runs."""
+    good = CSR.from_edge_index(random_graph(10, 10, 40, seed=13), 10)
+    broken = CSR(good.rowptr.clone(), good.col.clone(), torch.zeros_like(good.perm), 10)
+    x, w = torch.randn(10, 3), torch.rand(40)
+    torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, broken), gnnfuse.fused_gather_scatter(x, good))
+    assert broken._stamps is not None and broken._perm_stamp is None  # structure checked, perm never read
+    for call in (lambda: broken.perm, lambda: gnnfuse.fused_gather_scatter(x, broken, edge_weight=w),
+                 lambda: gnnfuse.edge_softmax(torch.randn(40), broken), broken.validate, broken.transpose,
+                 lambda: broken.to(torch.int64)):
+        with pytest.raises(ValueError, match="not a permutation"):
+            call()
+    broken.perm = good.perm.clone()  # a replaced perm is checked at its next read
+    torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, broken, edge_weight=w),
+                               gnnfuse.fused_gather_scatter(x, good, edge_weight=w))
+    stamp = broken._perm_stamp
+    assert stamp is not None and broken.perm is broken.perm and broken._perm_stamp is stamp  # checked once
+    broken.perm = torch.arange(39, dtype=good.perm.dtype)  # wrong length: the layout check names it
+    with pytest.raises(ValueError, match="CSR.perm must have shape"):
+        gnnfuse.fused_gather_scatter(x, broken, edge_weight=w)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_csr_checks_and_stamps(stamps):
+    """On CUDA: the structure and perm checks (torch ops), stamps without fingerprints (C++ ones
+    once the CPU kernels are loaded, else Python), and changes seen through pointer and version."""
+    good = CSR.from_edge_index(random_graph(12, 12, 50, seed=15), 12).to("cuda")
+    x, w = torch.randn(12, 3, device="cuda"), torch.rand(50, device="cuda")
+    want = gnnfuse.fused_gather_scatter(x, good, edge_weight=w)
+    hand = CSR(good.rowptr.clone(), good.col.clone(), good.perm.clone(), 12)
+    torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, hand, edge_weight=w), want)
+    stamps_before, perm_stamp = hand._stamps, hand._perm_stamp
+    assert stamps_before is not None and perm_stamp is not None
+    gnnfuse.fused_gather_scatter(x, hand, edge_weight=w)
+    assert hand._stamps is stamps_before and hand._perm_stamp is perm_stamp  # not checked again
+    hand.col[3] = 40  # in place: version bumped
+    with pytest.raises(IndexOutOfRange, match="node id 40"):
+        gnnfuse.fused_gather_scatter(x, hand)
+    hand.col = good.col.clone()
+    hand.perm = torch.zeros_like(good.perm)  # unweighted calls never read it; weighted ones do
+    torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, hand), gnnfuse.fused_gather_scatter(x, good))
+    with pytest.raises(ValueError, match="not a permutation"):
+        gnnfuse.fused_gather_scatter(x, hand, edge_weight=w)
+
+
+def test_csr_pickles_without_its_stamps(stamps):
+    import copy
+    import io
+    import pickle
+
+    csr = CSR.from_edge_index(random_graph(10, 10, 30, seed=14), 10)
+    x = torch.randn(10, 2)
+    want = gnnfuse.fused_gather_scatter(x, csr, edge_weight=torch.ones(30))
+    buffer = io.BytesIO()
+    torch.save(csr, buffer)
+    buffer.seek(0)
+    for other in (pickle.loads(pickle.dumps(csr)), torch.load(buffer, weights_only=False)):
+        assert other._stamps is None and other._perm_stamp is None and not other._trusted  # checked on first use
+        torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, other, edge_weight=torch.ones(30)), want)
+    copied = copy.deepcopy(csr)  # the stamps are copied but record the original's memory: checked again
+    copied.col[0] = (copied.col[0] + 1) % 10
+    assert copied.checked() is copied and not torch.equal(copied.col, csr.col)
+
+
+def test_stamp_functions_reject_what_they_did_not_stamp(stamps):
+    from gnnfuse import _tensor_cache
+
+    a, b = torch.arange(5), torch.arange(600)  # fingerprinted whole / sampled
+    same, data = _tensor_cache.take(_tensor_cache.SAME_OBJECT, (a, b))
+    assert same(data, a, b)
+    if stamps == "native":  # the Python ones take exactly as many tensors as they stamped
+        assert not same(data, a)
+    assert not same(data, b, a)  # other objects
+    assert not same(data, a, b.clone())
+    assert not same(data, a, "not a tensor")
+    clear_cache()  # the cache: stamps of mode SAME_MEMORY, keyed on data pointer and shape
+    first = _tensor_cache.cached("test", (b,), (), object)
+    assert _tensor_cache.cached("test", (b.view(600),), (), object) is first  # another tensor, same memory
+    for other in (b.view(20, 30), b.view(torch.float64), b[::2], b.clone()):
+        assert _tensor_cache.cached("test", (other,), (), object) is not first
+    with torch.inference_mode():
+        assert _tensor_cache.take(_tensor_cache.SAME_MEMORY, (torch.arange(3),)) is None
+        inner = torch.arange(600)
+        first = _tensor_cache.cached("test", (inner,), (), object)
+        assert _tensor_cache.cached("test", (inner,), (), object) is not first  # not cached
 
 
 def test_from_scipy_drops_stored_zeros_without_touching_the_input():
@@ -284,7 +407,7 @@ def _bypass_writes():
 
 @pytest.mark.parametrize("write", list(_bypass_writes()))
 @pytest.mark.parametrize("num_edges", [12, 5000], ids=["small", "large"])
-def test_edge_index_cache_sees_writes_that_bypass_the_version_counter(write, num_edges):
+def test_edge_index_cache_sees_writes_that_bypass_the_version_counter(write, num_edges, stamps):
     clear_cache()
     edge_index = random_graph(10, 10, num_edges, seed=4)
     edge_index[:, 0] = torch.tensor([1, 2])
@@ -295,7 +418,7 @@ def test_edge_index_cache_sees_writes_that_bypass_the_version_counter(write, num
     torch.testing.assert_close(gnnfuse.fused_gather_scatter(x, edge_index), fresh_ref(x, edge_index))
 
 
-def test_csr_transpose_follows_in_place_edits():
+def test_csr_transpose_follows_in_place_edits(stamps):
     edge_index = random_graph(8, 8, 30, seed=5)
     csr = CSR.from_edge_index(edge_index, 8)
     x = torch.randn(8, 3, requires_grad=True)
@@ -412,8 +535,8 @@ def test_graphs_made_outside_inference_mode_stay_cached_inside_it():
         cached_csr = gnnfuse.csr.csr_for_edge_index(edge_index, 12, 12)
         assert gnnfuse.csr.csr_for_edge_index(edge_index, 12, 12) is cached_csr  # sorted once
         inner = CSR(csr.rowptr.clone(), csr.col.clone(), csr.perm.clone(), 12)  # inference tensors
-        gnnfuse.fused_gather_scatter(x, inner)
-        assert inner._stamps is None  # nothing to compare against: re-validated on every call
+        gnnfuse.fused_gather_scatter(x, inner, edge_weight=torch.rand(40))
+        assert inner._stamps is None and inner._perm_stamp is None  # nothing to compare: re-checked on every use
         inner.col[0] = 40  # an in-place write inside the block is still caught
         with pytest.raises(IndexOutOfRange, match="node id 40"):
             gnnfuse.fused_gather_scatter(x, inner)
@@ -649,6 +772,14 @@ def test_hand_built_csr_is_checked_inside_a_compiled_graph():
     bad = CSR(good.rowptr.clone(), torch.tensor([0, 1, 99, 2, 3]), good.perm.clone(), 4)
     with pytest.raises(RuntimeError, match="CSR.col has a node id outside"):  # a device-side assertion
         compiled(x, bad)
+    # structure checked eagerly by an unweighted call, perm never read: not trusted, so compiled
+    # code that reads perm still checks it
+    half = CSR(good.rowptr.clone(), good.col.clone(), torch.zeros_like(good.perm), 4)
+    gnnfuse.fused_gather_scatter(x, half)
+    weighted = torch.compile(lambda x, csr, w: gnnfuse.fused_gather_scatter(x, csr, "sum", edge_weight=w),
+                             fullgraph=True)
+    with pytest.raises(RuntimeError, match="CSR.perm is not a permutation"):
+        weighted(x, half, torch.rand(5))
 
 
 # ---- device-side assertions: torch's private async assert inside its version fence, a plain check outside

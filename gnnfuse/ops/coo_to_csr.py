@@ -1,12 +1,12 @@
 """``gnnfuse::coo_to_csr``: stable counting sort of edges by key (the CSR build), and the structural
-check of a CSR built elsewhere (:func:`validate_csr`)."""
+checks of a CSR built elsewhere (:func:`validate_csr`, :func:`validate_perm`)."""
 from __future__ import annotations
 
 import warnings
 
 import torch
 
-from .. import reference
+from .. import _tensor_cache, reference
 from .._build import BuildError, load_extension
 from .._validate import IndexOutOfRange
 from ._opdef import OpDef
@@ -17,10 +17,12 @@ from ._opdef import OpDef
 
 def _extension_or_none():
     try:
-        return load_extension()
+        ext = load_extension()
     except BuildError as exc:
         warnings.warn(f"gnnfuse: C++ kernels unavailable, sorting with torch instead ({exc})", stacklevel=4)
         return None
+    _tensor_cache.use_native(ext)  # loaded anyway: the graphs it builds and checks get C++ stamps
+    return ext
 
 
 def _coo_to_csr_cpu(key, other, num_rows, num_other, out_dtype=None):
@@ -69,15 +71,32 @@ def coo_to_csr(key: torch.Tensor, other: torch.Tensor, num_rows: int, num_other:
     return COO_TO_CSR(key, other, num_rows, num_other, out_dtype)
 
 
-def validate_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int) -> None:
+def validate_csr(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor | None, num_src: int) -> None:
     """Raises unless rowptr starts at 0, is non-decreasing and ends at len(col), every col lies in
-    [0, num_src) and perm is a permutation of [0, len(col)) (shapes and dtypes checked by the caller).
-    One pass in C++ on CPU; torch ops elsewhere (a host sync: this runs once per CSR object)."""
+    [0, num_src) and (unless ``perm`` is None) perm is a permutation of [0, len(col)) (shapes and
+    dtypes checked by the caller). One pass in C++ on CPU; torch ops elsewhere (a host sync: this
+    runs once per CSR object)."""
     ext = _extension_or_none() if rowptr.is_cpu else None
     if ext is None:
         reference.validate_csr(rowptr, col, perm, num_src)
         return
     try:
-        ext.validate_csr(rowptr, col, perm, num_src)
+        ext.validate_csr(rowptr, col, num_src)
+        if perm is not None:
+            ext.validate_perm(perm)
+    except IndexError as exc:
+        raise IndexOutOfRange(str(exc)) from None
+
+
+def validate_perm(perm: torch.Tensor) -> None:
+    """Raises unless ``perm`` is a permutation of [0, len(perm)): IndexOutOfRange for an id outside,
+    ValueError naming the first repeated one. In C++ on CPU (a bitmap pass, skipped for the
+    identity); torch ops elsewhere."""
+    ext = _extension_or_none() if perm.is_cpu else None
+    if ext is None:
+        reference.validate_perm(perm)
+        return
+    try:
+        ext.validate_perm(perm)
     except IndexError as exc:
         raise IndexOutOfRange(str(exc)) from None

@@ -180,20 +180,9 @@ def main(argv=None):
     configs = CPU_CONFIGS if device.type == "cpu" else CUDA_CONFIGS
     if args.edge_blocks:
         return sweep(args, graphs, configs, device)
-    rows = []
-    for name, (edge_index, nodes) in graphs.items():
-        edge_index = edge_index.to(device)
-        for layer in args.layers.split(","):
-            for heads, width, dropout in configs:
-                try:
-                    rows.append(run_row(name, edge_index, nodes, heads, width, dropout, device, args.rounds, layer,
-                                        args.edge_dim))
-                except Exception as exc:  # a row, not a crash
-                    rows.append({"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
-                                 "error": f"{type(exc).__name__}: {exc}"[:200]})
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                print(rows[-1], flush=True)
+    rows = each_row(args, graphs, configs, device,
+                    lambda name, ei, nodes, heads, width, dropout, layer: run_row(
+                        name, ei, nodes, heads, width, dropout, device, args.rounds, layer, args.edge_dim))
     speedups = [r["speedup"] for r in rows if "speedup" in r]
     meta = dict(machine(device), benchmark=f"{args.layers} training step and forward vs sum gather-scatter",
                 geomean_speedup=round(geomean(speedups), 3),
@@ -207,20 +196,30 @@ def main(argv=None):
     print(md.read_text())
 
 
-def sweep(args, graphs, configs, device):
-    blocks = [b if b.startswith("W") else f"BE{b}" for b in args.edge_blocks.split(",")]
+def each_row(args, graphs, configs, device, measure) -> list[dict]:
+    """One row per (graph, layer, heads x width config): ``measure(name, edge_index, nodes, heads,
+    width, dropout, layer)``; a failing row is recorded with its error instead of ending the run."""
     rows = []
     for name, (edge_index, nodes) in graphs.items():
         edge_index = edge_index.to(device)
         for layer in args.layers.split(","):
             for heads, width, dropout in configs:
                 try:
-                    rows.append(sweep_row(name, edge_index, nodes, heads, width, dropout, device, args.rounds, layer,
-                                          blocks))
+                    rows.append(measure(name, edge_index, nodes, heads, width, dropout, layer))
                 except Exception as exc:  # a row, not a crash
                     rows.append({"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
                                  "error": f"{type(exc).__name__}: {exc}"[:200]})
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
                 print(rows[-1], flush=True)
+    return rows
+
+
+def sweep(args, graphs, configs, device):
+    blocks = [b if b.startswith("W") else f"BE{b}" for b in args.edge_blocks.split(",")]
+    rows = each_row(args, graphs, configs, device,
+                    lambda name, ei, nodes, heads, width, dropout, layer: sweep_row(
+                        name, ei, nodes, heads, width, dropout, device, args.rounds, layer, blocks))
     meta = dict(machine(device), benchmark=f"{args.layers}: edge block BE sweep (training step, forward)",
                 load_average_1_5_15min=os.getloadavg())
     columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps"] + [

@@ -41,6 +41,7 @@ peak GPU memory per rank. Rank 0 saves a checkpoint (``--checkpoint``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -305,9 +306,16 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
         dist.all_gather_object(memories, memory)
         if rank == 0 and args.checkpoint:
             torch.save(ddp.module.state_dict(), args.checkpoint)
-        # Drain the process group's queue before it is torn down: gloo's worker thread frees the
-        # all_gather_object tensors (which needs the GIL), while the teardown (when DDP's reducer is
-        # freed) joins that thread holding the GIL; without this barrier the two can deadlock at exit.
+        # Teardown in a fixed order. Drain the process group's queue, then free DDP (its reducer,
+        # any Python comm hook) while the process group is still registered and idle, then drain
+        # again: gloo's worker threads free the last collectives' tensors (which needs the GIL), and
+        # freeing the reducer after destroy_process_group() -- at this frame's exit -- made it the
+        # group's last owner, so its destructor joined those threads holding the GIL (a deadlock
+        # seen in CI).
+        dist.barrier()
+        prefetched = prefetch.on
+        del ddp, optimizer, prefetch
+        gc.collect()
         dist.barrier()
         if rank != 0:
             return None
@@ -317,7 +325,7 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
                     global_batch=args.batch_size, epochs=epochs, losses=losses, test_accuracy=accuracy,
                     peak_memory_gib_per_rank=memories, overlap=args.overlap or not args.split,
                     timing="split (synchronised phases)" if args.split else
-                    ("throughput" + (", sampling prefetched in a thread on a side stream" if prefetch.on else "")),
+                    ("throughput" + (", sampling prefetched in a thread on a side stream" if prefetched else "")),
                     torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     finally:

@@ -24,13 +24,12 @@ Three tables, every variant of a row timed in the same process, interleaved
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
 
-from benchmarks.common import (bench_interleaved, cpu_real_and_power_law_graphs, device_label, geomean,
-                               machine, save_results, time_training_steps)
+from benchmarks.common import (bench_interleaved, benchmark_device, cpu_real_and_power_law_graphs, device_label,
+                               geomean, machine, save_results, step_benchmark_parser, time_training_steps)
 
 AGGRS = ["mean", "min", "max", "std"]
 REDUCES = ["sum", "mean", "max", "min"]
@@ -164,20 +163,14 @@ def pna_row(name, edge_index, nodes, width, device, rounds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU runs)")
-    parser.add_argument("--rounds", type=int, default=10)
+    parser = step_benchmark_parser(__doc__.splitlines()[0])
     parser.add_argument("--widths", default="64")
     parser.add_argument("--parts", default="multi,scatter,pna")
     parser.add_argument("--pna-max-edges", type=int, default=5_000_000,
                         help="skip the PNA step on larger graphs (PyG's per-edge messages: minutes, or OOM)")
     parser.add_argument("--quick", action="store_true", help="Cora-sized graphs only, 3 rounds (a smoke test)")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    device = benchmark_device(args)
     graphs = cpu_graphs() if device.type == "cpu" else cuda_graphs(device)
     if args.quick:
         graphs = {k: v for k, v in list(graphs.items())[:1]}

@@ -22,13 +22,12 @@ with the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks) or war
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
 
-from benchmarks.common import (bench_interleaved, cpu_real_and_power_law_graphs, device_label, geomean,
-                               machine, save_results, time_training_steps)
+from benchmarks.common import (bench_interleaved, benchmark_device, cpu_real_and_power_law_graphs, device_label,
+                               geomean, machine, save_results, step_benchmark_parser, time_training_steps)
 
 IN_CHANNELS = 64
 CPU_CONFIGS = [(8, 8, 0.6)]  # (heads, F, dropout): the standard GAT layer
@@ -158,20 +157,14 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU runs)")
-    parser.add_argument("--rounds", type=int, default=10)
+    parser = step_benchmark_parser(__doc__.splitlines()[0])
     parser.add_argument("--graphs", default="", help="comma-separated graph names (CUDA: suite names; CPU: Cora, Facebook, products-down); default all")
     parser.add_argument("--layers", default="GATConv", help=f"comma-separated, of {', '.join(LAYERS)}")
     parser.add_argument("--edge-dim", type=int, default=0, help="edge features per edge (0: none)")
     parser.add_argument("--edge-blocks", default="", help="comma-separated BE values (e.g. 8) and warp counts "
                         "(e.g. W2) to sweep (CUDA)")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    device = benchmark_device(args)
     names = [g for g in args.graphs.split(",") if g]
     if device.type == "cpu":
         graphs = {k: v for k, v in cpu_graphs().items() if not names or k.split(" ")[0] in names}

@@ -13,12 +13,12 @@ term and activation cost over a plain gather-scatter.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
 
-from benchmarks.common import bench_interleaved, device_label, geomean, machine, save_results, time_training_steps
+from benchmarks.common import (bench_interleaved, benchmark_device, device_label, geomean, machine, save_results,
+                               step_benchmark_parser, time_training_steps)
 from gnnfuse.testing import random_graph
 
 WIDTH, EDGE_DIM = 64, 16
@@ -79,15 +79,9 @@ def run_row(name, edge_index, nodes, device, rounds):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU runs)")
-    parser.add_argument("--rounds", type=int, default=10)
+    parser = step_benchmark_parser(__doc__.splitlines()[0])
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads)
+    device = benchmark_device(args)
     rows = []
     for name, (edge_index, nodes) in graphs(device).items():
         try:

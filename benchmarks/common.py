@@ -5,6 +5,7 @@ of the samples) next to the minimum. Result files round every number to 3 signif
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import gc
 import json
@@ -257,3 +258,22 @@ def time_training_steps(row: dict, steps: dict[str, Callable[[], object]], devic
     if "pyg" in times:
         row["speedup"] = times["pyg"]["median_ms"] / times["gnnfuse"]["median_ms"]
     return times
+
+
+def step_benchmark_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every training-step benchmark takes: device, result folder, CPU threads, rounds
+    (see :func:`benchmark_device`)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU runs)")
+    parser.add_argument("--rounds", type=int, default=10)
+    return parser
+
+
+def benchmark_device(args: argparse.Namespace) -> torch.device:
+    """The device of a :func:`step_benchmark_parser` run, with torch's CPU threads set for CPU runs."""
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    return device

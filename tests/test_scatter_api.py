@@ -124,15 +124,9 @@ def test_scatter_table_backward(case, reduce):
     assert torch.autograd.gradcheck(lambda s: S.scatter(s, _t(index, torch.long), dim, None, None, reduce), (src,))
 
 
-@pytest.mark.parametrize("case,reduce", list(itertools.product(range(len(SCATTER_CASES)), REDUCES)))
-def test_scatter_table_out(case, reduce):
-    src, index, dim, expected, _ = SCATTER_CASES[case]
-    src, index = _t(src, torch.float32), _t(index, torch.long)
-    want = _t(expected[_canon(reduce)], torch.float32)
-    out = torch.full_like(want, -2)
-    returned = getattr(S, f"scatter_{reduce}")(src, index, dim, out)
-    returned = returned[0] if isinstance(returned, tuple) else returned
-    assert returned is out
+def _assert_folded_into_minus_two(out, want, reduce):
+    """torch_scatter's ``out=`` semantics for scatter and segment_coo: the reduction folds into
+    ``out``'s values (all -2 here); ``want`` is the result into zeros (modified for max)."""
     if _canon(reduce) == "sum":
         assert out.tolist() == (want - 2).tolist()
     elif reduce == "min":
@@ -142,6 +136,18 @@ def test_scatter_table_out(case, reduce):
         assert out.tolist() == want.tolist()
     elif reduce == "mul":  # folded in: -2 times the product (empty segments leave -2)
         assert out.tolist() == (want * -2).tolist()
+
+
+@pytest.mark.parametrize("case,reduce", list(itertools.product(range(len(SCATTER_CASES)), REDUCES)))
+def test_scatter_table_out(case, reduce):
+    src, index, dim, expected, _ = SCATTER_CASES[case]
+    src, index = _t(src, torch.float32), _t(index, torch.long)
+    want = _t(expected[_canon(reduce)], torch.float32)
+    out = torch.full_like(want, -2)
+    returned = getattr(S, f"scatter_{reduce}")(src, index, dim, out)
+    returned = returned[0] if isinstance(returned, tuple) else returned
+    assert returned is out
+    _assert_folded_into_minus_two(out, want, reduce)
 
 
 @pytest.mark.parametrize("case,reduce,backend", list(itertools.product(range(len(SEGMENT_CASES)),
@@ -175,13 +181,7 @@ def test_segment_table_backward_and_out(case, reduce):
     assert out.tolist() == want.tolist()
     out.fill_(-2)
     S.segment_coo(_t(src, torch.float32), index, out, reduce=reduce)  # folds in, as scatter does
-    if reduce == "sum":
-        assert out.tolist() == (want - 2).tolist()
-    elif reduce == "min":
-        assert (out == -2).all()
-    elif reduce == "max":
-        want[want == 0] = -2
-        assert out.tolist() == want.tolist()
+    _assert_folded_into_minus_two(out, want, reduce)
 
 
 @pytest.mark.parametrize("reduce,dtype", list(itertools.product(["sum", "mean", "min", "max", "mul"],

@@ -58,6 +58,26 @@ def test_windowed_schedule_is_bitwise_the_global_one(reduce):
             assert torch.equal(out, outs[0][0]) and torch.equal(arg, outs[0][1])
 
 
+
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_sm_queue_plan_is_bitwise_the_one_pass_one(reduce):
+    """Persistent programs taking tasks from per-SM queues (and the eviction hints) run every task
+    of the one-launch plan exactly once with the same code: bitwise the same values and winners,
+    whichever program runs which task (more programs than tasks, and fewer)."""
+    csr = _community_csr(96, 700, "generated")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(csr.num_src, 20, generator=g).to(DEVICE)
+    w = (torch.rand(csr.num_edges, generator=g) + 0.5).to(DEVICE)
+    tiles = dict(block_e=16, seg=16, short_max=8, group_rows=4, group_block_f=16, window=8, one_pass=True)
+    for weight in (None, w):
+        base = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=tgs.plan_for(
+            x, csr.rowptr, csr.col, reduce, "hybrid", **tiles))
+        for extra in (dict(sm_queue=1), dict(sm_queue=64, x_evict="evict_last", stream_evict="evict_first")):
+            plan = tgs.plan_for(x, csr.rowptr, csr.col, reduce, "hybrid", **tiles, **extra)
+            assert "per-SM queues" in plan.describe()
+            out, arg = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=plan)
+            assert torch.equal(out, base[0]) and torch.equal(arg, base[1])
+
 def test_dispatch_measures_locality(monkeypatch):
     """With an L2 far smaller than x, community order gets windows and scrambled ids do not."""
     monkeypatch.setattr(schedule, "l2_cache_bytes", lambda device: 16 * 1024)

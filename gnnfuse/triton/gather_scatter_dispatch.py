@@ -43,6 +43,9 @@ class Plan:
     group_block_f: int = 0  # hybrid: features per row-group tile (0: block_f)
     window: int = 0  # hybrid: short rows degree-sorted within windows of this many ids (0: globally)
     one_pass: bool = False  # hybrid: row groups and long-row pieces in one launch, window by window
+    sm_queue: int = 0  # one_pass: persistent programs per SM drawing tasks from per-SM queues (0: one per task)
+    x_evict: str = ""  # one_pass: eviction hint of the gathered x rows ("", "evict_last", "evict_first")
+    stream_evict: str = ""  # one_pass: eviction hint of the column indices and the output
 
     def describe(self) -> str:
         name = {
@@ -54,7 +57,11 @@ class Plan:
                          else "in global degree order")
                       + ") + CSR row-parallel for longer rows (atomic-free)"
                       + ("; both in one launch, each window's long-row pieces next to its row groups" if self.one_pass
-                         else ""),
+                         else "")
+                      + (f", {self.sm_queue} persistent programs per SM taking tasks from per-SM queues"
+                         if self.one_pass and self.sm_queue else "")
+                      + (f", hints x={self.x_evict or '-'} indices/out={self.stream_evict or '-'}"
+                         if self.one_pass and (self.x_evict or self.stream_evict) else ""),
             "atomic": "fully-atomic COO baseline (one atomic per edge and feature)",
         }[self.kernel]
         return (f"gnnfuse.triton.gather_scatter_fwd_kernels: {name}; BLOCK_E={self.block_e} BLOCK_F={self.block_f} "

@@ -37,8 +37,8 @@ VARIANTS = ("auto", "global", "windowed", "csr", "coo", "cusparse")
 # warps, rN = rows per group, smN = short_max, segN = longest piece.
 # "reuse" (reuse of source rows inside an SM, every variant bitwise the auto plan's result): qK = K
 # persistent programs per SM taking tasks from per-SM queues of the task list (task_kernels), hint =
-# x rows evict_last + indices/out evict_first, xlast = x rows evict_last alone, big = 64-row groups of
-# 8 warps on 32-wide feature tiles.
+# x rows evict_last + indices/out evict_first, xlast / sfirst = either alone, big / big64 = 64-row
+# groups of 8 warps on 32- / 64-wide feature tiles, gbfN / rN as above.
 SWEEPS = {
     "plans": {
         "2l": dict(one_pass=False), "2l before": dict(one_pass=False, block_e=16, group_warps=8),
@@ -47,15 +47,15 @@ SWEEPS = {
         "sm32": dict(short_max=32), "sm128": dict(short_max=128), "seg512": dict(seg=512), "seg2048": dict(seg=2048),
     },
     "reuse": {
-        "q4": dict(one_pass=True, sm_queue=4), "q8": dict(one_pass=True, sm_queue=8),
-        "q16": dict(one_pass=True, sm_queue=16), "q8 gbf32": dict(one_pass=True, sm_queue=8, group_block_f=32),
-        "q16 gbf32": dict(one_pass=True, sm_queue=16, group_block_f=32),
-        "q8 r8": dict(one_pass=True, sm_queue=8, group_rows=8), "q8 r32": dict(one_pass=True, sm_queue=8, group_rows=32),
+        "q8": dict(one_pass=True, sm_queue=8), "q16": dict(one_pass=True, sm_queue=16),
+        "q8 gbf32": dict(one_pass=True, sm_queue=8, group_block_f=32),
         "gbf32": dict(one_pass=True, group_block_f=32), "r8": dict(one_pass=True, group_rows=8),
+        "r32": dict(one_pass=True, group_rows=32),
         "hint": dict(one_pass=True, x_evict="evict_last", stream_evict="evict_first"),
-        "xlast": dict(one_pass=True, x_evict="evict_last"),
-        "q8 hint": dict(one_pass=True, sm_queue=8, x_evict="evict_last", stream_evict="evict_first"),
+        "xlast": dict(one_pass=True, x_evict="evict_last"), "sfirst": dict(one_pass=True, stream_evict="evict_first"),
+        "r8 hint": dict(one_pass=True, group_rows=8, x_evict="evict_last", stream_evict="evict_first"),
         "big": dict(one_pass=True, group_rows=64, group_warps=8, group_block_f=32),
+        "big64": dict(one_pass=True, group_rows=64, group_warps=8),
     },
 }
 

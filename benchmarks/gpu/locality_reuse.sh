@@ -22,15 +22,15 @@ step reuse "${SWEEP_TIMEOUT_S:-280}" "$PY" -m benchmarks.bench_gpu_locality \
   --graphs "${GRAPHS:-community-products,rmat-products,mesh-products}" --orders "${ORDERS:-reordered}" \
   --stress "${STRESS:-products-like,hub-stress,arxiv-like}" --widths "${WIDTHS:-64,128,256}" --sweep reuse --l2-ceiling \
   --variants auto,cusparse --rounds "${ROUNDS:-7}" --out "$W" --name gpu-locality-reuse
-if [ -n "${NCU_PLANS-q8,q8 gbf32}" ]; then
+if [ -n "${NCU_PLANS-hint,gbf32,big}" ]; then
   step ncu "${NCU_TIMEOUT_S:-100}" ncu --profile-from-start off --clock-control none \
     -k "regex:rowgroup|csr_fwd|one_pass|sm_queue" --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section Occupancy --section LaunchStats "$PY" -m benchmarks.gpu.profile_gather --width 128 \
-    --plans "${NCU_PLANS-q8,q8 gbf32}"
+    --plans "${NCU_PLANS-hint,gbf32,big}"
   grep -E "^== |L1/TEX Hit|L2 Hit|L2 Cache Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per" \
     "$W/ncu.log" | cut -c1-140 > "$W/ncu_summary.txt"
 fi
-step tests "${TESTS_TIMEOUT_S:-75}" "$PY" -m pytest -q -p no:cacheprovider tests/test_triton_schedule.py
+step tests "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest -q -p no:cacheprovider tests/test_triton_schedule.py tests/test_triton_gather_scatter.py
 tail -n 2 "$W/tests.log" | tee -a "$W/summary.txt"
 cp "$W"/*.md "$W/summary.txt" "$OUT"/ 2>/dev/null
 tar czf "$OUT/results.tgz" -C "$W" .

@@ -129,10 +129,11 @@ def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
                seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
                REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
                SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr,
-               X_EVICT: tl.constexpr = "", STREAM_EVICT: tl.constexpr = ""):
+               X_EVICT: tl.constexpr, STREAM_EVICT: tl.constexpr):
     """One (piece, feature tile) of the CSR kernel. TRACK: max/min also record the winning CSR
     position (only when a backward will need it). X_EVICT / STREAM_EVICT: cache eviction hints
-    ("", "evict_last", "evict_first") of the gathered x rows / the column indices and out."""
+    ("", "evict_last", "evict_first") of the gathered x rows / the column indices and out (passed
+    explicitly: Triton 3.6 does not apply a device function's default constexpr arguments)."""
     ACC = tl.float64 if ACC64 else tl.float32
     row, k, r0, r1, start, end, offs_f, fmask = _piece_at(s, ft, seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG,
                                                           BLOCK_F)
@@ -216,7 +217,7 @@ def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_pt
     pid = tl.program_id(0).to(tl.int64)
     nft = tl.cdiv(F, BLOCK_F)
     _csr_piece(pid // nft, pid % nft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
-               seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F)
+               seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F, "", "")
 
 
 @fast_kernel
@@ -272,8 +273,7 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
 @triton.jit
 def _row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
                REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
-               ROWS: tl.constexpr, BLOCK_F: tl.constexpr, X_EVICT: tl.constexpr = "",
-               STREAM_EVICT: tl.constexpr = ""):
+               ROWS: tl.constexpr, BLOCK_F: tl.constexpr, X_EVICT: tl.constexpr, STREAM_EVICT: tl.constexpr):
     """Row group ``group`` (ROWS short rows) of the row-group kernel, feature tile ``ft``; the
     eviction hints as in _csr_piece."""
     ACC = tl.float64 if ACC64 else tl.float32
@@ -329,7 +329,7 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_p
     degree (rows_ptr), so a program's rows need about the same number of steps. Each row is
     reduced in edge order (as on CPU). TRACK: max/min also record the winning CSR position."""
     _row_group(tl.program_id(0).to(tl.int64), tl.program_id(1), x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr,
-               arg_ptr, num_rows, F, REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F)
+               arg_ptr, num_rows, F, REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F, "", "")
 
 
 @fast_kernel

@@ -43,7 +43,7 @@ def _one_pass_kernel(x_ptr, rows_ptr, num_rows, task_ptr, rowptr_ptr, col_ptr, w
                      parg_ptr, seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
                      REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
                      ROWS: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr,
-                     X_EVICT: tl.constexpr = "", STREAM_EVICT: tl.constexpr = ""):
+                     X_EVICT: tl.constexpr, STREAM_EVICT: tl.constexpr):
     """The hybrid plan in one launch: program (t, ft) runs task t, so the long rows of a window
     run next to its short rows and the source rows they share are read from DRAM once, not once
     per kernel."""
@@ -69,7 +69,7 @@ def _sm_queue_kernel(x_ptr, rows_ptr, num_rows, task_ptr, num_tasks, share, queu
                      col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr, seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
                      REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
                      ROWS: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr,
-                     READ_SMID: tl.constexpr, X_EVICT: tl.constexpr = "", STREAM_EVICT: tl.constexpr = ""):
+                     READ_SMID: tl.constexpr, X_EVICT: tl.constexpr, STREAM_EVICT: tl.constexpr):
     """Persistent programs over SM queues (module docstring). Queue q of feature tile ft holds
     tasks [q * share, (q + 1) * share); queue_ptr[ft * num_queues + q] counts the tasks taken
     from it (zeroed before the launch). A program leaves once every queue of its tile is empty,

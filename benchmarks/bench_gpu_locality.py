@@ -38,7 +38,8 @@ VARIANTS = ("auto", "global", "windowed", "csr", "coo", "cusparse")
 # "reuse" (reuse of source rows inside an SM, every variant bitwise the auto plan's result): qK = K
 # persistent programs per SM taking tasks from per-SM queues of the task list (task_kernels), hint =
 # x rows evict_last + indices/out evict_first, xlast / sfirst = either alone, big / big64 = 64-row
-# groups of 8 warps on 32- / 64-wide feature tiles, gbfN / rN as above.
+# groups of 8 warps on 32- / 64-wide feature tiles, regN = at most N registers per thread (more
+# programs per SM, more bytes in flight), gbfN / rN as above.
 SWEEPS = {
     "plans": {
         "2l": dict(one_pass=False), "2l before": dict(one_pass=False, block_e=16, group_warps=8),
@@ -56,6 +57,7 @@ SWEEPS = {
         "r8 hint": dict(one_pass=True, group_rows=8, x_evict="evict_last", stream_evict="evict_first"),
         "big": dict(one_pass=True, group_rows=64, group_warps=8, group_block_f=32),
         "big64": dict(one_pass=True, group_rows=64, group_warps=8),
+        "reg40": dict(one_pass=True, max_registers=40), "reg32": dict(one_pass=True, max_registers=32),
     },
 }
 

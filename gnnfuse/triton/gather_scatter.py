@@ -219,6 +219,8 @@ class _ForwardSetup:
             self.one_pass_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
                                       SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=group_block_f,
                                       X_EVICT=plan.x_evict, STREAM_EVICT=plan.stream_evict, num_warps=plan.group_warps)
+            if plan.max_registers:
+                self.one_pass_meta["maxnreg"] = plan.max_registers
             if plan.sm_queue:  # persistent programs over per-SM queues of the task list (task_kernels)
                 self.queues = queue_count(rowptr.device)
                 self.queue_share = cdiv(self.tasks.numel(), self.queues)

@@ -46,6 +46,7 @@ class Plan:
     sm_queue: int = 0  # one_pass: persistent programs per SM drawing tasks from per-SM queues (0: one per task)
     x_evict: str = ""  # one_pass: eviction hint of the gathered x rows ("", "evict_last", "evict_first")
     stream_evict: str = ""  # one_pass: eviction hint of the column indices and the output
+    max_registers: int = 0  # one_pass: registers per thread the compiler may use (0: its own choice)
 
     def describe(self) -> str:
         name = {

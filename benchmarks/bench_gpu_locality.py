@@ -39,7 +39,8 @@ VARIANTS = ("auto", "global", "windowed", "csr", "coo", "cusparse")
 # persistent programs per SM taking tasks from per-SM queues of the task list (task_kernels), hint =
 # x rows evict_last + indices/out evict_first, xlast / sfirst = either alone, big / big64 = 64-row
 # groups of 8 warps on 32- / 64-wide feature tiles, regN = at most N registers per thread (more
-# programs per SM, more bytes in flight), gbfN / rN as above.
+# programs per SM, more bytes in flight), gbfN / rN as above. "evict": the auto plan against itself
+# without the evict_last hint on the gathered x rows (the default before it).
 SWEEPS = {
     "plans": {
         "2l": dict(one_pass=False), "2l before": dict(one_pass=False, block_e=16, group_warps=8),
@@ -47,6 +48,7 @@ SWEEPS = {
         "gw2": dict(group_warps=2), "gw8": dict(group_warps=8), "r8": dict(group_rows=8), "r32": dict(group_rows=32),
         "sm32": dict(short_max=32), "sm128": dict(short_max=128), "seg512": dict(seg=512), "seg2048": dict(seg=2048),
     },
+    "evict": {"no hint": dict(x_evict="")},  # the default before x rows were gathered evict_last
     "reuse": {
         "q8": dict(one_pass=True, sm_queue=8), "q16": dict(one_pass=True, sm_queue=16),
         "q8 gbf32": dict(one_pass=True, sm_queue=8, group_block_f=32),
@@ -177,7 +179,7 @@ def main(argv=None) -> None:
         orders = _orders(gname, args.reorder, args.scale, device) if not stress else iter(
             [("generated", *suite_graph(gname, device=device, scale=args.scale), None)])
         for order, ei, n, reorder_s in orders:
-            if (args.sweep and order == "scrambled") or order not in args.orders.split(","):
+            if (args.sweep and order == "scrambled") or (not stress and order not in args.orders.split(",")):
                 continue
             t0 = time.perf_counter()
             csr = CSR.from_edge_index(ei, n)

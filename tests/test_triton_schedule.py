@@ -109,3 +109,13 @@ def test_plan_for_and_explain_report_the_schedule(monkeypatch):
     if CUDA:
         report = gnnfuse.explain(x, csr, "sum", backend="triton")
         assert "locality" in report.kernel and "windows of 128" in report.kernel
+
+
+def test_one_launch_plan_gathers_x_rows_evict_last():
+    """From 256-byte rows the default (one launch) hints its x gathers evict_last; narrower rows
+    take the two-launch plan, which has no hints."""
+    from gnnfuse.triton.gather_scatter_dispatch import choose
+
+    wide, narrow = choose("sum", 1000, 30000, 64, torch.float32), choose("sum", 1000, 30000, 32, torch.float32)
+    assert wide.one_pass and wide.x_evict == "evict_last" and "hints x=evict_last" in wide.describe()
+    assert not narrow.one_pass and "hints" not in narrow.describe()

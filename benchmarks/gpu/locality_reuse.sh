@@ -5,7 +5,9 @@
 # uniform-source stress graphs and the L2-resident-sources ceiling, interleaved with the auto plan
 # and cuSPARSE; then the CUDA schedule tests; then Nsight Compute counters of the auto plan and
 # NCU_PLANS at F=128. From the repo root on a CUDA machine:
-#   PYTHONPATH=. OUT=/some/dir [GRAPHS=a,b] [STRESS=c] [WIDTHS=64,128] [NCU_PLANS="q8,hint"] bash benchmarks/gpu/locality_reuse.sh
+#   PYTHONPATH=. OUT=/some/dir [SWEEP_SET=reuse|evict] [GRAPHS=a,b] [STRESS=c] [WIDTHS=64,128] [NCU_PLANS="q8,hint"] \
+#     [TESTS="pytest args"] bash benchmarks/gpu/locality_reuse.sh
+# (SWEEP_SET=evict: the default against itself without its evict_last hint, before/after in one call.)
 set -uo pipefail
 : "${OUT:?set OUT}"
 export PYTHONPATH="${PYTHONPATH:-.}" PYTHONUNBUFFERED=1
@@ -20,8 +22,8 @@ step() {  # step NAME TIMEOUT_S CMD...
 }
 step reuse "${SWEEP_TIMEOUT_S:-280}" "$PY" -m benchmarks.bench_gpu_locality \
   --graphs "${GRAPHS:-community-products,rmat-products,mesh-products}" --orders "${ORDERS:-reordered}" \
-  --stress "${STRESS:-products-like,hub-stress,arxiv-like}" --widths "${WIDTHS:-64,128,256}" --sweep reuse --l2-ceiling \
-  --variants auto,cusparse --rounds "${ROUNDS:-7}" --out "$W" --name gpu-locality-reuse
+  --stress "${STRESS:-products-like,hub-stress,arxiv-like}" --widths "${WIDTHS:-64,128,256}" --sweep "${SWEEP_SET:-reuse}" \
+  --l2-ceiling --variants auto,cusparse --rounds "${ROUNDS:-7}" --out "$W" --name "gpu-locality-${SWEEP_SET:-reuse}"
 if [ -n "${NCU_PLANS-hint,gbf32,big}" ]; then
   step ncu "${NCU_TIMEOUT_S:-100}" ncu --profile-from-start off --clock-control none \
     -k "regex:rowgroup|csr_fwd|one_pass|sm_queue" --section SpeedOfLight --section MemoryWorkloadAnalysis \
@@ -30,10 +32,11 @@ if [ -n "${NCU_PLANS-hint,gbf32,big}" ]; then
   grep -E "^== |L1/TEX Hit|L2 Hit|L2 Cache Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per" \
     "$W/ncu.log" | cut -c1-140 > "$W/ncu_summary.txt"
 fi
-step tests "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest -q -p no:cacheprovider tests/test_triton_schedule.py tests/test_triton_gather_scatter.py
+step tests "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest -q -p no:cacheprovider \
+  ${TESTS:-tests/test_triton_schedule.py tests/test_triton_gather_scatter.py}
 tail -n 2 "$W/tests.log" | tee -a "$W/summary.txt"
 cp "$W"/*.md "$W/summary.txt" "$OUT"/ 2>/dev/null
 tar czf "$OUT/results.tgz" -C "$W" .
 cat "$W/ncu_summary.txt" 2>/dev/null | head -60
-grep -E "^\| " "$W"/gpu-locality-reuse*.md | cut -d'|' -f2-7,11,12,19- | cut -c1-400
+grep -E "^\| " "$W"/gpu-locality-*.md | cut -d'|' -f2-7,11,12,19- | cut -c1-400
 exit 0

@@ -123,7 +123,11 @@ def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     long-row tiles: the long rows of an id window then run next to its short rows, and the
     source rows both read come from DRAM once (H100, benchmarks/results/gpu-locality-sweep_h100_2026-11-23.md:
     community-products reordered F=128/256 5.95/11.6 -> 5.34/10.5 ms, R-MAT F=256 13.0 -> 9.8 ms;
-    uniform-source graphs and L2-resident rows no slower; R-MAT F=64 6% slower; at F=32 2-10% slower)."""
+    uniform-source graphs and L2-resident rows no slower; R-MAT F=64 6% slower; at F=32 2-10% slower).
+    The one launch gathers x rows with an evict_last hint, so they outlive the streamed column
+    indices and outputs in L1/L2 (bitwise the same result; H100,
+    benchmarks/results/gpu-locality-reuse_h100_2026-11-23.md: 4-11% faster on the reordered realistic
+    graphs and L2-resident rows at F = 64-256; hinting the streams evict_first as well was slower)."""
     csr = csr_configs(F, avg_degree, itemsize)[0]
     group_f = min(csr["block_f"], max(16, 256 // itemsize))
     if F * itemsize <= 256:
@@ -133,7 +137,7 @@ def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     first = dict(long_rows, short_max=64, group_rows=16, group_warps=4 if F <= 32 else 8, group_block_f=group_f,
                  one_pass=False)
     if F * itemsize >= 256:
-        first = dict(first, one_pass=True, block_e=32, group_warps=4)
+        first = dict(first, one_pass=True, block_e=32, group_warps=4, x_evict="evict_last")
     out = [first, dict(first, one_pass=not first["one_pass"])]
     wide = _block_f(F, itemsize)
     for short_max in (32, 64):

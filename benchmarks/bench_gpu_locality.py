@@ -35,12 +35,11 @@ VARIANTS = ("auto", "global", "windowed", "csr", "coo", "cusparse")
 # kernel), "2l before" = the default before the one-launch plan (16-edge long-row tiles, 8 row-group
 # warps above F=32), gbfN = row-group feature tile, leN = the long rows' edge tile, gwN = row-group
 # warps, rN = rows per group, smN = short_max, segN = longest piece.
-# "reuse" (reuse of source rows inside an SM, every variant bitwise the auto plan's result): qK = K
-# persistent programs per SM taking tasks from per-SM queues of the task list (task_kernels), hint =
-# x rows evict_last + indices/out evict_first, xlast / sfirst = either alone, big / big64 = 64-row
-# groups of 8 warps on 32- / 64-wide feature tiles, regN = at most N registers per thread (more
-# programs per SM, more bytes in flight), gbfN / rN as above. "evict": the auto plan against itself
-# without the evict_last hint on the gathered x rows (the default before it).
+# "reuse" (more reuse of source rows inside an SM): gbf32 = 32-wide (128-byte) row-group tiles, rN as
+# above, big / big64 = 64-row groups of 8 warps on 32- / 64-wide tiles. (The per-SM task queues, the
+# evict_first hint on the index/output streams and the register caps of
+# benchmarks/results/gpu-locality-reuse_h100_2026-11-23.md were slower and are not in the library.)
+# "evict": the auto plan against itself without the evict_last hint on the gathered x rows.
 SWEEPS = {
     "plans": {
         "2l": dict(one_pass=False), "2l before": dict(one_pass=False, block_e=16, group_warps=8),
@@ -48,18 +47,12 @@ SWEEPS = {
         "gw2": dict(group_warps=2), "gw8": dict(group_warps=8), "r8": dict(group_rows=8), "r32": dict(group_rows=32),
         "sm32": dict(short_max=32), "sm128": dict(short_max=128), "seg512": dict(seg=512), "seg2048": dict(seg=2048),
     },
-    "evict": {"no hint": dict(x_evict="")},  # the default before x rows were gathered evict_last
+    "evict": {"no hint": dict(x_evict="")},
     "reuse": {
-        "q8": dict(one_pass=True, sm_queue=8), "q16": dict(one_pass=True, sm_queue=16),
-        "q8 gbf32": dict(one_pass=True, sm_queue=8, group_block_f=32),
         "gbf32": dict(one_pass=True, group_block_f=32), "r8": dict(one_pass=True, group_rows=8),
         "r32": dict(one_pass=True, group_rows=32),
-        "hint": dict(one_pass=True, x_evict="evict_last", stream_evict="evict_first"),
-        "xlast": dict(one_pass=True, x_evict="evict_last"), "sfirst": dict(one_pass=True, stream_evict="evict_first"),
-        "r8 hint": dict(one_pass=True, group_rows=8, x_evict="evict_last", stream_evict="evict_first"),
         "big": dict(one_pass=True, group_rows=64, group_warps=8, group_block_f=32),
         "big64": dict(one_pass=True, group_rows=64, group_warps=8),
-        "reg40": dict(one_pass=True, max_registers=40), "reg32": dict(one_pass=True, max_registers=32),
     },
 }
 
@@ -229,11 +222,11 @@ def summarise(rows) -> str:
     for (g, order, F), r in by.items():
         if order != "reordered":
             continue
-        s = by.get((g, "scrambled", F))
-        if s:
+        s, gen = by.get((g, "scrambled", F)), by.get((g, "generated", F))
+        if s and gen:  # (--orders may leave either out)
             lines.append(f"- {g} F={F}: reordered / scrambled speed-up ours {s['auto'] / r['auto']:.2f}x, "
                          f"cuSPARSE {s['cusparse'] / r['cusparse']:.2f}x; ours vs cuSPARSE "
-                         f"{r['x_vs_cusparse']:.2f}x (generated order: {by[(g, 'generated', F)]['x_vs_cusparse']:.2f}x)")
+                         f"{r['x_vs_cusparse']:.2f}x (generated order: {gen['x_vs_cusparse']:.2f}x)")
     vs = [r["x_vs_cusparse"] for r in rows if r.get("x_vs_cusparse")]
     if vs:
         lines.append(f"- ours vs cuSPARSE over all rows: geomean {geomean(vs):.2f}x, min {min(vs):.2f}x")

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Reuse of source rows inside an SM, in one device call (no C++ build: Triton and torch only): the
-# "reuse" plans of bench_gpu_locality (per-SM task queues, eviction hints, narrower feature tiles,
-# larger row groups; all bitwise the auto plan's result) on the reordered realistic graphs, the
-# uniform-source stress graphs and the L2-resident-sources ceiling, interleaved with the auto plan
-# and cuSPARSE; then the CUDA schedule tests; then Nsight Compute counters of the auto plan and
-# NCU_PLANS at F=128. From the repo root on a CUDA machine:
-#   PYTHONPATH=. OUT=/some/dir [SWEEP_SET=reuse|evict] [GRAPHS=a,b] [STRESS=c] [WIDTHS=64,128] [NCU_PLANS="q8,hint"] \
+# Reuse of source rows inside an SM, in one device call (no C++ build: Triton and torch only): a
+# SWEEP_SET of bench_gpu_locality ("reuse": narrower feature tiles, larger row groups; "evict": the
+# default without its evict_last hint) on the reordered realistic graphs, the uniform-source stress
+# graphs and the L2-resident-sources ceiling, interleaved with the auto plan and cuSPARSE; then
+# Nsight Compute counters of the auto plan and NCU_PLANS at F=128; then the CUDA schedule tests.
+# From the repo root on a CUDA machine:
+#   PYTHONPATH=. OUT=/some/dir [SWEEP_SET=reuse|evict] [GRAPHS=a,b] [STRESS=c] [WIDTHS=64,128] [NCU_PLANS="gbf32,big"] \
 #     [TESTS="pytest args"] bash benchmarks/gpu/locality_reuse.sh
 # (SWEEP_SET=evict: the default against itself without its evict_last hint, before/after in one call.)
 set -uo pipefail
@@ -24,11 +24,11 @@ step reuse "${SWEEP_TIMEOUT_S:-280}" "$PY" -m benchmarks.bench_gpu_locality \
   --graphs "${GRAPHS:-community-products,rmat-products,mesh-products}" --orders "${ORDERS:-reordered}" \
   --stress "${STRESS:-products-like,hub-stress,arxiv-like}" --widths "${WIDTHS:-64,128,256}" --sweep "${SWEEP_SET:-reuse}" \
   --l2-ceiling --variants auto,cusparse --rounds "${ROUNDS:-7}" --out "$W" --name "gpu-locality-${SWEEP_SET:-reuse}"
-if [ -n "${NCU_PLANS-hint,gbf32,big}" ]; then
+if [ -n "${NCU_PLANS-gbf32,big}" ]; then
   step ncu "${NCU_TIMEOUT_S:-100}" ncu --profile-from-start off --clock-control none \
     -k "regex:rowgroup|csr_fwd|one_pass|sm_queue" --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section Occupancy --section LaunchStats "$PY" -m benchmarks.gpu.profile_gather --width 128 \
-    --plans "${NCU_PLANS-hint,gbf32,big}"
+    --plans "${NCU_PLANS-gbf32,big}"
   grep -E "^== |L1/TEX Hit|L2 Hit|L2 Cache Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per" \
     "$W/ncu.log" | cut -c1-140 > "$W/ncu_summary.txt"
 fi

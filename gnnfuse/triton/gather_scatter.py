@@ -48,10 +48,10 @@ from .gather_scatter_fwd_kernels import (
     _coo_kernel,
     _combine_kernel,
     _csr_fwd_kernel,
+    _one_pass_kernel,
     _rowgroup_kernel,
 )
-from .schedule import choose_window, queue_count, short_rows, task_list
-from .task_kernels import _one_pass_kernel, _sm_queue_kernel
+from .schedule import choose_window, short_rows, task_list
 
 
 # work lists (cached per rowptr tensor object)
@@ -196,7 +196,6 @@ class _ForwardSetup:
             return
         hybrid = plan.kernel == "hybrid"
         self.tasks: torch.Tensor | None = None  # the one-launch plan's task list (set below when it applies)
-        self.queues = 0  # the one-launch plan's per-SM queues (0: one program per task)
         if rows is not None:  # every row in row groups (a fresh graph): no work list
             self.wl, self.short = NoPieces(), rows
         else:
@@ -218,14 +217,7 @@ class _ForwardSetup:
             self.one_pass_grid = (self.tasks.numel(), cdiv(F, group_block_f))
             self.one_pass_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
                                       SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=group_block_f,
-                                      X_EVICT=plan.x_evict, STREAM_EVICT=plan.stream_evict, num_warps=plan.group_warps)
-            if plan.max_registers:
-                self.one_pass_meta["maxnreg"] = plan.max_registers
-            if plan.sm_queue:  # persistent programs over per-SM queues of the task list (task_kernels)
-                self.queues = queue_count(rowptr.device)
-                self.queue_share = cdiv(self.tasks.numel(), self.queues)
-                self.one_pass_grid = (self.queues * plan.sm_queue, cdiv(F, group_block_f))
-                self.one_pass_meta["READ_SMID"] = rowptr.is_cuda
+                                      X_EVICT=plan.x_evict, num_warps=plan.group_warps)
         self.combine_grid = (self.wl.split_rows.numel() * nft,)
         self.combine_meta = dict(REDUCE=code, ACC64=acc64, TRACK=tracks, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f,
                                  num_warps=4)
@@ -293,12 +285,7 @@ def _forward(x, rowptr, col, weight, reduce, tracks: bool, kernel, plan) -> tupl
     wl = setup.wl
     part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device) if wl.num_partials else out
     parg = torch.empty(wl.num_partials, F, dtype=torch.long, device=x.device) if wl.num_partials and tracks else col
-    if setup.tasks is not None and setup.tasks.numel() and setup.queues:
-        taken = torch.zeros(setup.one_pass_grid[1] * setup.queues, dtype=torch.int32, device=x.device)
-        launch("sm_queue", _sm_queue_kernel, setup.one_pass_grid,
-               (x, short, short.numel(), setup.tasks, setup.tasks.numel(), setup.queue_share, taken, setup.queues,
-                rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, F), setup.one_pass_meta, fast)
-    elif setup.tasks is not None and setup.tasks.numel():
+    if setup.tasks is not None and setup.tasks.numel():
         launch("one_pass", _one_pass_kernel, setup.one_pass_grid,
                (x, short, short.numel(), setup.tasks, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr,
                 wl.slot, F), setup.one_pass_meta, fast)

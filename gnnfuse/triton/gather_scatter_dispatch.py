@@ -43,10 +43,7 @@ class Plan:
     group_block_f: int = 0  # hybrid: features per row-group tile (0: block_f)
     window: int = 0  # hybrid: short rows degree-sorted within windows of this many ids (0: globally)
     one_pass: bool = False  # hybrid: row groups and long-row pieces in one launch, window by window
-    sm_queue: int = 0  # one_pass: persistent programs per SM drawing tasks from per-SM queues (0: one per task)
-    x_evict: str = ""  # one_pass: eviction hint of the gathered x rows ("", "evict_last", "evict_first")
-    stream_evict: str = ""  # one_pass: eviction hint of the column indices and the output
-    max_registers: int = 0  # one_pass: registers per thread the compiler may use (0: its own choice)
+    x_evict: str = ""  # one_pass: cache eviction hint of the gathered x rows ("", "evict_last", "evict_first")
 
     def describe(self) -> str:
         name = {
@@ -59,10 +56,7 @@ class Plan:
                       + ") + CSR row-parallel for longer rows (atomic-free)"
                       + ("; both in one launch, each window's long-row pieces next to its row groups" if self.one_pass
                          else "")
-                      + (f", {self.sm_queue} persistent programs per SM taking tasks from per-SM queues"
-                         if self.one_pass and self.sm_queue else "")
-                      + (f", hints x={self.x_evict or '-'} indices/out={self.stream_evict or '-'}"
-                         if self.one_pass and (self.x_evict or self.stream_evict) else ""),
+                      + (f", x rows gathered {self.x_evict}" if self.one_pass and self.x_evict else ""),
             "atomic": "fully-atomic COO baseline (one atomic per edge and feature)",
         }[self.kernel]
         return (f"gnnfuse.triton.gather_scatter_fwd_kernels: {name}; BLOCK_E={self.block_e} BLOCK_F={self.block_f} "
@@ -126,8 +120,9 @@ def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     uniform-source graphs and L2-resident rows no slower; R-MAT F=64 6% slower; at F=32 2-10% slower).
     The one launch gathers x rows with an evict_last hint, so they outlive the streamed column
     indices and outputs in L1/L2 (bitwise the same result; H100,
-    benchmarks/results/gpu-locality-reuse_h100_2026-11-23.md: 4-11% faster on the reordered realistic
-    graphs and L2-resident rows at F = 64-256; hinting the streams evict_first as well was slower)."""
+    benchmarks/results/gpu-locality-evict_h100_2026-11-23.md: reordered community-products 4-6% and
+    R-MAT 8-11% faster at F = 128-256, mesh and uniform-source graphs within noise; hinting the
+    index and output streams evict_first as well was slower)."""
     csr = csr_configs(F, avg_degree, itemsize)[0]
     group_f = min(csr["block_f"], max(16, 256 // itemsize))
     if F * itemsize <= 256:

@@ -129,11 +129,11 @@ def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
                seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
                REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
                SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr,
-               X_EVICT: tl.constexpr, STREAM_EVICT: tl.constexpr):
+               X_EVICT: tl.constexpr):
     """One (piece, feature tile) of the CSR kernel. TRACK: max/min also record the winning CSR
-    position (only when a backward will need it). X_EVICT / STREAM_EVICT: cache eviction hints
-    ("", "evict_last", "evict_first") of the gathered x rows / the column indices and out (passed
-    explicitly: Triton 3.6 does not apply a device function's default constexpr arguments)."""
+    position (only when a backward will need it). X_EVICT: the cache eviction hint of the gathered
+    x rows ("", "evict_last", "evict_first"; passed explicitly: Triton 3.6 does not apply a device
+    function's default constexpr arguments)."""
     ACC = tl.float64 if ACC64 else tl.float32
     row, k, r0, r1, start, end, offs_f, fmask = _piece_at(s, ft, seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG,
                                                           BLOCK_F)
@@ -143,13 +143,12 @@ def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
     acc2 = _identity_tile(BLOCK_E, BLOCK_F, REDUCE, ACC)
     arg2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int32)  # winning position - start, per lane
     # the next tile's column indices load before this tile's gathers, which then wait on no index load
-    c_next = tl.load(col_ptr + start + lane, mask=start + lane < end, other=0, eviction_policy=STREAM_EVICT)
+    c_next = tl.load(col_ptr + start + lane, mask=start + lane < end, other=0)
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + lane
         emask = offs_e < end
         c = c_next.to(tl.int64)
-        c_next = tl.load(col_ptr + offs_e + BLOCK_E, mask=offs_e + BLOCK_E < end, other=0,
-                         eviction_policy=STREAM_EVICT)
+        c_next = tl.load(col_ptr + offs_e + BLOCK_E, mask=offs_e + BLOCK_E < end, other=0)
         m2 = emask[:, None] & fmask[None, :]
         if REDUCE == 4:
             v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=1.0,
@@ -199,8 +198,7 @@ def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
             res = tl.where(count > 0, acc, 0.0)
         if (REDUCE == 2 or REDUCE == 3) and TRACK:
             tl.store(arg_ptr + row * F + offs_f, arg.to(arg_ptr.dtype.element_ty), mask=fmask)
-        tl.store(out_ptr + row * F + offs_f, res.to(out_ptr.dtype.element_ty), mask=fmask,
-                 eviction_policy=STREAM_EVICT)
+        tl.store(out_ptr + row * F + offs_f, res.to(out_ptr.dtype.element_ty), mask=fmask)
     else:  # a piece of a split row: partial, folded by _combine_kernel
         tl.store(part_ptr + (slot + k) * F + offs_f, acc.to(part_ptr.dtype.element_ty), mask=fmask)
         if (REDUCE == 2 or REDUCE == 3) and TRACK:
@@ -217,7 +215,7 @@ def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_pt
     pid = tl.program_id(0).to(tl.int64)
     nft = tl.cdiv(F, BLOCK_F)
     _csr_piece(pid // nft, pid % nft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
-               seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F, "", "")
+               seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F, "")
 
 
 @fast_kernel
@@ -273,9 +271,9 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
 @triton.jit
 def _row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
                REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
-               ROWS: tl.constexpr, BLOCK_F: tl.constexpr, X_EVICT: tl.constexpr, STREAM_EVICT: tl.constexpr):
-    """Row group ``group`` (ROWS short rows) of the row-group kernel, feature tile ``ft``; the
-    eviction hints as in _csr_piece."""
+               ROWS: tl.constexpr, BLOCK_F: tl.constexpr, X_EVICT: tl.constexpr):
+    """Row group ``group`` (ROWS short rows) of the row-group kernel, feature tile ``ft``; X_EVICT
+    as in _csr_piece."""
     ACC = tl.float64 if ACC64 else tl.float32
     offs_r = group * ROWS + tl.arange(0, ROWS)
     rmask = offs_r < num_rows
@@ -287,14 +285,13 @@ def _row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, 
     acc = _identity_tile(ROWS, BLOCK_F, REDUCE, ACC)
     arg = tl.full([ROWS, BLOCK_F], -1, tl.int64)
     # the next step's column indices load before this step's gathers (as in _csr_piece)
-    c_next = tl.load(col_ptr + start, mask=rmask & (deg > 0), other=0, eviction_policy=STREAM_EVICT)
+    c_next = tl.load(col_ptr + start, mask=rmask & (deg > 0), other=0)
     for j in range(0, tl.max(deg, axis=0)):
         emask = rmask & (j < deg)
         m2 = emask[:, None] & fmask[None, :]
         c = c_next.to(tl.int64)
         c_next = tl.load(col_ptr + start + j + 1, mask=rmask & (j + 1 < deg), other=0)
-        v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0,
-                        eviction_policy=X_EVICT).to(ACC)
+        v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0, eviction_policy=X_EVICT).to(ACC)
         if HAS_W:
             v = v * tl.load(w_ptr + start + j, mask=emask, other=1.0).to(ACC)[:, None]
         if REDUCE <= 1:
@@ -312,8 +309,7 @@ def _row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, 
     if REDUCE >= 2:
         res = tl.where((deg > 0)[:, None], acc, 0.0)
     dst = rows[:, None] * F + offs_f[None, :]
-    tl.store(out_ptr + dst, res.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & fmask[None, :],
-             eviction_policy=STREAM_EVICT)
+    tl.store(out_ptr + dst, res.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & fmask[None, :])
     if (REDUCE == 2 or REDUCE == 3) and TRACK:
         tl.store(arg_ptr + dst, arg.to(arg_ptr.dtype.element_ty), mask=rmask[:, None] & fmask[None, :])
 
@@ -329,7 +325,30 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_p
     degree (rows_ptr), so a program's rows need about the same number of steps. Each row is
     reduced in edge order (as on CPU). TRACK: max/min also record the winning CSR position."""
     _row_group(tl.program_id(0).to(tl.int64), tl.program_id(1), x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr,
-               arg_ptr, num_rows, F, REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F, "", "")
+               arg_ptr, num_rows, F, REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F, "")
+
+
+@fast_kernel
+@triton.jit
+def _one_pass_kernel(x_ptr, rows_ptr, num_rows, task_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr,
+                     parg_ptr, seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
+                     REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
+                     ROWS: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr,
+                     X_EVICT: tl.constexpr):
+    """The hybrid plan in one launch: program (t, ft) runs task t of an id-ordered task list
+    (schedule.task_list), a row group (code g >= 0: _row_group) or a long-row piece (code
+    -1 - s: _csr_piece), so the long rows of a window run next to its short rows and the source
+    rows they share are read from DRAM once, not once per kernel. Each row is reduced by the same
+    code as in the two-launch plan: bitwise the same result. X_EVICT: see _csr_piece."""
+    code = tl.load(task_ptr + tl.program_id(0))
+    ft = tl.program_id(1)
+    if code >= 0:
+        _row_group(code, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
+                   REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F, X_EVICT)
+    else:
+        _csr_piece(-1 - code, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
+                   seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F,
+                   X_EVICT)
 
 
 @fast_kernel

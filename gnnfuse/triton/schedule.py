@@ -41,13 +41,6 @@ def l2_cache_bytes(device: torch.device) -> int:
     return DEFAULT_L2_BYTES
 
 
-def queue_count(device: torch.device) -> int:
-    """Task queues of the SM-queue kernel: one per SM of the device (4 off CUDA: the interpreter)."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return 4
-
-
 def locality(rowptr: torch.Tensor, col: torch.Tensor, num_src: int, window_edges: int):
     """gnnfuse.locality_stats of this CSR on windows of ``window_edges`` edges, cached on rowptr."""
     from ..locality import locality_stats

@@ -120,8 +120,8 @@ def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     uniform-source graphs and L2-resident rows no slower; R-MAT F=64 6% slower; at F=32 2-10% slower).
     The one launch gathers x rows with an evict_last hint, so they outlive the streamed column
     indices and outputs in L1/L2 (bitwise the same result; H100,
-    benchmarks/results/gpu-locality-evict_h100_2026-11-23.md: reordered community-products 4-6% and
-    R-MAT 8-11% faster at F = 128-256, mesh and uniform-source graphs within noise; hinting the
+    benchmarks/results/gpu-locality-evict_h100_2026-11-23.md: reordered community-products 4-5% and
+    R-MAT 8% faster at F = 128-256, mesh and uniform-source graphs within noise; hinting the
     index and output streams evict_first as well was slower)."""
     csr = csr_configs(F, avg_degree, itemsize)[0]
     group_f = min(csr["block_f"], max(16, 256 // itemsize))

@@ -20,17 +20,20 @@ import torch
 import triton
 
 from ..reductions import CODES, MAX, MEAN, MIN, MUL, STD, SUM, VAR
-from .gather_scatter import _mean_divisor, infer, plan_for, work_list
+from .._tensor_cache import cached
+from ..fresh_graph import is_fresh
+from ._launch import BoundLaunches
+from .gather_scatter import _forward_setup, _mean_divisor, autotune_enabled, infer
 from .gather_scatter_dispatch import Plan
 from .multi_aggregate_kernels import (
     NSTAT,
     _coefficients_kernel,
     _multi_combine_kernel,
     _multi_csr_kernel,
+    _multi_one_pass_kernel,
     _multi_rowgroup_kernel,
     _winners_grad_kernel,
 )
-from .schedule import short_rows
 
 
 def _meta(unique: list[int], num_arg: int, has_w: bool, acc64: bool) -> dict:
@@ -63,35 +66,83 @@ def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: to
     return out, arg
 
 
+class _MultiSetup:
+    """What a forward call needs besides its tensors, for one graph and one (F, dtype, reductions,
+    weighted, tracked) case: the "sum" pass's setup (plan, work list, short rows, task list; see
+    gather_scatter._ForwardSetup), this op's grids and constexprs and the bound launches. Cached on
+    the graph (see _multi_setup), so a repeated call does no planning in Python."""
+
+    def __init__(self, base, F: int, unique: list[int], num_arg: int, has_w: bool, acc64: bool):
+        plan = base.plan
+        self.plan, self.short, self.wl, self.tasks = plan, base.short, base.wl, base.tasks
+        self.launches = BoundLaunches()
+        meta = _meta(unique, num_arg, has_w, acc64)
+        group_block_f = plan.group_block_f or plan.block_f
+        nft = triton.cdiv(F, plan.block_f)
+        if self.short is not None and self.short.numel():
+            self.rowgroup_grid = (triton.cdiv(self.short.numel(), plan.group_rows), triton.cdiv(F, group_block_f))
+            self.rowgroup_meta = dict(meta, ROWS=plan.group_rows, BLOCK_F=group_block_f, num_warps=plan.group_warps)
+        if self.tasks is not None:  # one launch: the long rows' pieces take the row groups' tiles
+            self.one_pass_grid = (self.tasks.numel(), triton.cdiv(F, group_block_f))
+            self.one_pass_meta = dict(meta, ROWS=plan.group_rows, SEG=plan.seg, BLOCK_E=plan.block_e,
+                                      BLOCK_F=group_block_f, num_warps=plan.group_warps)
+        self.csr_grid = (self.wl.num_pieces * nft,)
+        self.csr_meta = dict(meta, SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+        combine = dict(meta)
+        del combine["HAS_W"]
+        split = getattr(self.wl, "split_rows", None)
+        self.num_split = 0 if split is None else split.numel()
+        self.combine_grid = (self.num_split * nft,)
+        self.combine_meta = dict(combine, BLOCK_F=plan.block_f, num_warps=4)
+
+
+def _multi_setup(x, rowptr, col, weight, unique, num_arg, plan) -> _MultiSetup:
+    """The setup of this call: cached on rowptr (keyed like the sum pass's, plus the reductions);
+    built afresh for an explicit ``plan`` and for a graph used once (gnnfuse.fresh_graph: every row
+    in row groups, no host synchronisation)."""
+    F, has_w, acc64 = x.shape[1], weight is not None, x.dtype == torch.float64
+
+    def build():
+        base = _forward_setup(x, rowptr, col, weight, "sum", False, "hybrid", plan)
+        return _MultiSetup(base, F, unique, num_arg, has_w, acc64)
+
+    if plan is not None or is_fresh(rowptr):
+        return build()
+    key = (F, x.dtype, tuple(unique), has_w, num_arg, col.numel(), torch.are_deterministic_algorithms_enabled(),
+           autotune_enabled() and x.is_cuda)
+    return cached("multi-forward", (rowptr,), key, build)
+
+
 def _launch(x, rowptr, col, weight, out, arg, unique, num_arg, plan):
-    num_rows, F = rowptr.shape[0] - 1, x.shape[1]
-    if plan is None:
-        plan = plan_for(x, rowptr, col, "sum", "hybrid")
-    meta = _meta(unique, num_arg, weight is not None, x.dtype == torch.float64)
+    F = x.shape[1]
+    num_rows = rowptr.shape[0] - 1
+    setup = _multi_setup(x, rowptr, col, weight, unique, num_arg, plan)
     w = weight if weight is not None else x  # dummy pointer when HAS_W is False
     arg_p = arg if num_arg else col
-    short = short_rows(rowptr, plan.short_max, plan.window)
-    if short.numel():
-        block_f = plan.group_block_f or plan.block_f
-        _multi_rowgroup_kernel[(triton.cdiv(short.numel(), plan.group_rows), triton.cdiv(F, block_f))](
-            x, short, rowptr, col, w, out, arg_p, short.numel(), num_rows, F, **meta, ROWS=plan.group_rows,
-            BLOCK_F=block_f, num_warps=plan.group_warps)
-    wl = work_list(rowptr, plan.seg, plan.short_max)
-    if wl.num_pieces == 0:
-        return
-    nft = triton.cdiv(F, plan.block_f)
+    launch = setup.launches
+    fast = x.is_cuda and launch.usable(x, col, w, out, arg_p)
+    short, wl = setup.short, setup.wl
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     part = torch.empty(wl.num_partials, NSTAT, F, dtype=acc, device=x.device) if wl.num_partials else out
     parg = torch.empty(wl.num_partials, 2, F, dtype=torch.long, device=x.device) if wl.num_partials and num_arg \
         else col
-    _multi_csr_kernel[(wl.num_pieces * nft,)](
-        x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, num_rows, F, **meta,
-        SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
-    if wl.split_rows.numel():
-        del meta["HAS_W"]
-        _multi_combine_kernel[(wl.split_rows.numel() * nft,)](
-            part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, num_rows, F, **meta,
-            BLOCK_F=plan.block_f, num_warps=4)
+    if setup.tasks is not None and setup.tasks.numel():
+        launch("one_pass", _multi_one_pass_kernel, setup.one_pass_grid,
+               (x, short, short.numel(), setup.tasks, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr,
+                wl.slot, num_rows, F), setup.one_pass_meta, fast)
+    elif short is not None and short.numel():
+        launch("rowgroup", _multi_rowgroup_kernel, setup.rowgroup_grid,
+               (x, short, rowptr, col, w, out, arg_p, short.numel(), num_rows, F), setup.rowgroup_meta, fast)
+    if wl.num_pieces == 0:
+        return
+    if setup.tasks is None:
+        launch("csr", _multi_csr_kernel, setup.csr_grid,
+               (x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, num_rows, F),
+               setup.csr_meta, fast)
+    if setup.num_split:
+        launch("combine", _multi_combine_kernel, setup.combine_grid,
+               (part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, num_rows, F), setup.combine_meta,
+               fast)
 
 
 def fast_backward_applies(x, weight, codes, need_w) -> bool:

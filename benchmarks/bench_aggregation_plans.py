@@ -1,6 +1,7 @@
 """Plan sweep of the Triton multi-aggregation forward (CUDA only), against a sum pass of the same plan.
 
-    python benchmarks/bench_aggregation_plans.py      # prints one line per (graph, plan override, tracking)
+    python benchmarks/bench_aggregation_plans.py          # prints one line per (graph, plan override, tracking)
+    python benchmarks/bench_aggregation_plans.py --quick  # the default plan only, no profiler table
 
 ["mean", "min", "max", "std"] at F=64 on the two synthetic graphs of bench_aggregation, each
 override of the gather-scatter's hybrid "sum" plan (which the kernels reuse) timed with
@@ -24,7 +25,12 @@ OVERRIDES = [{}, dict(group_rows=8), dict(group_rows=32), dict(group_warps=4), d
              dict(block_f=64, num_warps=4), dict(block_e=32, num_warps=8)]
 
 
-def main():
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the default plan only, no profiler table")
+    args = parser.parse_args(argv)
     dev = torch.device("cuda")
     codes = [CODES[a] for a in ["mean", "min", "max", "std"]]
     for name, (ei, n) in cuda_graphs(dev).items():
@@ -33,11 +39,13 @@ def main():
         base = GS.plan_for(x, csr.rowptr, csr.col, "sum", "hybrid")
         s = do_bench(lambda: GS.infer(x, csr.rowptr, csr.col, None, "sum"), return_mode="median")
         print(name, "sum", round(s, 4), base, flush=True)
-        for ov in OVERRIDES:
+        for ov in OVERRIDES[:1] if args.quick else OVERRIDES:
             p = replace(base, **ov)
             for track in (False, True):
                 t = do_bench(lambda: M.forward(x, csr.rowptr, csr.col, None, codes, track, p), return_mode="median")
                 print(name, ov, "track" if track else "", round(t, 4), round(t / s, 2), flush=True)
+    if args.quick:
+        return
     from torch.profiler import ProfilerActivity, profile
     for name, (ei, n) in cuda_graphs(dev).items():
         csr = gnnfuse.CSR.from_edge_index(ei, num_nodes=n)

@@ -66,14 +66,35 @@ def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: to
     return out, arg
 
 
+# Features per row at which the row-group tiles get 8 warps (float32 F > 32), as the sum plan's
+# two-launch default does. The statistics of four reductions (sum, sum of squares, max, min, plus
+# int32 winners when tracked) need 150-180 registers a thread in a [16, 64] tile at 4 warps (Triton
+# 3.9 for sm_90, cuobjdump): 2-3 programs per SM. At 8 warps and 16-edge long-row tiles, 76 (92
+# tracked). An H200 run with the sum plan's one-launch tiles (4 warps, 32-edge pieces) took 3.2x
+# (arxiv-like) and 2.4x (products-like) a sum pass, kernel only, against 1.8x and 1.4x measured
+# earlier with 8-warp row groups (benchmarks/results/aggregation-plans_*.md).
+WIDE_ROW_BYTES = 128
+
+
+def multi_tiles(plan: Plan, F: int, itemsize: int) -> Plan:
+    """The sum plan's schedule (rows, pieces, task list, windows) with tiles for the heavier
+    multi-aggregation kernels: 8 warps per row group and at most 16 edges per long-row tile from
+    WIDE_ROW_BYTES-byte rows (the one-launch kernel runs both with the row groups' warps)."""
+    if F * itemsize <= WIDE_ROW_BYTES:
+        return plan
+    return Plan(**{**plan.__dict__, "group_warps": 8, "block_e": min(plan.block_e, 16),
+                   "num_warps": max(plan.num_warps, 4)})
+
+
 class _MultiSetup:
     """What a forward call needs besides its tensors, for one graph and one (F, dtype, reductions,
     weighted, tracked) case: the "sum" pass's setup (plan, work list, short rows, task list; see
     gather_scatter._ForwardSetup), this op's grids and constexprs and the bound launches. Cached on
     the graph (see _multi_setup), so a repeated call does no planning in Python."""
 
-    def __init__(self, base, F: int, unique: list[int], num_arg: int, has_w: bool, acc64: bool):
-        plan = base.plan
+    def __init__(self, base, F: int, unique: list[int], num_arg: int, has_w: bool, acc64: bool, itemsize: int,
+                 retile: bool):
+        plan = multi_tiles(base.plan, F, itemsize) if retile else base.plan
         self.plan, self.short, self.wl, self.tasks = plan, base.short, base.wl, base.tasks
         self.launches = BoundLaunches()
         meta = _meta(unique, num_arg, has_w, acc64)
@@ -104,7 +125,7 @@ def _multi_setup(x, rowptr, col, weight, unique, num_arg, plan) -> _MultiSetup:
 
     def build():
         base = _forward_setup(x, rowptr, col, weight, "sum", False, "hybrid", plan)
-        return _MultiSetup(base, F, unique, num_arg, has_w, acc64)
+        return _MultiSetup(base, F, unique, num_arg, has_w, acc64, x.element_size(), plan is None)
 
     if plan is not None or is_fresh(rowptr):
         return build()

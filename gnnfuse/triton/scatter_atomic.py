@@ -7,9 +7,10 @@ reduces ``x [S, F]`` into ``out [T, F]`` by ``targets [S]`` with atomics, as tor
 
   * sum / mean: ``atomic_add`` of each element (mean also counts each target's rows, then divides);
   * max / min: each float becomes an integer that orders like the float (the sign bit flips the
-    other bits of a negative number), and ``atomic_max`` / ``atomic_min`` runs on those integers;
-    a NaN is given the extreme key, so it wins and sticks, as in the sorted kernels. A target no
-    row reaches keeps the identity key and decodes to 0.
+    other bits of a negative number), and ``atomic_max`` / ``atomic_min`` runs on those integers,
+    only for keys that beat a plain read of the target first; a NaN is given the extreme key, so
+    it wins and sticks, as in the sorted kernels. A target no row reaches keeps the identity key
+    and decodes to 0.
 
 Sums are added in whatever order the atomics land, so results may differ in the last bits from
 run to run; max/min are exact. ``gnnfuse.scatter`` takes this route only where that is allowed
@@ -48,8 +49,10 @@ def _ordered_key(v, REDUCE: tl.constexpr, IS64: tl.constexpr):
 
 @triton.jit
 def _scatter_kernel(x_ptr, t_ptr, out_ptr, cnt_ptr, S, F, REDUCE: tl.constexpr, IS64: tl.constexpr,
-                    BLOCK_S: tl.constexpr, BLOCK_F: tl.constexpr):
-    """Program (row block, feature tile): each element to its target with an atomic."""
+                    SKIP_LOSERS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Program (row block, feature tile): each element to its target with an atomic. SKIP_LOSERS
+    (max/min): first a plain read of the target; values only move one way under max (min), so a key
+    that does not beat what was read cannot win, and most keys of a long row send no atomic."""
     offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = offs_s < S
     offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -62,10 +65,15 @@ def _scatter_kernel(x_ptr, t_ptr, out_ptr, cnt_ptr, S, F, REDUCE: tl.constexpr, 
         if REDUCE == 1:
             if tl.program_id(1) == 0:
                 tl.atomic_add(cnt_ptr + t, tl.full([BLOCK_S], 1.0, v.dtype), mask=smask, sem="relaxed")
-    elif REDUCE == 2:
-        tl.atomic_max(dst, _ordered_key(v, REDUCE, IS64), mask=m2, sem="relaxed")
     else:
-        tl.atomic_min(dst, _ordered_key(v, REDUCE, IS64), mask=m2, sem="relaxed")
+        key = _ordered_key(v, REDUCE, IS64)
+        if SKIP_LOSERS:  # a key that cannot win against what is already there needs no atomic
+            cur = tl.load(dst, mask=m2, other=0)
+            m2 = m2 & ((key > cur) if REDUCE == 2 else (key < cur))
+        if REDUCE == 2:
+            tl.atomic_max(dst, key, mask=m2, sem="relaxed")
+        else:
+            tl.atomic_min(dst, key, mask=m2, sem="relaxed")
 
 
 @triton.jit
@@ -94,9 +102,11 @@ def applies(x: torch.Tensor) -> bool:
     return x.dtype in _KEY
 
 
-def scatter(x: torch.Tensor, targets: torch.Tensor, num_targets: int, reduce: str) -> torch.Tensor:
+def scatter(x: torch.Tensor, targets: torch.Tensor, num_targets: int, reduce: str, *, rows_per_program: int = 0,
+            skip_losers: bool = True) -> torch.Tensor:
     """``out [num_targets, F]``: ``reduce`` ("sum" | "mean" | "max" | "min") of the rows of the
-    contiguous ``x [S, F]`` by ``targets [S]`` (int64, in range: the caller checks), 0 where empty."""
+    contiguous ``x [S, F]`` by ``targets [S]`` (int64, in range: the caller checks), 0 where empty.
+    ``rows_per_program`` (0: 4096 elements a program) and ``skip_losers`` are for tile sweeps."""
     S, F = x.shape
     code = {"sum": SUM, "mean": MEAN, "max": MAX, "min": MIN}[reduce]
     is64 = x.dtype == torch.float64
@@ -108,9 +118,10 @@ def scatter(x: torch.Tensor, targets: torch.Tensor, num_targets: int, reduce: st
     cnt = torch.zeros(num_targets, dtype=x.dtype, device=x.device) if code == MEAN else out
     if S and F and num_targets:
         block_f = max(16, min(next_power_of_2(F), 128))
-        block_s = max(1, 4096 // block_f)
+        block_s = rows_per_program or max(1, 4096 // block_f)
         _scatter_kernel[(cdiv(S, block_s), cdiv(F, block_f))](x, targets, out, cnt, S, F, REDUCE=code, IS64=is64,
-                                                             BLOCK_S=block_s, BLOCK_F=block_f, num_warps=4)
+                                                             SKIP_LOSERS=skip_losers, BLOCK_S=block_s,
+                                                             BLOCK_F=block_f, num_warps=4)
     if code == MEAN:
         return out.div_(cnt.clamp_(min=1).unsqueeze(1))
     if code <= MEAN:

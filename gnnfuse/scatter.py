@@ -198,7 +198,10 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
             device_assert((lo >= 0) & (hi < N), "index contains values outside [0, dim_size)")
         from .triton import scatter_atomic  # lazy: Triton is only needed on GPU
 
-        return scatter_atomic.scatter(x.contiguous(), flat_targets(), T, reduce).reshape(out_shape), None
+        # (the common case, dim 0: the index itself, int32 or int64, with no copy)
+        one_row_each = rows_share_index and outer == 1 and index.numel() == E
+        targets = index.reshape(-1) if one_row_each else flat_targets()
+        return scatter_atomic.scatter(x.contiguous(), targets, T, reduce).reshape(out_shape), None
 
     # A repeated index (a GNN's edge index, layer after layer) is sorted once: the segments are
     # cached on the index tensor's memory like a graph's CSR (gnnfuse._tensor_cache: a write to the

@@ -95,7 +95,11 @@ class _MultiSetup:
     def __init__(self, base, F: int, unique: list[int], num_arg: int, has_w: bool, acc64: bool, itemsize: int,
                  retile: bool):
         plan = multi_tiles(base.plan, F, itemsize) if retile else base.plan
-        self.plan, self.short, self.wl, self.tasks = plan, base.short, base.wl, base.tasks
+        self.plan, self.short, self.wl = plan, base.short, base.wl
+        # the one-launch task list only where there are long rows to run next to the row groups: with
+        # none (products-like, every row <= short_max) the row-group kernel alone was as fast untracked
+        # and 1.2x faster tracking winners (H200, benchmarks/results/aggregation-plans_h200_2026-11-23.md)
+        self.tasks = base.tasks if self.wl.num_pieces else None
         self.launches = BoundLaunches()
         meta = _meta(unique, num_arg, has_w, acc64)
         group_block_f = plan.group_block_f or plan.block_f

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ._grid import cdiv, next_power_of_2
+from ._launch import fast_kernel
 
 SUM, MEAN, MAX, MIN = 0, 1, 2, 3  # the route's own codes (the reductions it serves)
 _KEY = {torch.float32: torch.int32, torch.float64: torch.int64}
@@ -47,6 +48,7 @@ def _ordered_key(v, REDUCE: tl.constexpr, IS64: tl.constexpr):
     return key
 
 
+@fast_kernel
 @triton.jit
 def _scatter_kernel(x_ptr, t_ptr, out_ptr, cnt_ptr, S, F, REDUCE: tl.constexpr, IS64: tl.constexpr,
                     SKIP_LOSERS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_F: tl.constexpr):
@@ -76,6 +78,7 @@ def _scatter_kernel(x_ptr, t_ptr, out_ptr, cnt_ptr, S, F, REDUCE: tl.constexpr, 
             tl.atomic_min(dst, key, mask=m2, sem="relaxed")
 
 
+@fast_kernel
 @triton.jit
 def _decode_kernel(key_ptr, out_ptr, n, REDUCE: tl.constexpr, IS64: tl.constexpr, BLOCK: tl.constexpr):
     """The float of each max/min key; 0 where the identity key says no row reached the target."""
@@ -105,7 +108,7 @@ def applies(x: torch.Tensor) -> bool:
 def scatter(x: torch.Tensor, targets: torch.Tensor, num_targets: int, reduce: str, *, rows_per_program: int = 0,
             skip_losers: bool = True) -> torch.Tensor:
     """``out [num_targets, F]``: ``reduce`` ("sum" | "mean" | "max" | "min") of the rows of the
-    contiguous ``x [S, F]`` by ``targets [S]`` (int64, in range: the caller checks), 0 where empty.
+    contiguous ``x [S, F]`` by ``targets [S]`` (int32/int64, in range: the caller checks), 0 where empty.
     ``rows_per_program`` (0: 4096 elements a program) and ``skip_losers`` are for tile sweeps."""
     S, F = x.shape
     code = {"sum": SUM, "mean": MEAN, "max": MAX, "min": MIN}[reduce]

@@ -150,7 +150,9 @@ def _first_use_atomic(src, index, reduce, backend) -> bool:
         return False
     if resolve_backend(backend, src.device) != "triton":
         return False
-    uses = cached("scatter-uses", (index,), (), lambda: [0])  # (never cached: built afresh, so 0)
+    # (an index the cache cannot hold -- an inference tensor, a subclass -- gets a new [0] each call,
+    # so it always takes the atomic route: it could never be served from a cached sort either)
+    uses = cached("scatter-uses", (index,), (), lambda: [0])
     uses[0] += 1
     return uses[0] == 1
 

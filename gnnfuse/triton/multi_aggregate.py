@@ -3,9 +3,12 @@
 The kernels (gnnfuse/triton/multi_aggregate_kernels.py) follow the gather-scatter forward's hybrid
 plan and reuse its per-graph pieces, cached on the rowptr tensor: the plan of a "sum" pass
 (tiles, short-row limit, row order), the degree-sorted short rows and the work list that cuts
-longer rows into pieces. Short rows go to the row-group kernel, the others to the CSR kernel,
-split (hub) rows through a second, ordered pass. Every statistic the list needs stays in
-registers, so the pass reads each source row once, as one sum pass does.
+longer rows into pieces, and the id-ordered task list that runs both in one launch. Short rows go
+to the row-group kernel, the others to the CSR kernel (both in one launch where the sum plan runs
+one and the graph has long rows), split (hub) rows through a second, ordered pass. Tiles are the
+multi kernels' own (:func:`multi_tiles`); the setup of a graph is cached (:class:`_MultiSetup`).
+Every statistic the list needs stays in registers, so the pass reads each source row once, as one
+sum pass does.
 
 Backward (:func:`backward_x`, the common case: x's gradient, no edge weights, float32/64, each
 reduction once, no "mul", non-deterministic algorithms allowed; the op module runs the general
@@ -66,13 +69,13 @@ def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: to
     return out, arg
 
 
-# Features per row at which the row-group tiles get 8 warps (float32 F > 32), as the sum plan's
-# two-launch default does. The statistics of four reductions (sum, sum of squares, max, min, plus
-# int32 winners when tracked) need 150-180 registers a thread in a [16, 64] tile at 4 warps (Triton
-# 3.9 for sm_90, cuobjdump): 2-3 programs per SM. At 8 warps and 16-edge long-row tiles, 76 (92
-# tracked). An H200 run with the sum plan's one-launch tiles (4 warps, 32-edge pieces) took 3.2x
-# (arxiv-like) and 2.4x (products-like) a sum pass, kernel only, against 1.8x and 1.4x measured
-# earlier with 8-warp row groups (benchmarks/results/aggregation-plans_*.md).
+# Row bytes from which the multi kernels take tiles of their own (float32 F > 32). Their statistics
+# (sum, sum of squares, max, min, plus int32 winners when tracked) need 150-230 registers a thread
+# in the sum plan's one-launch tiles ([16, 64] row groups and [32, 64] pieces at 4 warps; Triton 3.9
+# for sm_90, cuobjdump): 2-3 programs per SM. With 8 warps and 16-edge pieces, 76 (92 tracked). On an
+# H200 (benchmarks/results/aggregation-plans_h200_2026-11-23.md, kernel time / one sum pass, F=64):
+# 3.18x -> 2.84x (arxiv-like) and 2.50x -> 1.57x (products-like); tracking winners 6.51x -> 4.36x
+# and 5.55x -> 2.54x.
 WIDE_ROW_BYTES = 128
 
 

@@ -11,7 +11,8 @@ statistic a list of reductions needs kept in registers at once, so each source r
     their statistics into ``part[slot + k, NSTAT, F]`` (winners into ``parg[slot + k, 2, F]``)
     and ``_multi_combine_kernel`` folds them in CSR order.
   * ``_multi_one_pass_kernel``: both of the above in one launch over the sum plan's id-ordered task
-    list (schedule.task_list), where the sum plan runs one launch (``plan.one_pass``).
+    list (schedule.task_list), where the sum plan runs one launch (``plan.one_pass``) and the
+    graph has long rows.
 
 Statistics: sum, sum of squares, max and min (with the first winning CSR position when TRACK),
 product; each only when a requested reduction needs it (the NEED_* constexprs). Winners are

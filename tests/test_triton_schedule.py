@@ -1,7 +1,8 @@
 """The locality-aware row schedule of the Triton gather-scatter (gnnfuse/triton/schedule.py):
 the dispatch's statistic picks windows on id-local graphs and the global degree order otherwise,
 and the windowed schedule gives bitwise the same result as the global one (each row is reduced
-in CSR order by one program, whichever order the rows run in)."""
+in CSR order by one program, whichever order the rows run in); so does the one-launch plan's
+cache hint on the gathered rows."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ from gnnfuse.csr import CSR  # noqa: E402
 from gnnfuse.graphs import planted_communities  # noqa: E402
 from gnnfuse.triton import gather_scatter as tgs  # noqa: E402
 from gnnfuse.triton import schedule  # noqa: E402
+from gnnfuse.triton.gather_scatter_dispatch import choose  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -58,7 +60,6 @@ def test_windowed_schedule_is_bitwise_the_global_one(reduce):
             assert torch.equal(out, outs[0][0]) and torch.equal(arg, outs[0][1])
 
 
-
 @pytest.mark.parametrize("reduce", ["sum", "max"])
 def test_eviction_hint_is_bitwise_neutral(reduce):
     """The one-launch plan's cache hint on the x gathers changes where rows are kept, not what is
@@ -76,6 +77,7 @@ def test_eviction_hint_is_bitwise_neutral(reduce):
             assert f"x rows gathered {hint}" in plan.describe()
             out, arg = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=plan)
             assert torch.equal(out, base[0]) and torch.equal(arg, base[1])
+
 
 def test_dispatch_measures_locality(monkeypatch):
     """With an L2 far smaller than x, community order gets windows and scrambled ids do not."""
@@ -113,8 +115,6 @@ def test_plan_for_and_explain_report_the_schedule(monkeypatch):
 def test_one_launch_plan_gathers_x_rows_evict_last():
     """From 256-byte rows the default (one launch) hints its x gathers evict_last; narrower rows
     take the two-launch plan, which has no hints."""
-    from gnnfuse.triton.gather_scatter_dispatch import choose
-
     wide, narrow = choose("sum", 1000, 30000, 64, torch.float32), choose("sum", 1000, 30000, 32, torch.float32)
     assert wide.one_pass and wide.x_evict == "evict_last" and "x rows gathered evict_last" in wide.describe()
     assert not narrow.one_pass and "gathered" not in narrow.describe()

@@ -26,7 +26,7 @@ step reuse "${SWEEP_TIMEOUT_S:-280}" "$PY" -m benchmarks.bench_gpu_locality \
   --l2-ceiling --variants auto,cusparse --rounds "${ROUNDS:-7}" --out "$W" --name "gpu-locality-${SWEEP_SET:-reuse}"
 if [ -n "${NCU_PLANS-gbf32,big}" ]; then
   step ncu "${NCU_TIMEOUT_S:-100}" ncu --profile-from-start off --clock-control none \
-    -k "regex:rowgroup|csr_fwd|one_pass|sm_queue" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    -k "regex:rowgroup|csr_fwd|one_pass" --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section Occupancy --section LaunchStats "$PY" -m benchmarks.gpu.profile_gather --width 128 \
     --plans "${NCU_PLANS-gbf32,big}"
   grep -E "^== |L1/TEX Hit|L2 Hit|L2 Cache Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per" \

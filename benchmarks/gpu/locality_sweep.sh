@@ -13,7 +13,7 @@ timeout "${SWEEP_TIMEOUT_S:-300}" "$PY" -m benchmarks.bench_gpu_locality --graph
   --stress "${STRESS:-products-like}" --widths "${WIDTHS:-64,128,256}" --sweep --l2-ceiling --variants auto,cusparse \
   --rounds 7 --out "$OUT" --name gpu-locality-sweep > "$OUT/sweep.log" 2>&1
 echo "sweep rc=$?"
-timeout "${NCU_TIMEOUT_S:-150}" ncu --profile-from-start off --clock-control none -k "regex:rowgroup|csr_fwd|one_pass|sm_queue" \
+timeout "${NCU_TIMEOUT_S:-150}" ncu --profile-from-start off --clock-control none -k "regex:rowgroup|csr_fwd|one_pass" \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
   --section LaunchStats "$PY" -m benchmarks.gpu.profile_gather --width 128 --plans "${NCU_PLANS:-2l}" > "$OUT/ncu.txt" 2>&1
 echo "ncu rc=$?"

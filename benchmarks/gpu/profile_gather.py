@@ -3,7 +3,7 @@ the L2-resident-sources graph and community-products (generated order) at one wi
 and for each plan named on the command line (keys of bench_gpu_locality's SWEEPS sets). Warm-up runs outside the
 profiled range, so only one launch of each kernel per plan is profiled.
 
-    ncu --profile-from-start off --clock-control none -k regex:"rowgroup|csr_fwd|one_pass|sm_queue" \\
+    ncu --profile-from-start off --clock-control none -k regex:"rowgroup|csr_fwd|one_pass" \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
         python -m benchmarks.gpu.profile_gather --width 128 --plans "2l,2l before"
 """

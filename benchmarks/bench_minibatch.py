@@ -72,6 +72,18 @@ def pyg_sampler_or_reason(edge_index, num_nodes):
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
 
 
+def padded_step(ex, kind, model, optimizer):
+    """One whole training step on a padded batch, for gnnfuse.loader.CapturedStep."""
+    def step(xb, yb, edge_index, nodes, edges):
+        optimizer.zero_grad(set_to_none=True)
+        graphs, sizes = ex.graphs_of(kind, edge_index, nodes, edges)
+        loss = F.cross_entropy(model(xb, graphs, sizes), yb)  # padded seed slots: label -100, skipped
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return step
+
+
 def profile_steps(directory, fns, device):
     """torch.profiler tables of one call of each of ``fns`` (after a warm-up call): ops by device
     time, with the host-device synchronisations counted."""
@@ -171,7 +183,7 @@ def main(argv=None):
     batches = []
     for seeds in seed_sets:
         out = sampler.sample(seeds)
-        batches.append(dict(x=x[out.node], y=y[seeds], edge_index=torch.stack([out.row, out.col]),
+        batches.append(dict(x=x[out.node], y=y[seeds], edge_index=torch.stack([out.row, out.col]), node=out.node,
                             nodes=out.num_sampled_nodes, edges=out.num_sampled_edges,
                             sizes=layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)))
 
@@ -184,8 +196,15 @@ def main(argv=None):
     def prep_sorting():
         return [CSR.from_edge_index(b0["edge_index"][:, :e], (s, d)) for d, s, e in b0["sizes"]]
 
-    timing = bench_interleaved({"layer_csrs (sorted input, no sort)": prep_sorted,
-                                "CSR.from_edge_index per layer (sort)": prep_sorting}, device, rounds=args.rounds)
+    prep = {"layer_csrs (sorted input, no sort)": prep_sorted, "CSR.from_edge_index per layer (sort)": prep_sorting}
+    if device.type == "cuda":
+        from gnnfuse.loader import HopPadding
+
+        padding = HopPadding()
+        padding.grow(b0["nodes"], b0["edges"])
+        prep["HopPadding.pad (a captured step's per-batch input: padded edge_index and node ids)"] = \
+            lambda: padding.pad(b0["edge_index"], b0["node"], b0["nodes"], b0["edges"])
+    timing = bench_interleaved(prep, device, rounds=args.rounds)
     for name, t in timing.items():
         rows.append(dict(table="graph prep", variant=name, median_ms=t["median_ms"], iqr_ms=t["iqr_ms"]))
 
@@ -196,11 +215,27 @@ def main(argv=None):
     models["pyg"].load_state_dict(models["gnnfuse"].state_dict())
     # fused Adam on CUDA (one launch per step instead of a few per parameter group), for both variants
     optims = {k: torch.optim.Adam(m.parameters(), lr=0.003, fused=device.type == "cuda") for k, m in models.items()}
-    counter = {"gnnfuse": 0, "pyg": 0}
+    counter = {"gnnfuse": 0, "pyg": 0, "gnnfuse captured": 0, "pyg captured": 0}
+    captured = {}
+    if device.type == "cuda":  # the same models' copies, each step captured as a CUDA graph on padded batches
+        from gnnfuse.loader import CapturedStep
+
+        for kind in ("gnnfuse", "pyg"):
+            model = ex.SAGE(kind, dims, 0.5).to(device)
+            model.load_state_dict(models["gnnfuse"].state_dict())
+            models[f"{kind} captured"] = model
+            optims[f"{kind} captured"] = torch.optim.Adam(model.parameters(), lr=0.003, fused=True, capturable=True)
+            captured[kind] = CapturedStep(padded_step(ex, kind, model, optims[f"{kind} captured"]), x, warmup=3)
+            for b in batches:  # capacities that fit every pre-sampled batch: no new capture while timing
+                if not captured[kind].padding.fits(b["nodes"], b["edges"]):
+                    captured[kind].padding.grow(b["nodes"], b["edges"])
 
     def step(kind):
         b = batches[counter[kind] % len(batches)]
         counter[kind] += 1
+        if kind.endswith("captured"):  # pad into the static inputs, replay
+            captured[kind.split()[0]](b["node"], b["edge_index"], b["nodes"], b["edges"], b["y"])
+            return
         if kind == "gnnfuse":
             graphs = layer_csrs(edge_index=b["edge_index"], num_sampled_nodes=b["nodes"], num_sampled_edges=b["edges"])
         else:
@@ -227,7 +262,9 @@ def main(argv=None):
             fresh_graph.FRESH_ROW_ORDER = order
 
     variants = {"gnnfuse, fresh-graph route": "gnnfuse", "gnnfuse, fresh-graph route, degree order": "gnnfuse",
-                "gnnfuse, planned route": "gnnfuse", "stock PyG SAGEConv": "pyg"}
+                "gnnfuse, planned route": "gnnfuse", "gnnfuse, captured step (CUDA graph, padded batches)":
+                "gnnfuse captured", "stock PyG SAGEConv": "pyg",
+                "stock PyG SAGEConv, captured step (CUDA graph, padded batches)": "pyg captured"}
     if device.type != "cuda":
         variants = {"gnnfuse": "gnnfuse", "stock PyG SAGEConv": "pyg"}
 
@@ -236,8 +273,8 @@ def main(argv=None):
             for _ in range(steps):
                 step(variants[name])
 
-    for name in variants:  # warm-up: Triton compiles, C++ loads
-        run(name, 3)
+    for name in variants:  # warm-up: Triton compiles, C++ loads, captured steps capture
+        run(name, 5)
     for table, steps, rounds in (("train step", 1, args.rounds * len(batches)),
                                  ("train step, back to back", len(batches), args.rounds)):
         timing = bench_interleaved({name: (lambda name=name: run(name, steps)) for name in variants}, device,
@@ -245,8 +282,11 @@ def main(argv=None):
         stock = timing["stock PyG SAGEConv"]["median_ms"] / steps
         for name, t in timing.items():
             ms = t["median_ms"] / steps
-            rows.append(dict(table=table, variant=name, median_ms=ms, iqr_ms=t["iqr_ms"] / steps,
-                             note=f"speed-up {stock / ms:.2f}x" if name.startswith("gnnfuse") else ""))
+            note = f"speed-up {stock / ms:.2f}x" if name.startswith("gnnfuse") else ""
+            kind = variants[name]
+            if kind.endswith("captured"):
+                note += f" ({captured[kind.split()[0]].captures} captures)"
+            rows.append(dict(table=table, variant=name, median_ms=ms, iqr_ms=t["iqr_ms"] / steps, note=note))
 
     if args.profile:
         profile_steps(args.profile, {name: (lambda name=name: run(name)) for name in variants}, device)

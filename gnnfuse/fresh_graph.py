@@ -74,16 +74,25 @@ FRESH_ROW_ORDER = "id"
 _IDS: dict[tuple, torch.Tensor] = {}  # (device, dtype) -> 0, 1, 2, ... grown on demand (slices cost no launch)
 
 
+def ids(n: int, device, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.arange(n)`` as a slice of a cached, grown-on-demand arange: no launch once it is large
+    enough. Read-only (it is shared). Not grown while a CUDA graph is being captured (that memory
+    would belong to the graph): then a plain arange, which the graph replays."""
+    key = (torch.device(device), dtype)
+    cached_ids = _IDS.get(key)
+    if cached_ids is None or cached_ids.numel() < n:
+        if key[0].type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.arange(n, device=device, dtype=dtype)
+        size = max(n, 2 * (0 if cached_ids is None else cached_ids.numel()))
+        cached_ids = _IDS[key] = torch.arange(size, device=device, dtype=dtype)
+    return cached_ids[:n]
+
+
 def fresh_rows(rowptr: torch.Tensor, order: str | None = None) -> torch.Tensor:
     """Every row of the graph in the fresh route's order, by device-side ops only."""
     n = rowptr.numel() - 1
     if (order or FRESH_ROW_ORDER) == "id":
-        key = (rowptr.device, rowptr.dtype)
-        ids = _IDS.get(key)
-        if ids is None or ids.numel() < n:
-            size = max(n, 2 * (0 if ids is None else ids.numel()))
-            ids = _IDS[key] = torch.arange(size, device=rowptr.device, dtype=rowptr.dtype)
-        return ids[:n]
+        return ids(n, rowptr.device, rowptr.dtype)
     deg = rowptr[1:] - rowptr[:-1]
     return torch.sort(deg, descending=True).indices
 

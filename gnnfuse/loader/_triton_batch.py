@@ -1,0 +1,86 @@
+"""A sampled batch's per-layer CSRs on the GPU in three launches (graph preparation of a step).
+
+Built from torch ops, a batch's CSR and its layers' prefixes took about 30 launches, nearly all
+device-side checks (targets sorted, ids in range, each layer's rows holding exactly its first edges
+from sources below its bound) at a few microseconds of host time each, and the step is bound by
+host time. Here one kernel does every check over the edges and writes ``col`` in the index dtype;
+``rowptr`` is one binary search (torch.searchsorted), ``perm`` (the identity) and the search bounds
+are slices of a cached ``arange`` (gnnfuse.fresh_graph.ids), and one device-side assertion reads the
+kernel's flag. No host sync, so the whole thing can run inside a captured CUDA graph.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from .._validate import device_assert
+from ..csr import CSR
+from ..fresh_graph import ids, mark_fresh
+from ..triton._grid import cdiv
+
+BLOCK = 1024
+PREFIXES_PER_LAUNCH = 4
+_MESSAGE = ("layer_csrs: edge_index is not a target-sorted sampled batch with these sizes (targets not "
+            "sorted, an id outside the batch, or a layer whose rows do not hold exactly its first edges "
+            "from sources below its bound); the CPU path names which")
+_SCALARS = [f"{name}{k}" for k in range(PREFIXES_PER_LAUNCH) for name in ("nd", "ns", "ne")]
+
+
+@triton.jit(do_not_specialize=["E", "num_src", "num_dst"] + _SCALARS)  # sizes change every batch: no recompiles
+def _check_batch_kernel(src_ptr, dst_ptr, col_ptr, ok_ptr, E, num_src, num_dst,
+                        nd0, ns0, ne0, nd1, ns1, ne1, nd2, ns2, ne2, nd3, ns3, ne3,
+                        NUM_PREFIXES: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    valid = offs < E
+    s = tl.load(src_ptr + offs, mask=valid, other=0).to(tl.int64)
+    d = tl.load(dst_ptr + offs, mask=valid, other=0).to(tl.int64)
+    following = tl.load(dst_ptr + offs + 1, mask=offs + 1 < E, other=num_dst).to(tl.int64)
+    bad = (s < 0) | (s >= num_src) | (d < 0) | (d >= num_dst) | (following < d)
+    # layer k: the edges before ne_k target rows below nd_k from sources below ns_k; later ones rows from nd_k on
+    if NUM_PREFIXES > 0:
+        bad |= tl.where(offs < ne0, (d >= nd0) | (s >= ns0), d < nd0)
+    if NUM_PREFIXES > 1:
+        bad |= tl.where(offs < ne1, (d >= nd1) | (s >= ns1), d < nd1)
+    if NUM_PREFIXES > 2:
+        bad |= tl.where(offs < ne2, (d >= nd2) | (s >= ns2), d < nd2)
+    if NUM_PREFIXES > 3:
+        bad |= tl.where(offs < ne3, (d >= nd3) | (s >= ns3), d < nd3)
+    tl.store(col_ptr + offs, s.to(col_ptr.dtype.element_ty), mask=valid)
+    if tl.sum((bad & valid).to(tl.int32)) > 0:
+        tl.store(ok_ptr, 0)
+
+
+def sampled_layer_csrs(edge_index: torch.Tensor, num_nodes: int, sizes: Sequence[tuple[int, int, int]],
+                       index_dtype: torch.dtype) -> list[CSR]:
+    """One fresh CSR per layer (``sizes``: (num_dst, num_src, num_edges) each, as
+    gnnfuse.loader.layer_sizes gives them) of a target-sorted sampled batch, checked on the device."""
+    src, dst = edge_index[0].contiguous(), edge_index[1].contiguous()
+    num_edges, device = src.shape[0], src.device
+    sizes = [tuple(int(v) for v in size) for size in sizes]
+    for num_dst, num_src, edges in sizes:
+        if not (0 <= num_dst <= num_nodes and 0 <= num_src <= num_nodes and 0 <= edges <= num_edges):
+            raise ValueError(f"layer_csrs: a layer of {num_dst} targets, {num_src} sources and {edges} edges "
+                             f"does not fit a batch of {num_nodes} nodes and {num_edges} edges")
+    rows = max((num_dst for num_dst, _, _ in sizes), default=0)  # the rows any layer reads
+    col = torch.empty(num_edges, dtype=index_dtype, device=device)
+    if num_edges:
+        ok = torch.ones(1, dtype=torch.int32, device=device)
+        for first in range(0, max(len(sizes), 1), PREFIXES_PER_LAUNCH):
+            chunk = sizes[first:first + PREFIXES_PER_LAUNCH]
+            scalars = [v for size in chunk for v in size] + [0] * (3 * (PREFIXES_PER_LAUNCH - len(chunk)))
+            _check_batch_kernel[(cdiv(num_edges, BLOCK),)](
+                src, dst, col, ok, num_edges, num_nodes, num_nodes, *scalars,
+                NUM_PREFIXES=len(chunk), BLOCK=BLOCK, num_warps=4)
+        device_assert(ok, _MESSAGE)
+    bounds = ids(rows + 1, device, dst.dtype)
+    rowptr = torch.searchsorted(dst, bounds, out_int32=index_dtype == torch.int32)
+    perm = ids(num_edges, device, index_dtype)
+    layers = []
+    for num_dst, num_src, edges in sizes:
+        layer_rowptr = rowptr[: num_dst + 1]
+        layers.append(CSR._built(layer_rowptr, col[:edges], perm[:edges], num_src))
+        mark_fresh(layer_rowptr)  # used once: see gnnfuse.fresh_graph
+    return layers

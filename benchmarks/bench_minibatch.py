@@ -15,7 +15,9 @@ Measured, each table's variants interleaved in one process (median, IQR):
     C++ kernel on the host CPU (``--host-sampler``: builds the C++ sampler), its torch-ops path on
     CPU; PyG's own NeighborSampler is tried and reported unavailable when it needs pyg-lib /
     torch-sparse (not installable here);
-  * graph preparation of one batch: ``layer_csrs`` (O(E) from the target-sorted edges, no sort) vs
+  * graph preparation of one batch: ``layer_csrs`` (O(E) from the target-sorted edges, no sort; on
+    CUDA three launches), also with ``transposes=True`` (the backward's transposes built up front,
+    from one sort: what the training steps below use), vs
     ``CSR.from_edge_index`` per layer (a sort each, what an unsorted edge_index costs);
   * a training step on pre-sampled batches (graph prep + forward + backward + optimizer): gnnfuse
     layers on ``layer_csrs`` (the fresh-graph route of gnnfuse.fresh_graph, rows in id order or
@@ -196,7 +198,13 @@ def main(argv=None):
     def prep_sorting():
         return [CSR.from_edge_index(b0["edge_index"][:, :e], (s, d)) for d, s, e in b0["sizes"]]
 
-    prep = {"layer_csrs (sorted input, no sort)": prep_sorted, "CSR.from_edge_index per layer (sort)": prep_sorting}
+    def prep_with_transposes():
+        return layer_csrs(edge_index=b0["edge_index"], num_sampled_nodes=b0["nodes"], num_sampled_edges=b0["edges"],
+                          transposes=True)
+
+    prep = {"layer_csrs (sorted input, no sort)": prep_sorted,
+            "layer_csrs(transposes=True): + the backward's transposes of layers 2..L (one sort)": prep_with_transposes,
+            "CSR.from_edge_index per layer (sort)": prep_sorting}
     if device.type == "cuda":
         from gnnfuse.loader import HopPadding
 
@@ -237,7 +245,8 @@ def main(argv=None):
             captured[kind.split()[0]](b["node"], b["edge_index"], b["nodes"], b["edges"], b["y"])
             return
         if kind == "gnnfuse":
-            graphs = layer_csrs(edge_index=b["edge_index"], num_sampled_nodes=b["nodes"], num_sampled_edges=b["edges"])
+            graphs = layer_csrs(edge_index=b["edge_index"], num_sampled_nodes=b["nodes"], num_sampled_edges=b["edges"],
+                                transposes=True)
         else:
             graphs = [b["edge_index"][:, :e] for _, _, e in b["sizes"]]
         loss = F.cross_entropy(models[kind](b["x"], graphs, b["sizes"]), b["y"])
@@ -307,7 +316,7 @@ def main(argv=None):
         xb, yb = x[out.node], y[seeds]
         lap()
         graphs = layer_csrs(edge_index=torch.stack([out.row, out.col]), num_sampled_nodes=out.num_sampled_nodes,
-                            num_sampled_edges=out.num_sampled_edges)
+                            num_sampled_edges=out.num_sampled_edges, transposes=True)
         lap()
         loss = F.cross_entropy(model(xb, graphs, layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)), yb)
         lap()

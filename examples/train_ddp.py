@@ -129,8 +129,8 @@ def graphs_of(backend: str, edge_index, num_sampled_nodes, num_sampled_edges) ->
 
     sizes = layer_sizes(num_sampled_nodes, num_sampled_edges)
     if backend == "gnnfuse":
-        return layer_csrs(edge_index=edge_index, num_sampled_nodes=num_sampled_nodes,
-                          num_sampled_edges=num_sampled_edges), sizes
+        return layer_csrs(edge_index=edge_index, num_sampled_nodes=num_sampled_nodes,  # transposes: with gradients
+                          num_sampled_edges=num_sampled_edges, transposes=True), sizes
     return [edge_index[:, :num_edges] for _, _, num_edges in sizes], sizes
 
 

@@ -564,3 +564,24 @@ def test_sampled_layer_csrs_kernel_matches_the_cpu_build_and_checks_everything()
             sampled_layer_csrs(edges, n, layers, torch.int64)
     with pytest.raises(RuntimeError, match="not a target-sorted sampled batch"):  # a source beyond its layer's bound
         sampled_layer_csrs(ei, n, [*sizes[:-1], (d1, s1 - 1, e1)], torch.int64)
+
+
+def test_nested_transposes_match_each_layers_own():
+    """The transposes of a batch's layers from one sort (the GPU build, here under the interpreter)
+    are each layer's own transpose, bit for bit; layer_csrs(transposes=True) builds them up front."""
+    from gnnfuse.loader._triton_batch import sampled_layer_csrs
+
+    data = graph(n=200, e=2000)
+    out = NeighborSampler(data, [4, 3, 2], seed=1).sample(torch.arange(12))
+    ei = torch.stack([out.row, out.col])
+    sizes = layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)
+    want = layer_csrs(edge_index=ei, num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
+    for dtype in (torch.int32, torch.int64):
+        got = sampled_layer_csrs(ei, sum(out.num_sampled_nodes), sizes, dtype, transposes=[0, 1, 2])
+        for a, b in zip(got, want):
+            assert "transpose" in a._derived
+            for t, u in zip(a.transpose_parts(), b.transpose_parts()):
+                assert t.dtype == dtype and torch.equal(t, u.to(dtype))
+    eager = layer_csrs(edge_index=ei, num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges,
+                       transposes=True)
+    assert ["transpose" in c._derived for c in eager] == [False, True, True]

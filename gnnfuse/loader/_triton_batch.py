@@ -7,6 +7,9 @@ host time. Here one kernel does every check over the edges and writes ``col`` in
 ``rowptr`` is one binary search (torch.searchsorted), ``perm`` (the identity) and the search bounds
 are slices of a cached ``arange`` (gnnfuse.fresh_graph.ids), and one device-side assertion reads the
 kernel's flag. No host sync, so the whole thing can run inside a captured CUDA graph.
+
+:func:`nested_transposes` builds the transposes the backward needs for several layers of a batch at
+once: one stable sort for all of them instead of one each (see its docstring).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import triton.language as tl
 
 from .._validate import device_assert
 from ..csr import CSR
-from ..fresh_graph import ids, mark_fresh
+from ..fresh_graph import ids, is_fresh, mark_fresh
 from ..triton._grid import cdiv
 
 BLOCK = 1024
@@ -54,9 +57,10 @@ def _check_batch_kernel(src_ptr, dst_ptr, col_ptr, ok_ptr, E, num_src, num_dst,
 
 
 def sampled_layer_csrs(edge_index: torch.Tensor, num_nodes: int, sizes: Sequence[tuple[int, int, int]],
-                       index_dtype: torch.dtype) -> list[CSR]:
+                       index_dtype: torch.dtype, transposes: Sequence[int] = ()) -> list[CSR]:
     """One fresh CSR per layer (``sizes``: (num_dst, num_src, num_edges) each, as
-    gnnfuse.loader.layer_sizes gives them) of a target-sorted sampled batch, checked on the device."""
+    gnnfuse.loader.layer_sizes gives them) of a target-sorted sampled batch, checked on the device;
+    the layers listed in ``transposes`` get their transposes now (:func:`nested_transposes`)."""
     src, dst = edge_index[0].contiguous(), edge_index[1].contiguous()
     num_edges, device = src.shape[0], src.device
     sizes = [tuple(int(v) for v in size) for size in sizes]
@@ -83,4 +87,49 @@ def sampled_layer_csrs(edge_index: torch.Tensor, num_nodes: int, sizes: Sequence
         layer_rowptr = rowptr[: num_dst + 1]
         layers.append(CSR._built(layer_rowptr, col[:edges], perm[:edges], num_src))
         mark_fresh(layer_rowptr)  # used once: see gnnfuse.fresh_graph
+    if transposes:
+        nested_transposes([layers[k] for k in transposes])
     return layers
+
+
+def nested_transposes(layers: Sequence[CSR]) -> None:
+    """Builds the transposes of ``layers`` (CSRs of one batch, each a prefix of the largest: the
+    same ``col`` storage, as :func:`sampled_layer_csrs` gives them) with one stable sort, and caches
+    each on its CSR as :meth:`CSR.transpose_parts` would build it (same tensors, bit for bit).
+
+    Layer k's sources ``col[:e_k]`` are shifted by ``off_k`` (the sources of the layers before it),
+    so that the layers' keys occupy disjoint ranges, and sorted together: the sorted keys of layer
+    k then fill positions [base_k, base_k + e_k) (base_k: the edges of the layers before it), with
+    its edges in source order and, the sort being stable, in CSR order within a source. Row
+    pointers are one binary search over the concatenated keys, targets one over the largest
+    layer's rowptr (layers' rowptrs are prefixes of it)."""
+    layers = [csr for csr in layers if "transpose" not in csr._derived]
+    if not layers:
+        return
+    largest = max(layers, key=lambda csr: csr.num_edges)
+    device, dtype = largest.col.device, largest.col.dtype
+    total_edges = sum(csr.num_edges for csr in layers)
+    total_src = sum(csr.num_src for csr in layers)
+    key_dtype = torch.int32 if total_src < 2**31 - 1 else torch.int64
+    keys = torch.empty(total_edges, dtype=key_dtype, device=device)
+    base = off = 0
+    segments = []
+    for csr in layers:
+        torch.add(csr.col, off, out=keys[base: base + csr.num_edges])
+        segments.append((csr, base, off))
+        base, off = base + csr.num_edges, off + csr.num_src
+    sorted_keys, order = torch.sort(keys, stable=True)
+    t_rowptr_all = torch.searchsorted(sorted_keys, ids(total_src + 1, device, key_dtype),
+                                      out_int32=dtype == torch.int32)
+    t_pos_all = torch.empty(total_edges, dtype=dtype, device=device)
+    for csr, base, _ in segments:
+        torch.sub(order[base: base + csr.num_edges], base, out=t_pos_all[base: base + csr.num_edges])
+    t_col_all = torch.searchsorted(largest.rowptr, t_pos_all, right=True, out_int32=dtype == torch.int32).sub_(1)
+    for csr, base, off in segments:
+        t_rowptr = t_rowptr_all[off: off + csr.num_src + 1]
+        if base:
+            t_rowptr = t_rowptr - base
+        parts = (t_rowptr, t_col_all[base: base + csr.num_edges], t_pos_all[base: base + csr.num_edges])
+        if is_fresh(csr.rowptr):
+            mark_fresh(t_rowptr)
+        csr._derived["transpose"] = parts

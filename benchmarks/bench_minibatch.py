@@ -20,9 +20,9 @@ Measured, each table's variants interleaved in one process (median, IQR):
     from one sort: what the training steps below use), vs
     ``CSR.from_edge_index`` per layer (a sort each, what an unsorted edge_index costs);
   * a training step on pre-sampled batches (graph prep + forward + backward + optimizer): gnnfuse
-    layers on ``layer_csrs`` (the fresh-graph route of gnnfuse.fresh_graph, rows in id order or
-    degree-sorted; and the planned route, ``GNNFUSE_TRITON_KERNEL=hybrid``, which builds a work list,
-    locality statistic and short-row order per graph) vs stock PyG SAGEConv on the plain edge_index
+    layers on ``layer_csrs`` (the fresh-graph route of gnnfuse.fresh_graph, rows in id order; with
+    ``--all-routes`` also degree-sorted, and the planned route, ``GNNFUSE_TRITON_KERNEL=hybrid``, which
+    builds a work list, locality statistic and short-row order per graph) vs stock PyG SAGEConv on the plain edge_index
     prefixes (which need no prep), each step synchronised; then the same steps back to back (one
     synchronisation per round of ``--batches`` steps, so the host runs ahead of the device);
   * the fused step's split, with the device synchronised between phases;
@@ -122,6 +122,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--host-sampler", action="store_true", help="on CUDA: also time the C++ sampler on the host")
     ap.add_argument("--profile", default=None, help="directory for torch.profiler tables of one step each")
+    ap.add_argument("--all-routes", action="store_true",
+                    help="CUDA: also time the fresh route with degree-sorted rows and the planned route")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.02)
@@ -274,6 +276,8 @@ def main(argv=None):
                 "gnnfuse, planned route": "gnnfuse", "gnnfuse, captured step (CUDA graph, padded batches)":
                 "gnnfuse captured", "stock PyG SAGEConv": "pyg",
                 "stock PyG SAGEConv, captured step (CUDA graph, padded batches)": "pyg captured"}
+    if not args.all_routes:  # (both measured in minibatch_h200_2026-11-23b: slower than the default route)
+        variants = {k: v for k, v in variants.items() if not k.endswith(("degree order", "planned route"))}
     if device.type != "cuda":
         variants = {"gnnfuse": "gnnfuse", "stock PyG SAGEConv": "pyg"}
 

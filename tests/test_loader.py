@@ -540,21 +540,25 @@ def test_captured_step_replays_the_eager_step_on_cuda():
 
 
 def test_sampled_layer_csrs_kernel_matches_the_cpu_build_and_checks_everything():
-    """The GPU's three-launch build of a batch's layer CSRs (one Triton check kernel), here on CPU
-    tensors under the interpreter: the same CSRs as the CPU path, and every kind of bad batch caught."""
+    """The GPU's three-launch build of a batch's layer CSRs (one Triton check kernel; without a GPU on
+    CPU tensors under the interpreter): the same CSRs as the CPU path, and every kind of bad batch
+    caught (checked on CPU only: a failed device-side assertion ends the CUDA context)."""
     from gnnfuse.loader._triton_batch import sampled_layer_csrs
 
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     data = graph(n=200, e=2000)
     out = NeighborSampler(data, [4, 3, 2], seed=0).sample(torch.arange(10))
     ei = torch.stack([out.row, out.col])
     sizes = layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)
     n = sum(out.num_sampled_nodes)
     want = layer_csrs(edge_index=ei, num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
-    got = sampled_layer_csrs(ei, n, sizes, torch.int32)
+    got = sampled_layer_csrs(ei.to(dev), n, sizes, torch.int32)
     for a, b in zip(got, want):
         assert (a.num_src, a.num_dst, a.num_edges) == (b.num_src, b.num_dst, b.num_edges)
         for t, u in ((a.rowptr, b.rowptr), (a.col, b.col), (a.perm, b.perm)):
-            assert t.dtype == torch.int32 and torch.equal(t, u.to(torch.int32))
+            assert t.dtype == torch.int32 and torch.equal(t.cpu(), u.to(torch.int32))
+    if dev == "cuda":
+        return
     d1, s1, e1 = sizes[-1]
     bad = {"unsorted": ei.flip(1), "source out of range": ei + torch.tensor([[n], [0]]),
            "not a prefix": ei}
@@ -576,12 +580,13 @@ def test_nested_transposes_match_each_layers_own():
     ei = torch.stack([out.row, out.col])
     sizes = layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)
     want = layer_csrs(edge_index=ei, num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     for dtype in (torch.int32, torch.int64):
-        got = sampled_layer_csrs(ei, sum(out.num_sampled_nodes), sizes, dtype, transposes=[0, 1, 2])
+        got = sampled_layer_csrs(ei.to(dev), sum(out.num_sampled_nodes), sizes, dtype, transposes=[0, 1, 2])
         for a, b in zip(got, want):
             assert "transpose" in a._derived
             for t, u in zip(a.transpose_parts(), b.transpose_parts()):
-                assert t.dtype == dtype and torch.equal(t, u.to(dtype))
+                assert t.dtype == dtype and torch.equal(t.cpu(), u.to(dtype))
     eager = layer_csrs(edge_index=ei, num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges,
                        transposes=True)
     assert ["transpose" in c._derived for c in eager] == [False, True, True]

@@ -1,6 +1,7 @@
 """Mini-batch GraphSAGE on sampled neighbourhoods, data-parallel over GPUs (or CPU processes).
 
     torchrun --nproc-per-node 2 examples/train_ddp.py --scale 1.0 --out results/ddp     # 2 GPUs, NCCL
+    torchrun --nproc-per-node 2 examples/train_ddp.py --cuda-graph --prefetch           # the step replayed
     python examples/train_ddp.py --nproc 2 --device cpu --scale 0.002 --epochs 1          # 2 CPU processes, gloo
     python examples/train_ddp.py --dataset Facebook --nproc 1 --device cuda --epochs 5    # a real graph
     python examples/train_ddp.py --backend pyg ...                                        # stock PyG layers
@@ -34,6 +35,12 @@ phase with the device synchronised between phases (slower overall): sampling, fe
 graph prep (the per-layer CSRs), forward (with the loss), backward, all-reduce (a DDP
 communication hook runs each bucket's all-reduce synchronously; ``--overlap`` keeps DDP's overlap
 and reports backward + all-reduce together) and optimizer.
+``--cuda-graph`` (CUDA): each batch is padded to fixed per-hop sizes and the whole step -- graph
+prep, forward, loss, backward with DDP's all-reduce, optimizer -- is captured once as a CUDA graph
+and replayed (gnnfuse.loader.CapturedStep; the first 11 steps run eagerly, as DDP under capture
+asks, and a batch that outgrows the sizes grows them and is captured again). The host then issues
+one replay per step instead of some hundred launches, so sampling in a thread (``--prefetch``)
+can overlap it. Same batches and losses as without (up to GEMM rounding; dropout draws differ).
 Reported by rank 0 (JSON and markdown under ``--out``): seeds/s, epoch time, the split, test accuracy
 after the fixed number of epochs (test seeds sampled like training ones, shared out over ranks),
 peak GPU memory per rank. Rank 0 saves a checkpoint (``--checkpoint``).

@@ -80,7 +80,8 @@ class CapturedStep:
         if self.capture and self._eager_left <= 0:
             try:
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                # thread_local: a sampler thread (train_ddp --prefetch) may read sizes back meanwhile
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     loss = self.step(x, labels, ei, nodes, edges)
             except Exception as exc:  # noqa: BLE001  (whatever the step cannot do under capture: run it eagerly)
                 warnings.warn(f"gnnfuse CapturedStep: capturing the step failed ({type(exc).__name__}: {exc}); "

@@ -133,3 +133,75 @@ def nested_transposes(layers: Sequence[CSR]) -> None:
         if is_fresh(csr.rowptr):
             mark_fresh(t_rowptr)
         csr._derived["transpose"] = parts
+
+
+# ---- padding a batch to fixed per-hop sizes (gnnfuse.loader.HopPadding) in two launches -------------------
+_EDGE_COLS = 8  # per hop: padded block start, real edges, real block start, target base, target slots,
+#                 padded edges, source base, source slots
+_NODE_COLS = 3  # per hop (seeds first): padded block start, real nodes, real block start
+
+
+@triton.jit
+def _hop_of(pos, table_ptr, STRIDE: tl.constexpr, COL: tl.constexpr, HOPS: tl.constexpr):
+    """The block of each position: how many of blocks 1..HOPS-1 start at or before it."""
+    hop = tl.zeros_like(pos)
+    for j in tl.static_range(1, HOPS):
+        hop += (pos >= tl.load(table_ptr + j * STRIDE + COL)).to(hop.dtype)
+    return hop
+
+
+@triton.jit
+def _slot_of(v, node_ptr, NODE_HOPS: tl.constexpr):
+    """Padded slot of local node id ``v`` (its hop block moved to its padded start)."""
+    hop = _hop_of(v, node_ptr, 3, 2, NODE_HOPS)
+    return v + tl.load(node_ptr + hop * 3) - tl.load(node_ptr + hop * 3 + 2)
+
+
+@triton.jit
+def _pad_edges_kernel(src_ptr, dst_ptr, out_ptr, edge_ptr, node_ptr, E_pad,
+                      HOPS: tl.constexpr, BLOCK: tl.constexpr):
+    pos = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = pos < E_pad
+    row = edge_ptr + _hop_of(pos, edge_ptr, 8, 0, HOPS) * 8
+    k = pos - tl.load(row, mask=inside, other=0)
+    real_edges = tl.load(row + 1, mask=inside, other=0)
+    real = inside & (k < real_edges)
+    r = tl.load(row + 2, mask=inside, other=0) + k
+    s = _slot_of(tl.load(src_ptr + r, mask=real, other=0).to(tl.int64), node_ptr, HOPS + 1)
+    d = _slot_of(tl.load(dst_ptr + r, mask=real, other=0).to(tl.int64), node_ptr, HOPS + 1)
+    q = tl.maximum(k - real_edges, 0)  # index among the hop's padded edges
+    pad_d = tl.load(row + 3, mask=inside, other=0) + q * tl.load(row + 4, mask=inside, other=0) \
+        // tl.load(row + 5, mask=inside, other=1)
+    pad_s = tl.load(row + 6, mask=inside, other=0) + q % tl.load(row + 7, mask=inside, other=1)
+    tl.store(out_ptr + pos, tl.where(real, s, pad_s).to(out_ptr.dtype.element_ty), mask=inside)
+    tl.store(out_ptr + E_pad + pos, tl.where(real, d, pad_d).to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _pad_nodes_kernel(node_in_ptr, out_ptr, node_ptr, N_pad, NODE_HOPS: tl.constexpr, BLOCK: tl.constexpr):
+    pos = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = pos < N_pad
+    row = node_ptr + _hop_of(pos, node_ptr, 3, 0, NODE_HOPS) * 3
+    k = pos - tl.load(row, mask=inside, other=0)
+    real = inside & (k < tl.load(row + 1, mask=inside, other=0))
+    value = tl.load(node_in_ptr + tl.load(row + 2, mask=inside, other=0) + k, mask=real, other=0)
+    tl.store(out_ptr + pos, value, mask=inside)  # dummy slots: node 0
+
+
+def pad_batch(edge_index: torch.Tensor, node: torch.Tensor, edge_table: list[list[int]], node_table: list[list[int]],
+              out_edge_index: torch.Tensor, out_node: torch.Tensor) -> None:
+    """HopPadding.pad's work in two launches (the tables: see HopPadding._tables). The tables travel
+    to the device through pinned memory, asynchronously."""
+    hops = len(edge_table)
+    table = torch.tensor([v for row in edge_table for v in row] + [v for row in node_table for v in row],
+                         dtype=torch.long)
+    if out_node.is_cuda:
+        table = table.pin_memory().to(out_node.device, non_blocking=True)
+    edges, nodes = table[: hops * _EDGE_COLS], table[hops * _EDGE_COLS:]
+    if hops and out_edge_index.shape[1]:
+        _pad_edges_kernel[(cdiv(out_edge_index.shape[1], BLOCK),)](
+            edge_index[0], edge_index[1], out_edge_index, edges, nodes, out_edge_index.shape[1],
+            HOPS=hops, BLOCK=BLOCK, num_warps=4)
+    if out_node.numel():
+        _pad_nodes_kernel[(cdiv(out_node.numel(), BLOCK),)](node, out_node, nodes, out_node.numel(),
+                                                              NODE_HOPS=hops + 1, BLOCK=BLOCK, num_warps=4)

@@ -276,7 +276,7 @@ def main(argv=None):
                 "gnnfuse, planned route": "gnnfuse", "gnnfuse, captured step (CUDA graph, padded batches)":
                 "gnnfuse captured", "stock PyG SAGEConv": "pyg",
                 "stock PyG SAGEConv, captured step (CUDA graph, padded batches)": "pyg captured"}
-    if not args.all_routes:  # (both measured in minibatch_h200_2026-11-23b: slower than the default route)
+    if not args.all_routes:  # (both measured in results/archive/minibatch_h200_2026-11-23b: slower than the default route)
         variants = {k: v for k, v in variants.items() if not k.endswith(("degree order", "planned route"))}
     if device.type != "cuda":
         variants = {"gnnfuse": "gnnfuse", "stock PyG SAGEConv": "pyg"}

@@ -68,7 +68,7 @@ class NoPieces:
 # Row order of the fresh route: "id" keeps id order (no sort; balanced when degrees are bounded, as a
 # sampled batch's targets' are by the fan-out); "degree" sorts rows by decreasing degree on the device
 # (row-group programs then hold rows of equal length, the longest first). On the H200 products-scale
-# mini-batch step (benchmarks/results/minibatch_h200_2026-11-23b/) id order was the faster: the
+# mini-batch step (benchmarks/results/archive/minibatch_h200_2026-11-23b/) id order was the faster: the
 # row-group kernels took 0.40 ms vs 0.44 ms per step, and the sort costs launches besides.
 FRESH_ROW_ORDER = "id"
 _IDS: dict[tuple, torch.Tensor] = {}  # (device, dtype) -> 0, 1, 2, ... grown on demand (slices cost no launch)

@@ -16,7 +16,7 @@ Measured, each table's variants interleaved in one process (median, IQR):
     CPU; PyG's own NeighborSampler is tried and reported unavailable when it needs pyg-lib /
     torch-sparse (not installable here);
   * graph preparation of one batch: ``layer_csrs`` (O(E) from the target-sorted edges, no sort; on
-    CUDA three launches), also with ``transposes=True`` (the backward's transposes built up front,
+    CUDA four launches), also with ``transposes=True`` (the backward's transposes built up front,
     from one sort: what the training steps below use), vs
     ``CSR.from_edge_index`` per layer (a sort each, what an unsorted edge_index costs);
   * a training step on pre-sampled batches (graph prep + forward + backward + optimizer): gnnfuse

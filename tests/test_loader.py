@@ -541,7 +541,7 @@ def test_captured_step_replays_the_eager_step_on_cuda():
 
 
 def test_sampled_layer_csrs_kernel_matches_the_cpu_build_and_checks_everything():
-    """The GPU's three-launch build of a batch's layer CSRs (one Triton check kernel; without a GPU on
+    """The GPU's four-launch build of a batch's layer CSRs (one Triton check kernel; without a GPU on
     CPU tensors under the interpreter): the same CSRs as the CPU path, and every kind of bad batch
     caught (checked on CPU only: a failed device-side assertion ends the CUDA context)."""
     from gnnfuse.loader._triton_batch import sampled_layer_csrs

@@ -54,7 +54,7 @@ def layer_csrs(batch=None, *, edge_index: torch.Tensor | None = None, num_sample
                transposes: bool = False) -> list[CSR]:
     """One bipartite :class:`gnnfuse.CSR` per GNN layer of a target-sorted sampled batch (a batch of
     :class:`NeighborLoader` / :class:`NeighborSampler`, or the fields given one by one). The batch's
-    CSR is built once in O(E) (on CUDA in three launches, without a sort or a host sync, its checks
+    CSR is built once in O(E) (on CUDA in four launches, without a sort or a host sync, its checks
     in one Triton kernel; on CPU by the counting sort); each layer's is a view of a prefix. The
     transpose the backward needs is built per layer only when that layer's input requires a gradient
     (not for the first layer, whose input is the raw features); with ``transposes=True`` (and
@@ -69,7 +69,7 @@ def layer_csrs(batch=None, *, edge_index: torch.Tensor | None = None, num_sample
     sizes = layer_sizes(num_sampled_nodes, num_sampled_edges)
     num_nodes = sum(int(n) for n in num_sampled_nodes)
     later = range(1, len(sizes)) if transposes and torch.is_grad_enabled() else range(0)
-    if edge_index.is_cuda:  # three launches: see gnnfuse.loader._triton_batch
+    if edge_index.is_cuda:  # four launches: see gnnfuse.loader._triton_batch
         from ..csr import _index_dtype
         from ._triton_batch import sampled_layer_csrs
 

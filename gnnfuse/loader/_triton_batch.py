@@ -1,10 +1,10 @@
-"""A sampled batch's per-layer CSRs on the GPU in three launches (graph preparation of a step).
+"""A sampled batch's per-layer CSRs on the GPU in four launches (graph preparation of a step).
 
 Built from torch ops, a batch's CSR and its layers' prefixes took about 30 launches, nearly all
 device-side checks (targets sorted, ids in range, each layer's rows holding exactly its first edges
 from sources below its bound) at a few microseconds of host time each, and the step is bound by
-host time. Here one kernel does every check over the edges and writes ``col`` in the index dtype;
-``rowptr`` is one binary search (torch.searchsorted), ``perm`` (the identity) and the search bounds
+host time. Here one kernel does every check over the edges and writes ``col`` in the index dtype
+(plus the fill of its flag); ``rowptr`` is one binary search (torch.searchsorted), ``perm`` (the identity) and the search bounds
 are slices of a cached ``arange`` (gnnfuse.fresh_graph.ids), and one device-side assertion reads the
 kernel's flag. No host sync, so the whole thing can run inside a captured CUDA graph.
 

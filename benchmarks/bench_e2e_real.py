@@ -7,7 +7,10 @@ projected to 128 dims outside the epoch): one epoch = zero_grad + forward + cros
 (no optimizer step). Variants, timed in interleaved rounds (one epoch each per round) from the same
 weights: gnnfuse.nn, stock PyG on edge_index and on a transposed torch.sparse CSR adj_t (without
 torch_scatter / torch_sparse), and "dense only": the gnnfuse model with every aggregation replaced
-by zeros of its output shape (linear layers, loss and autograd). dense only / gnnfuse is the share
+by one that costs nothing, zeros of its output shape forward and zeros of its input's shape
+backward, so that the linear layers feeding an aggregation still run their backward (linear
+layers, loss and autograd; results before 2026-11-23 07:00 UTC returned zeros without a gradient,
+which skipped that backward: GCN's first layer entirely). dense only / gnnfuse is the share
 of the dense bound an epoch reaches (1.0: the aggregations cost nothing); bound_vs_best_stock =
 best stock / dense only is the most any aggregation could speed the epoch up. Median and fastest
 round of each; on a shared machine the fastest rounds are the fairer figure. ``--cpu-time`` runs
@@ -47,11 +50,25 @@ def load(name: str):
     return None if d is None else (d.x, d.edge_index, d.y)
 
 
+class FreeAggregation(torch.autograd.Function):
+    """An aggregation that costs nothing: zeros out, and zeros back to its input (whose producers,
+    e.g. the linear layer a GCNConv applies first, still run their backward)."""
+
+    @staticmethod
+    def forward(ctx, x_src, num_nodes):
+        ctx.src_shape = x_src.shape
+        return x_src.new_zeros(num_nodes, *x_src.shape[1:])
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_zeros(ctx.src_shape), None
+
+
 def make_epoch(model, x, graph, y, dense_only=False):
     from gnnfuse.nn import _mixin
 
     def zeros(x_src, edge_index, reduce, *, num_nodes, **_):
-        return x_src.new_zeros(num_nodes, *x_src.shape[1:])
+        return FreeAggregation.apply(x_src, num_nodes)
 
     def epoch():
         model.zero_grad(set_to_none=True)

@@ -8,6 +8,7 @@
 
 #include <limits>
 
+#include "arg_tiles.h"
 #include "output_cache.h"
 #include "reducer.h"
 #include "row_tiles.h"
@@ -42,11 +43,12 @@ constexpr int64_t kPrefetchMinSourceBytes = int64_t{8} << 20;
 
 // Forward of one dtype whose accumulator is itself (float, double), without winner tracking:
 // each row's features in register tiles, source rows prefetched across row boundaries (when
-// ``prefetch``).
+// ``prefetch``); on graphs of short rows the narrow tiles walk their edges in chunks (row_tiles.h).
 template <typename T, typename index_t, typename Red, bool kScaled, typename ScaleFn>
 void forward_rows_vectorised(const T* x, const index_t* rowptr, const index_t* col, const ScaleFn& scale, T* out,
                              int64_t num_rows, int64_t F, bool prefetch) {
   const int64_t ahead = prefetch_ahead(F * static_cast<int64_t>(sizeof(T)));
+  const bool short_rows = num_rows > 0 && int64_t(rowptr[num_rows]) <= kShortRowEdges * num_rows;
   parallel_over_rows(rowptr, num_rows, F, [&](int64_t row_begin, int64_t row_end) {
     const int64_t prefetch_end = prefetch ? int64_t(rowptr[row_end]) : 0;  // 0: no edge is prefetched
     for (int64_t row = row_begin; row < row_end; ++row) {
@@ -55,7 +57,7 @@ void forward_rows_vectorised(const T* x, const index_t* rowptr, const index_t* c
       if (e0 == e1) {
         std::fill(out_row, out_row + F, T(0));
       } else {
-        reduce_row<T, index_t, Red, kScaled>(x, F, col, e0, e1, scale, out_row, ahead, prefetch_end);
+        reduce_row<T, index_t, Red, kScaled>(x, F, col, e0, e1, scale, out_row, ahead, prefetch_end, short_rows);
       }
     }
   });
@@ -78,6 +80,25 @@ void forward_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col
     } else {
       forward_rows_vectorised<scalar_t, index_t, Red, false>(x, rowptr, col, Unscaled{}, out, num_rows, F, prefetch);
     }
+    return;
+  }
+  if constexpr (TrackArg && std::is_same_v<scalar_t, acc_t>) {  // float/double: register tiles (arg_tiles.h)
+    auto rows = [&](const auto& scale, auto scaled_tag) {
+      parallel_over_rows(rowptr, num_rows, F, [&](int64_t row_begin, int64_t row_end) {
+        for (int64_t row = row_begin; row < row_end; ++row) {
+          const int64_t e0 = rowptr[row], e1 = rowptr[row + 1];
+          if (e0 == e1) {  // empty row: 0 and no winner
+            std::fill(out + row * F, out + (row + 1) * F, scalar_t(0));
+            std::fill(arg + row * F, arg + (row + 1) * F, index_t(-1));
+          } else {
+            arg_row<scalar_t, index_t, Red, decltype(scaled_tag)::value>(x, F, col, e0, e1, scale, out + row * F,
+                                                                         arg + row * F);
+          }
+        }
+      });
+    };
+    if (weight) rows([weight](int64_t e) { return weight[e]; }, std::true_type{});
+    else rows(Unscaled{}, std::false_type{});
     return;
   }
   parallel_over_rows(rowptr, num_rows, F, [&](int64_t row_begin, int64_t row_end) {
@@ -160,24 +181,49 @@ void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t*
                      const scalar_t* weight, const index_t* t_rowptr, const index_t* t_col,
                      const index_t* t_pos, const index_t* arg,
                      const at::opmath_type<scalar_t>* prod_nonzero, const int32_t* zero_count,
-                     scalar_t* grad_x, scalar_t* grad_w, int64_t num_src, int64_t F) {
+                     scalar_t* grad_x, scalar_t* grad_w, int64_t num_src, int64_t F, int64_t num_rows) {
   using acc_t = at::opmath_type<scalar_t>;
   if constexpr ((R == Reduce::Sum || R == Reduce::Mean) && !NeedW && std::is_same_v<scalar_t, acc_t>) {
     // grad_x[j] = sum over the transpose row j of grad_out[i] * w[e] (/ deg(i) for mean): the
     // forward's register-tiled row reduction over the transpose, with that per-edge scale.
     if (grad_x == nullptr) return;
-    auto scale = [&](int64_t q) {
-      const int64_t i = t_col[q];
+    // mean: 1 / in-degree of each target, computed once here instead of a division per edge
+    std::vector<acc_t> inv_degree(R == Reduce::Mean ? std::max<int64_t>(num_rows, 0) : 0);
+    if constexpr (R == Reduce::Mean) {
+      acc_t* inv = inv_degree.data();
+#pragma omp simd
+      for (int64_t i = 0; i < num_rows; ++i) inv[i] = acc_t(1) / acc_t(rowptr[i + 1] - rowptr[i]);
+    }
+    const acc_t* inv = inv_degree.data();
+    auto scale = [weight, t_pos, t_col, inv](int64_t q) {
       const acc_t w = weight ? acc_t(weight[t_pos[q]]) : acc_t(1);
-      return (R == Reduce::Mean) ? w * (acc_t(1) / acc_t(rowptr[i + 1] - rowptr[i])) : w;
+      return (R == Reduce::Mean) ? w * inv[t_col[q]] : w;
     };
+    // the sources here are grad_out's rows: prefetched under the forward's rule
+    const bool prefetch = num_rows * F * int64_t(sizeof(scalar_t)) > kPrefetchMinSourceBytes;
     if (weight || R == Reduce::Mean) {
       forward_rows_vectorised<scalar_t, index_t, Reducer<Reduce::Sum>, true>(grad_out, t_rowptr, t_col, scale,
-                                                                             grad_x, num_src, F, true);
+                                                                             grad_x, num_src, F, prefetch);
     } else {
       forward_rows_vectorised<scalar_t, index_t, Reducer<Reduce::Sum>, false>(grad_out, t_rowptr, t_col, Unscaled{},
-                                                                              grad_x, num_src, F, true);
+                                                                              grad_x, num_src, F, prefetch);
     }
+    return;
+  }
+  if constexpr ((R == Reduce::Max || R == Reduce::Min) && !NeedW && std::is_same_v<scalar_t, acc_t>) {
+    // grad_x[j] = sum over the transpose row j of w * grad_out[i] where j's edge won: register tiles
+    if (grad_x == nullptr) return;
+    parallel_over_rows(t_rowptr, num_src, F, [&](int64_t src_begin, int64_t src_end) {
+      for (int64_t j = src_begin; j < src_end; ++j) {
+        if (weight) {
+          winner_grad_row<scalar_t, index_t, true>(grad_out, arg, weight, t_col, t_pos, F, t_rowptr[j],
+                                                   t_rowptr[j + 1], grad_x + j * F);
+        } else {
+          winner_grad_row<scalar_t, index_t, false>(grad_out, arg, weight, t_col, t_pos, F, t_rowptr[j],
+                                                    t_rowptr[j + 1], grad_x + j * F);
+        }
+      }
+    });
     return;
   }
   // grad_w needs the whole row's dot product, so with NeedW the features are not tiled.
@@ -333,7 +379,7 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
             prod_nonzero.defined() ? prod_nonzero.data_ptr<acc_t>() : nullptr,
             zero_count.defined() ? zero_count.data_ptr<int32_t>() : nullptr,
             need_x_grad ? grad_x.data_ptr<scalar_t>() : nullptr,
-            need_w ? grad_w.data_ptr<scalar_t>() : nullptr, num_src, F);
+            need_w ? grad_w.data_ptr<scalar_t>() : nullptr, num_src, F, num_rows);
         };
         if (need_w) run(std::true_type{}); else run(std::false_type{});
       });

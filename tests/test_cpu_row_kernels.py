@@ -1,7 +1,9 @@
 """The CPU gather-scatter's row kernels, bitwise: the register-tiled rows (with their prefetch
-look-ahead split off the edge loop) fold every output element in CSR order, one edge after
-another, whatever the width, the row lengths and the thread count; and the reuse of large output
-buffers changes nothing but speed."""
+look-ahead split off the edge loop, the narrow tiles' edges walked in chunks on graphs of short
+rows, the tail narrower than a vector in one masked vector) fold every output element in CSR
+order, one edge after another, whatever the width, the row lengths and the thread count; max/min
+with winners (the training path) keep the first winner in CSR order and send each gradient to
+it; and the reuse of large output buffers changes nothing but speed."""
 from __future__ import annotations
 
 import pytest
@@ -51,15 +53,31 @@ def sequential_fold(x: torch.Tensor, csr: CSR, reduce: str) -> torch.Tensor:
     return out
 
 
+def short_rows(n: int = 300, seed: int = 0) -> torch.Tensor:
+    """Rows of 0 to 9 edges and a few of ~20 (fewer than 8 edges a row on average: the narrow
+    tiles walk their edges in chunks of 4, the last chunk partly past the row's end)."""
+    g = torch.Generator().manual_seed(seed)
+    degree = torch.randint(0, 10, (n,), generator=g)
+    degree[::13] = 20
+    assert degree.sum() <= 8 * n
+    dst = torch.repeat_interleave(torch.arange(n), degree)
+    src = torch.randint(0, n, dst.shape, generator=g)
+    return torch.stack([src, dst])
+
+
+GRAPHS = {"long_rows": long_and_empty_rows, "short_rows": short_rows}
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("reduce", REDUCTIONS)
-def test_rows_fold_in_csr_order_bitwise(reduce, dtype):
-    edge_index = long_and_empty_rows()
+def test_rows_fold_in_csr_order_bitwise(reduce, dtype, graph):
+    edge_index = GRAPHS[graph]()
     n = 300
     csr = CSR.from_edge_index(edge_index, n)
     threads = torch.get_num_threads()
     try:
-        for F in (3, 16, 32, 40, 100, 128, 264):  # tails narrower than a vector, every tile width
+        for F in (3, 4, 16, 32, 40, 100, 128, 264):  # tails narrower than a vector, every tile width
             x = torch.randn(n, F, dtype=dtype, generator=torch.Generator().manual_seed(F))
             if reduce == "mul":
                 x = 1 + x / 64
@@ -73,11 +91,67 @@ def test_rows_fold_in_csr_order_bitwise(reduce, dtype):
         torch.set_num_threads(threads)
 
 
+def sequential_winners(x: torch.Tensor, csr: CSR, reduce: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """max/min and the winning CSR position per (row, feature): edge by edge in CSR order, a
+    message replaces the best if strictly better or NaN (ties keep the first); -1 in empty rows."""
+    rowptr, col = csr.rowptr.long(), csr.col.long()
+    degree = rowptr.diff()
+    out = torch.zeros(csr.num_dst, x.shape[1], dtype=x.dtype)
+    win = torch.full((csr.num_dst, x.shape[1]), -1, dtype=torch.long)
+    for k in range(int(degree.max()) if degree.numel() else 0):
+        rows = (degree > k).nonzero().squeeze(1)
+        pos = rowptr[rows] + k
+        msg = x[col[pos]]
+        if k == 0:
+            take = torch.ones_like(msg, dtype=torch.bool)
+        else:
+            take = (msg > out[rows] if reduce == "max" else msg < out[rows]) | msg.isnan()
+        out[rows] = torch.where(take, msg, out[rows])
+        win[rows] = torch.where(take, pos.unsqueeze(1), win[rows])
+    return out, win
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_winners_are_the_first_in_csr_order_and_get_the_gradient(reduce, dtype, graph):
+    """The forward that keeps winners (register tiles and the scalar tail) gives the one-edge-at-a-
+    time result and winners, ties and NaNs included; the backward sends each gradient to its
+    winner. Small integers make ties common and every gradient sum exact in any order."""
+    edge_index = GRAPHS[graph](seed=5)
+    n = 300
+    csr = CSR.from_edge_index(edge_index, n)
+    t_rowptr, t_col, t_pos = csr.transpose_parts()
+    threads = torch.get_num_threads()
+    try:
+        for F in (3, 16, 40, 64, 100):
+            g = torch.Generator().manual_seed(F)
+            x = torch.randint(-4, 5, (n, F), generator=g).to(dtype)
+            x[torch.rand(n, F, generator=g) < 0.01] = float("nan")
+            grad_out = torch.randint(-8, 9, (n, F), generator=g).to(dtype)
+            want, want_win = sequential_winners(x, csr, reduce)
+            want_grad = torch.zeros_like(x)
+            hit = want_win >= 0
+            want_grad.index_put_((csr.col.long()[want_win[hit]], hit.nonzero()[:, 1]), grad_out[hit], accumulate=True)
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                out, win = torch.ops.gnnfuse.gather_scatter(x, csr.rowptr, csr.col, None, t_rowptr, t_col, t_pos, reduce)
+                assert torch.equal(out.isnan(), want.isnan()), (F, t)
+                assert torch.equal(out.nan_to_num(0.5), want.nan_to_num(0.5)), (F, t)
+                assert torch.equal(win.long(), want_win), (F, t)
+                grad_x, _ = torch.ops.gnnfuse.gather_scatter_backward(grad_out, x, csr.rowptr, csr.col, None, t_rowptr,
+                                                                      t_col, t_pos, win, reduce, True, False)
+                assert torch.equal(grad_x, want_grad), (F, t)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
-def test_weighted_rows_and_gradients_same_for_any_thread_count(reduce):
+def test_weighted_rows_and_gradients_same_for_any_thread_count(reduce, graph):
     """With edge weights (the message scale inside the fold) and through the backward (the same
     row kernel over the transpose), 1 and 2 threads give bitwise the same results."""
-    edge_index = long_and_empty_rows(seed=1)
+    edge_index = GRAPHS[graph](seed=1)
     n = 300
     csr = CSR.from_edge_index(edge_index, n)
     w0 = torch.rand(edge_index.shape[1], generator=torch.Generator().manual_seed(1))

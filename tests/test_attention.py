@@ -246,6 +246,42 @@ def test_gatconv_matches_pyg(name, backend):
         torch.testing.assert_close(g, r, **tol)
 
 
+def test_gatconv_recomputes_its_projection_in_the_backward(monkeypatch):
+    """The fused op's saved projection is made again from x in the backward (not kept from the
+    forward), and the result still matches PyG."""
+    from gnnfuse.nn import _attention
+
+    stock, ours = gat_pair(6, 4, heads=2)
+    calls = []
+    real = _attention.F.linear
+
+    def counting_linear(*args):
+        calls.append(args[1].shape)
+        return real(*args)
+
+    monkeypatch.setattr(_attention.F, "linear", counting_linear)
+    x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
+    out = ours(x, graph())
+    forward_calls = len(calls)
+    grads = torch.autograd.grad((out * out.detach().cos()).sum(), [x, *ours.parameters()])
+    assert calls[forward_calls:] == [ours.lin.weight.shape]  # the projection, made again in the backward
+    monkeypatch.undo()
+    ref, ref_grads = layer_run(stock, x, graph())
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
+def test_gatconv_projection_modified_in_place_before_backward_raises():
+    _, ours = gat_pair(6, 4, heads=2)
+    x = torch.randn(N, 6, dtype=torch.float64)
+    out = ours(x, graph())
+    with torch.no_grad():
+        ours.lin.weight.mul_(2)  # e.g. an optimizer step before the backward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 @pytest.mark.parametrize("loops", [False, True])
 def test_gatconv_bipartite_matches_pyg(loops):
     stock, ours = gat_pair((5, 6), 4, heads=2, add_self_loops=loops)

@@ -6,6 +6,7 @@ interpreter; this runs the compiled kernels with the tile shapes the GPU actuall
 
     PYTHONPATH=. python benchmarks/gpu/check_attention.py
     PYTHONPATH=. TRITON_INTERPRET=1 python benchmarks/gpu/check_attention.py --small   # CPU, interpreter
+    PYTHONPATH=. python benchmarks/gpu/check_attention.py --case wide   # only the graphs whose label has "wide"
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def main():
     for label, n, e, H, F in (("sparse (average degree 6)", 3000 // div, 18000 // div, 4, 8),
                               ("dense (average degree 40)", 500 // div, 20000 // div, 4, 8),
                               ("sparse, wide heads 2x64", 3000 // div, 18000 // div, 2, 64)):
+        if "--case" in sys.argv and sys.argv[sys.argv.index("--case") + 1] not in label:
+            continue
         ei = random_graph(n, n, e, seed=1, power_law=True).to(dev)
         ei[1, : e // 10] = 0  # a hub row: split into pieces
         E = ei.shape[1]

@@ -355,3 +355,19 @@ def test_gatconv_compiles_fullgraph():
     out, eager = torch.compile(conv, fullgraph=True)(x, csr, ea), conv(x, csr, ea)
     torch.testing.assert_close(out, eager)
     torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(eager.sum(), x)[0])
+
+
+@pytest.mark.parametrize("in_channels", [-1, (-1, -1)])
+def test_gatconv_lazy_projection_matches_pyg(in_channels):
+    """Lazy projections take their width from the first call; the target side's projection is
+    never applied to x_dst (only its folded attention vector is), so the fold initialises it."""
+    torch.manual_seed(1)
+    stock, ours = pyg_nn.GATConv(in_channels, 4, heads=2), G.GATConv(in_channels, 4, heads=2)
+    if isinstance(in_channels, int):
+        x = torch.randn(N, 6)
+    else:
+        x = (torch.randn(N, 6), torch.randn(N, 5))
+    stock(x, graph())  # initialises the stock layer's parameters
+    ours(x, graph())
+    ours.load_state_dict(stock.state_dict())
+    torch.testing.assert_close(ours(x, graph()), stock(x, graph()))

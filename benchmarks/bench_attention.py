@@ -19,7 +19,7 @@ sum gather-scatter of the same [N, H*F] features on the same graph (no gradients
 A variant that fails (e.g. PyG out of memory) becomes a row with its error. ``--edge-dim D`` gives
 both layers edge features (edge_attr [E, D]). ``--edge-blocks 4,16,W1,BE8W1,HB4W2`` times our training step and forward
 with the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks), heads per program
-("HB<n>") or warps per program (``_warps``; "W<n>") forced to each value or combination,
+("HB<n>") or warps per program (``_warps`` and ``_forward_warps``; "W<n>") forced to each value or combination,
 interleaved, against the default choice
 (attention-edge-block_<device> results).
 """
@@ -151,7 +151,7 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
     ours = getattr(G, layer)(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
     h = torch.randn(nodes, heads, width, device=device)
     a_src, a_dst = torch.randn(nodes, heads, device=device), torch.randn(nodes, heads, device=device)
-    default_blocks, default_warps = kernels._blocks, kernels._warps
+    default_blocks, default_warps, default_fwd_warps = kernels._blocks, kernels._warps, kernels._forward_warps
     be, hb, fb = default_blocks(heads, width, edge_index.shape[1], nodes)
 
     def forced(label, fn):  # "default", or any of "BE<n>" (edges per step), "HB<n>" (heads per program), "W<n>"
@@ -163,12 +163,13 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
 
         def run():
             kernels._blocks = blocks
-            if "W" in knobs:  # else the default warps of the (forced) tile
-                kernels._warps = lambda *tile: knobs["W"]
+            if "W" in knobs:  # forward and backward kernels; else the default warps of the (forced) tile
+                kernels._warps = kernels._forward_warps = lambda *tile: knobs["W"]
             try:
                 fn()
             finally:
                 kernels._blocks, kernels._warps = default_blocks, default_warps
+                kernels._forward_warps = default_fwd_warps
         return run
 
     step, fwd = make_step(ours, x, edge_index), fused_forward(layer, h, a_src, a_dst, edge_index)
@@ -178,7 +179,8 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
         fwds = bench_interleaved({v: forced(v, fwd) for v in variants}, device, rounds=rounds)
     row = {"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
            "avg_degree": round(edge_index.shape[1] / nodes, 1),
-           "default_BE": be, "default_warps": default_warps(be, hb, fb)}
+           "default_BE": be, "default_warps": default_warps(be, hb, fb),
+           "default_fwd_warps": default_fwd_warps(be, hb, fb)}
     for v in variants:
         row[f"step_{v}_ms"] = steps[v]["median_ms"]
         row[f"fwd_{v}_ms"] = fwds[v]["median_ms"]
@@ -245,7 +247,7 @@ def sweep(args, graphs, configs, device):
                         name, ei, nodes, heads, width, dropout, device, args.rounds, layer, blocks))
     meta = dict(machine(device), benchmark=f"{args.layers}: edge block BE sweep (training step, forward)",
                 load_average_1_5_15min=os.getloadavg())
-    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps"] + [
+    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps", "default_fwd_warps"] + [
         f"{kind}_{label}_ms" for kind in ("step", "fwd") for label in ["default", *blocks]] + ["error"]
     md = save_results(f"attention-edge-block_{device_label(device)}", meta, rows, columns, args.out)
     print(md.read_text())

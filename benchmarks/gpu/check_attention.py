@@ -1,8 +1,9 @@
 """Compiled-kernel check of the attention ops on CUDA (no C++ extension needed): every op's Triton
-forward and gradients against the reference backend on the same GPU, on a sparse graph (the
-4-edge, 2-warp tiles; with wide heads, 2 x 64, the 8-edge, 1-warp tiles) and a denser one, each
-with a hub row (32-edge tiles, split rows), with and without edge features, self loops and dropout. The unit tests cover the same maths in the
-interpreter; this runs the compiled kernels with the tile shapes the GPU actually gets.
+forward and gradients against the reference backend on the same GPU, on a sparse graph (4-edge
+tiles: one warp in the forward, 2 in the backward; with wide heads, 2 x 64, one warp in both) and a
+denser one (32-edge tiles), each with a hub row (split rows), with and without edge features, self
+loops and dropout. The unit tests cover the same maths in the interpreter; this runs the compiled
+kernels with the tile shapes the GPU actually gets.
 
     PYTHONPATH=. python benchmarks/gpu/check_attention.py
     PYTHONPATH=. TRITON_INTERPRET=1 python benchmarks/gpu/check_attention.py --small   # CPU, interpreter

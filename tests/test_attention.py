@@ -272,6 +272,27 @@ def test_gatconv_recomputes_its_projection_in_the_backward(monkeypatch):
         torch.testing.assert_close(g, r)
 
 
+def test_gatconv_keeps_its_projection_where_versions_cannot_be_read(monkeypatch):
+    """The fallback when tensors' version counters are unavailable: nothing is recomputed."""
+    from gnnfuse.nn import _attention, _recompute
+
+    monkeypatch.setattr(_recompute, "_versions", lambda tensors: None)
+    stock, ours = gat_pair(6, 4, heads=2)
+    calls = []
+    real = _attention.F.linear
+    monkeypatch.setattr(_attention.F, "linear", lambda *a: calls.append(a[1].shape) or real(*a))
+    x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
+    out = ours(x, graph())
+    forward_calls = len(calls)
+    grads = torch.autograd.grad(out.sum(), [x, *ours.parameters()])
+    assert len(calls) == forward_calls  # the backward used the kept projection
+    monkeypatch.undo()
+    ref = stock(x, graph())
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, torch.autograd.grad(ref.sum(), [x, *stock.parameters()])):
+        torch.testing.assert_close(g, r)
+
+
 def test_gatconv_projection_modified_in_place_before_backward_raises():
     _, ours = gat_pair(6, 4, heads=2)
     x = torch.randn(N, 6, dtype=torch.float64)

@@ -11,8 +11,10 @@ backward unpacks it. Uses only public autograd API (``torch.autograd.graph.saved
 
 If the projection's inputs or weights are modified in place between the forward and the backward,
 the recomputed tensor would differ from the one the forward used: the unpack raises instead, as
-autograd does for a modified saved tensor. Under ``torch.compile`` tracing nothing is recomputed
-(the hooks are not entered): the compiler decides what to keep.
+autograd does for a modified saved tensor. That check reads the tensors' version counters
+(``Tensor._version``, the counter autograd's own check uses); where a torch build lacks it, nothing
+is recomputed (the projection is kept, as without this module). Under ``torch.compile`` tracing
+nothing is recomputed either (the hooks are not entered): the compiler decides what to keep.
 """
 from __future__ import annotations
 
@@ -23,15 +25,20 @@ import torch
 from torch import Tensor
 
 
+def _versions(tensors: tuple[Tensor, ...]) -> tuple[int, ...] | None:
+    """The tensors' in-place modification counters, None where this torch has none to read."""
+    versions = tuple(getattr(t, "_version", None) for t in tensors)
+    return None if None in versions else versions
+
+
 class _Recipe:
     """How to make one saved projection again, and the versions of what it was made from."""
 
-    def __init__(self, make: Callable[[], Tensor], sources: tuple[Tensor, ...]):
-        self.make, self.sources = make, sources
-        self.versions = tuple(t._version for t in sources)
+    def __init__(self, make: Callable[[], Tensor], sources: tuple[Tensor, ...], versions: tuple[int, ...]):
+        self.make, self.sources, self.versions = make, sources, versions
 
     def __call__(self) -> Tensor:
-        if tuple(t._version for t in self.sources) != self.versions:
+        if _versions(self.sources) != self.versions:
             raise RuntimeError("gnnfuse.nn: an input or weight of an attention layer's projection was modified by an "
                                "inplace operation between the forward and the backward; the projection, recomputed "
                                "in the backward, would differ from the forward's")
@@ -50,9 +57,10 @@ def recompute(projection: Tensor, make: Callable[[], Tensor], sources: tuple[Ten
     as ``make`` (called under no_grad in the backward; must return the same values) instead.
     ``sources``: the tensors ``make`` reads (input, weight, bias), whose in-place modification
     makes the backward raise."""
-    if torch.compiler.is_compiling():
+    versions = _versions(sources)
+    if versions is None or torch.compiler.is_compiling():
         return contextlib.nullcontext()
-    recipe, target = _Recipe(make, sources), _identity(projection)
+    recipe, target = _Recipe(make, sources, versions), _identity(projection)
 
     def pack(t: Tensor):  # called while the forward runs, when the projection is alive
         return recipe if _identity(t) == target else t

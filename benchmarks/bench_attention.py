@@ -12,22 +12,26 @@ One layer (64 -> F, heads=H) in training mode (dropout on the coefficients; PyG'
 otherwise: GAT/GATv2 self loops, TransformerConv's root weight), loss = mean of squares, gradients of every parameter; both layers hold the same
 weights and are timed in the same process, interleaved (benchmarks.common.bench_interleaved):
 median and interquartile range over rounds. Peak memory (CUDA only: torch.cuda.max_memory_allocated) is that of
-one step above what was allocated before it. ``fwd/sum`` is our fused attention forward over our
+one step above what was allocated before it: ``*_peak_MB`` of a step after the first (a training loop's
+steady state), ``*_first_peak_MB`` of the very first step, which for us includes building the graph's CSR,
+transpose and work lists; ``gnnfuse_cache_MB`` is what those caches keep allocated. ``fwd/sum`` is our fused attention forward over our
 sum gather-scatter of the same [N, H*F] features on the same graph (no gradients).
 A variant that fails (e.g. PyG out of memory) becomes a row with its error. ``--edge-dim D`` gives
-both layers edge features (edge_attr [E, D]). ``--edge-blocks 4,16,W1,W4`` times our training step and forward
-with the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks) or warps per program
-(``_warps``; "W<n>") forced to each value, interleaved, against the default choice
+both layers edge features (edge_attr [E, D]). ``--edge-blocks 4,16,W1,BE8W1,HB4W2`` times our training step and forward
+with the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks), heads per program
+("HB<n>") or warps per program (``_warps`` and ``_forward_warps``; "W<n>") forced to each value or combination,
+interleaved, against the default choice
 (attention-edge-block_<device> results).
 """
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
 from benchmarks.common import (bench_interleaved, benchmark_device, cpu_real_and_power_law_graphs, device_label,
-                               geomean, machine, save_results, step_benchmark_parser, time_training_steps)
+                               geomean, machine, peak_mb, save_results, step_benchmark_parser, time_training_steps)
 
 IN_CHANNELS = 64
 CPU_CONFIGS = [(8, 8, 0.6)]  # (heads, F, dropout): the standard GAT layer
@@ -98,9 +102,11 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, laye
     ours.load_state_dict(stock.state_dict())
     ea = torch.randn(edge_index.shape[1], edge_dim, device=device) if edge_dim else None
     steps = {"gnnfuse": make_step(ours, x, edge_index, ea), "pyg": make_step(stock, x, edge_index, ea)}
-    time_training_steps(row, steps, device, rounds, spread="iqr_ms")
-    if isinstance(row.get("pyg_peak_MB"), float):
-        row["mem_ratio"] = row["pyg_peak_MB"] / max(row["gnnfuse_peak_MB"], 1e-9)
+    first_steps(row, steps, device)
+    time_training_steps(row, steps, device, rounds, spread="iqr_ms")  # its peaks: a step after the first
+    for tag in ("", "first_"):
+        if isinstance(row.get(f"pyg_{tag}peak_MB"), float) and isinstance(row.get(f"gnnfuse_{tag}peak_MB"), float):
+            row[f"{tag}mem_ratio"] = row[f"pyg_{tag}peak_MB"] / max(row[f"gnnfuse_{tag}peak_MB"], 1e-9)
     # forward alone vs our sum gather-scatter at the same total width
     h = torch.randn(nodes, heads, width, device=device)
     a_src, a_dst = torch.randn(nodes, heads, device=device), torch.randn(nodes, heads, device=device)
@@ -115,6 +121,26 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, laye
     return row
 
 
+def first_steps(row: dict, steps: dict, device) -> None:
+    """Runs each step once before the measured ones. On CUDA records that first step's peak
+    (``<label>_first_peak_MB``: it includes one-time work such as building and caching our CSR, its
+    transpose and work lists) and what it leaves allocated (``<label>_cache_MB``: those caches,
+    kept with the graph like the parameters are with the model)."""
+    for label, fn in steps.items():
+        if device.type != "cuda":
+            fn()
+            continue
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        try:
+            row[f"{label}_first_peak_MB"] = peak_mb(fn, device)
+        except torch.OutOfMemoryError:
+            row[f"{label}_first_peak_MB"] = "OOM"
+        else:
+            row[f"{label}_cache_MB"] = (torch.cuda.memory_allocated() - before) / 2**20
+        torch.cuda.empty_cache()
+
+
 def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, layer, blocks):
     """Our training step and fused forward with BE forced to each of ``blocks`` and at the default."""
     import gnnfuse.nn as G
@@ -125,21 +151,25 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
     ours = getattr(G, layer)(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
     h = torch.randn(nodes, heads, width, device=device)
     a_src, a_dst = torch.randn(nodes, heads, device=device), torch.randn(nodes, heads, device=device)
-    default_blocks, default_warps = kernels._blocks, kernels._warps
+    default_blocks, default_warps, default_fwd_warps = kernels._blocks, kernels._warps, kernels._forward_warps
     be, hb, fb = default_blocks(heads, width, edge_index.shape[1], nodes)
 
-    def forced(label, fn):  # "default", "BE<n>" (edges per step) or "W<n>" (warps per program)
-        value = int(label[2:] if label.startswith("BE") else label[1:]) if label != "default" else 0
+    def forced(label, fn):  # "default", or any of "BE<n>" (edges per step), "HB<n>" (heads per program), "W<n>"
+        knobs = {k: int(v) for k, v in re.findall(r"(BE|HB|W)(\d+)", label)}  # (warps), e.g. "BE8W1"
+
+        def blocks(H, F, *rest):
+            be, hb, fb = default_blocks(H, F, *rest)
+            return knobs.get("BE", be), knobs.get("HB", hb), fb
 
         def run():
-            if label.startswith("BE"):
-                kernels._blocks = lambda H, F, *rest: (value, *default_blocks(H, F)[1:])
-            elif label.startswith("W"):
-                kernels._warps = lambda *tile: value
+            kernels._blocks = blocks
+            if "W" in knobs:  # forward and backward kernels; else the default warps of the (forced) tile
+                kernels._warps = kernels._forward_warps = lambda *tile: knobs["W"]
             try:
                 fn()
             finally:
                 kernels._blocks, kernels._warps = default_blocks, default_warps
+                kernels._forward_warps = default_fwd_warps
         return run
 
     step, fwd = make_step(ours, x, edge_index), fused_forward(layer, h, a_src, a_dst, edge_index)
@@ -149,7 +179,8 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
         fwds = bench_interleaved({v: forced(v, fwd) for v in variants}, device, rounds=rounds)
     row = {"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
            "avg_degree": round(edge_index.shape[1] / nodes, 1),
-           "default_BE": be, "default_warps": default_warps(be, hb, fb)}
+           "default_BE": be, "default_warps": default_warps(be, hb, fb),
+           "default_fwd_warps": default_fwd_warps(be, hb, fb)}
     for v in variants:
         row[f"step_{v}_ms"] = steps[v]["median_ms"]
         row[f"fwd_{v}_ms"] = fwds[v]["median_ms"]
@@ -181,7 +212,8 @@ def main(argv=None):
                 geomean_speedup=round(geomean(speedups), 3),
                 load_average_1_5_15min=os.getloadavg())  # other tenants of a shared host show up here
     columns = ["layer", "graph", "nodes", "edges", "HxF", "dropout", "edge_dim", "gnnfuse_ms", "gnnfuse_iqr_ms", "pyg_ms", "pyg_iqr_ms",
-               "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "mem_ratio", "fwd_attention_ms", "fwd_sum_ms", "fwd/sum",
+               "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "mem_ratio", "gnnfuse_first_peak_MB", "pyg_first_peak_MB",
+               "first_mem_ratio", "gnnfuse_cache_MB", "fwd_attention_ms", "fwd_sum_ms", "fwd/sum",
                "error"]
     tag = "" if args.layers == "GATConv" else "_" + args.layers.replace(",", "-").lower()
     tag += f"_edge-dim{args.edge_dim}" if args.edge_dim else ""
@@ -209,13 +241,13 @@ def each_row(args, graphs, configs, device, measure) -> list[dict]:
 
 
 def sweep(args, graphs, configs, device):
-    blocks = [b if b.startswith("W") else f"BE{b}" for b in args.edge_blocks.split(",")]
+    blocks = [b if b[0] in "BHW" else f"BE{b}" for b in args.edge_blocks.split(",")]
     rows = each_row(args, graphs, configs, device,
                     lambda name, ei, nodes, heads, width, dropout, layer: sweep_row(
                         name, ei, nodes, heads, width, dropout, device, args.rounds, layer, blocks))
     meta = dict(machine(device), benchmark=f"{args.layers}: edge block BE sweep (training step, forward)",
                 load_average_1_5_15min=os.getloadavg())
-    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps"] + [
+    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps", "default_fwd_warps"] + [
         f"{kind}_{label}_ms" for kind in ("step", "fwd") for label in ["default", *blocks]] + ["error"]
     md = save_results(f"attention-edge-block_{device_label(device)}", meta, rows, columns, args.out)
     print(md.read_text())

@@ -77,12 +77,12 @@ void forward_kernel(const Params& P, const scalar_t* x, const scalar_t* a_src, c
       for (int64_t q = 0; q < n * H; ++q) w[q] = exp_simd(w[q]);
       for (int64_t e = 0; e < n; ++e)
         for (int64_t h = 0; h < H; ++h) z[h] += w[e * H + h];
-      if (P.threshold)
-        for (int64_t e = 0; e < n; ++e) {
-          const int64_t id = S.edges[e].id;
+      if (P.threshold) {
+        S.fill_keep(P, H);
+        const acc_t* k = S.keep.data();
 #pragma omp simd
-          for (int64_t h = 0; h < H; ++h) w[e * H + h] *= P.keep<acc_t>(id, h);
-        }
+        for (int64_t q = 0; q < n * H; ++q) w[q] *= k[q];
+      }
       std::fill(acc.begin(), acc.end(), acc_t(0));
       for (int64_t e = 0; e < n; ++e) {
         if (e + kAhead < n) prefetch_row(x + S.edges[e + kAhead].other * HF, HF);
@@ -131,6 +131,7 @@ void backward_rows(const Params& P, const scalar_t* g, const scalar_t* out, cons
       collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
       const int64_t n = S.edges.size();
       S.size_for(H);
+      S.fill_keep(P, H);
       edge_logits(P, S.edges, a_dst + i * H, a_src, H, a_edge, a_loop ? a_loop + i * H : nullptr, S.s.data());
       acc_t* w = S.w.data();
       for (int64_t e = 0; e < n; ++e)
@@ -144,7 +145,7 @@ void backward_rows(const Params& P, const scalar_t* g, const scalar_t* out, cons
         for (int64_t h = 0; h < H; ++h) {
           const acc_t p = w[e * H + h] / z[i * H + h];
           const acc_t gx = dot<FF, acc_t>(gi + h * F, xj + h * F, F);
-          const acc_t ds = p * (P.keep<acc_t>(E.id, h) * gx - D[h]) * P.dlrelu(S.s[e * H + h]);
+          const acc_t ds = p * (S.keep[e * H + h] * gx - D[h]) * P.dlrelu(S.s[e * H + h]);
           acc[h] += ds;
           if (E.pos >= 0 && ge) ge[E.pos * H + h] = scalar_t(ds);
           if (E.pos < 0 && gl) gl[i * H + h] = scalar_t(ds);
@@ -173,6 +174,7 @@ void backward_sources(const Params& P, const scalar_t* g, const scalar_t* x, con
       collect_edges(P, t_rowptr, t_col, t_pos, j, S.edges, g, HF);
       const int64_t n = S.edges.size();
       S.size_for(H);
+      S.fill_keep(P, H);
       // a_loop's row for j's own loop is j's row (the loop's target is j)
       edge_logits(P, S.edges, a_src + j * H, T, 4 * H, a_edge, a_loop ? a_loop + j * H : nullptr, S.s.data());
       acc_t* w = S.w.data();
@@ -192,7 +194,7 @@ void backward_sources(const Params& P, const scalar_t* g, const scalar_t* x, con
         const acc_t* t = T + E.other * 4 * H;
         for (int64_t h = 0; h < H; ++h) {
           const acc_t p = w[e * H + h] * t[2 * H + h];
-          const acc_t keep = P.keep<acc_t>(E.id, h);
+          const acc_t keep = S.keep[e * H + h];
           if (gx) axpy<FF>(acc.data() + h * F, gi + h * F, p * keep, F);
           if (gs)
             acc_s[h] += p * (keep * dot<FF, acc_t>(gi + h * F, xj + h * F, F) - t[3 * H + h]) *

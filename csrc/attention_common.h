@@ -25,10 +25,6 @@ struct Params {
   uint32_t seed, threshold;  // threshold == 0: no dropout
   double scale;              // 1 / (1 - dropout)
   template <typename T>
-  inline T keep(int64_t edge, int64_t h) const {
-    return threshold == 0 ? T(scale) : (dropout_keep(seed, edge, H, h, threshold) ? T(scale) : T(0));
-  }
-  template <typename T>
   inline T lrelu(T s) const { return s > T(0) ? s : s * T(slope); }
   template <typename T>
   inline T dlrelu(T s) const { return s > T(0) ? T(1) : T(slope); }
@@ -116,10 +112,32 @@ void dispatch_width(int64_t F, Fn&& fn) {
 template <typename acc_t>
 struct Scratch {
   std::vector<Edge> edges;
-  std::vector<acc_t> s, w;  // per (edge, head): pre-activation logit; softmax weight
+  std::vector<acc_t> s, w, keep;  // per (edge, head): pre-activation logit; softmax weight; dropout factor
+  std::vector<uint32_t> counter;
   void size_for(int64_t H) {
     s.resize(edges.size() * H);
     w.resize(edges.size() * H);
+  }
+  // keep[e * H + h]: edge e's dropout factor for head h, 1 / (1 - p) where kept and 0 where
+  // dropped (dropout_keep's mask, bit for bit), for the whole row at once: the counters first,
+  // then the hash in one loop over n * H lanes that the compiler vectorises (computed per (edge,
+  // head) inside the kernels' loops it ran scalar and cost more than the softmax).
+  void fill_keep(const Params& P, int64_t H) {
+    const int64_t n = edges.size();
+    keep.resize(n * H);
+    const acc_t kept = acc_t(P.scale);
+    if (P.threshold == 0) {
+      std::fill(keep.begin(), keep.end(), kept);
+      return;
+    }
+    counter.resize(n * H);
+    for (int64_t e = 0; e < n; ++e)
+      for (int64_t h = 0; h < H; ++h) counter[e * H + h] = uint32_t(edges[e].id) * uint32_t(H) + uint32_t(h);
+    const uint32_t seed = P.seed, threshold = P.threshold;
+    const uint32_t* c = counter.data();
+    acc_t* k = keep.data();
+#pragma omp simd
+    for (int64_t q = 0; q < n * H; ++q) k[q] = (fmix32(fmix32(c[q]) ^ seed) >> 8) >= threshold ? kept : acc_t(0);
   }
 };
 

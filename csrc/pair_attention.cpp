@@ -136,6 +136,7 @@ void forward_kernel(const Pair& A, const scalar_t* q, const scalar_t* k, const s
       collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, k, HF);
       const int64_t n = S.edges.size();
       S.size_for(H);
+      S.fill_keep(P, H);
       for (int64_t h = 0; h < H; ++h) m[h] = -std::numeric_limits<acc_t>::infinity(), z[h] = acc_t(0);
       for (int64_t e = 0; e < n; ++e) {
         if (e + kAhead < n) prefetch_row(k + S.edges[e + kAhead].other * HF, HF);
@@ -156,7 +157,7 @@ void forward_kernel(const Pair& A, const scalar_t* q, const scalar_t* k, const s
         for (int64_t h = 0; h < H; ++h) {
           const acc_t w = S.w[e * H + h];
           z[h] += w;
-          const acc_t c = w * P.keep<acc_t>(S.edges[e].id, h);
+          const acc_t c = w * S.keep[e * H + h];
           axpy<FF>(acc.data() + h * F, vj + h * F, c, F);
           if (ee) axpy<FF>(acc.data() + h * F, ee + h * F, c, F);
         }
@@ -206,6 +207,7 @@ void backward_rows(const Pair& A, const scalar_t* g, const scalar_t* out, const 
       collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, k, HF);
       const int64_t n = S.edges.size();
       S.size_for(H);
+      S.fill_keep(P, H);
       for (int64_t e = 0; e < n; ++e) {
         const scalar_t* ee = edge_row(edge, perm, S.edges[e], HF);
         for (int64_t h = 0; h < H; ++h)
@@ -222,7 +224,7 @@ void backward_rows(const Pair& A, const scalar_t* g, const scalar_t* out, const 
         const scalar_t* ee = edge_row(edge, perm, E, HF);
         for (int64_t h = 0; h < H; ++h) {
           const acc_t p = S.w[e * H + h] * t[H + h];
-          const acc_t keep = P.keep<acc_t>(E.id, h);
+          const acc_t keep = S.keep[e * H + h];
           acc_t gv = dot<FF, acc_t>(gi + h * F, vj + h * F, F);
           if (ee && !A.gatv2) gv += dot<FF, acc_t>(gi + h * F, ee + h * F, F);  // dot: the value carries a_k
           const acc_t ds = p * (keep * gv - t[2 * H + h]);
@@ -258,6 +260,7 @@ void backward_sources(const Pair& A, const scalar_t* g, const scalar_t* q, const
       collect_edges(P, t_rowptr, t_col, t_pos, j, S.edges, q, HF);
       const int64_t n = S.edges.size();
       S.size_for(H);
+      S.fill_keep(P, H);
       const scalar_t *kj = k + j * HF, *vj = v + j * HF;
       std::fill(acc_k.begin(), acc_k.end(), acc_t(0));
       std::fill(acc_v.begin(), acc_v.end(), acc_t(0));
@@ -271,7 +274,7 @@ void backward_sources(const Pair& A, const scalar_t* g, const scalar_t* q, const
           const scalar_t* eh = ee ? ee + h * F : ee;
           const acc_t s = pair_logit<FF, acc_t>(A, qi + h * F, kj + h * F, eh, att + h * F, F);
           const acc_t p = exp_simd(s - t[h]) * t[H + h];
-          const acc_t keep = P.keep<acc_t>(E.id, h);
+          const acc_t keep = S.keep[e * H + h];
           if (gv) axpy<FF>(acc_v.data() + h * F, gi + h * F, p * keep, F);
           if (gk) {
             acc_t g_dot_v = dot<FF, acc_t>(gi + h * F, vj + h * F, F);

@@ -246,6 +246,63 @@ def test_gatconv_matches_pyg(name, backend):
         torch.testing.assert_close(g, r, **tol)
 
 
+def test_gatconv_recomputes_its_projection_in_the_backward(monkeypatch):
+    """The fused op's saved projection is made again from x in the backward (not kept from the
+    forward), and the result still matches PyG."""
+    from gnnfuse.nn import _attention
+
+    stock, ours = gat_pair(6, 4, heads=2)
+    calls = []
+    real = _attention.F.linear
+
+    def counting_linear(*args):
+        calls.append(args[1].shape)
+        return real(*args)
+
+    monkeypatch.setattr(_attention.F, "linear", counting_linear)
+    x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
+    out = ours(x, graph())
+    forward_calls = len(calls)
+    grads = torch.autograd.grad((out * out.detach().cos()).sum(), [x, *ours.parameters()])
+    assert calls[forward_calls:] == [ours.lin.weight.shape]  # the projection, made again in the backward
+    monkeypatch.undo()
+    ref, ref_grads = layer_run(stock, x, graph())
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
+def test_gatconv_keeps_its_projection_where_versions_cannot_be_read(monkeypatch):
+    """The fallback when tensors' version counters are unavailable: nothing is recomputed."""
+    from gnnfuse.nn import _attention, _recompute
+
+    monkeypatch.setattr(_recompute, "_versions", lambda tensors: None)
+    stock, ours = gat_pair(6, 4, heads=2)
+    calls = []
+    real = _attention.F.linear
+    monkeypatch.setattr(_attention.F, "linear", lambda *a: calls.append(a[1].shape) or real(*a))
+    x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
+    out = ours(x, graph())
+    forward_calls = len(calls)
+    grads = torch.autograd.grad(out.sum(), [x, *ours.parameters()])
+    assert len(calls) == forward_calls  # the backward used the kept projection
+    monkeypatch.undo()
+    ref = stock(x, graph())
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, torch.autograd.grad(ref.sum(), [x, *stock.parameters()])):
+        torch.testing.assert_close(g, r)
+
+
+def test_gatconv_projection_modified_in_place_before_backward_raises():
+    _, ours = gat_pair(6, 4, heads=2)
+    x = torch.randn(N, 6, dtype=torch.float64)
+    out = ours(x, graph())
+    with torch.no_grad():
+        ours.lin.weight.mul_(2)  # e.g. an optimizer step before the backward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 @pytest.mark.parametrize("loops", [False, True])
 def test_gatconv_bipartite_matches_pyg(loops):
     stock, ours = gat_pair((5, 6), 4, heads=2, add_self_loops=loops)
@@ -319,3 +376,19 @@ def test_gatconv_compiles_fullgraph():
     out, eager = torch.compile(conv, fullgraph=True)(x, csr, ea), conv(x, csr, ea)
     torch.testing.assert_close(out, eager)
     torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(eager.sum(), x)[0])
+
+
+@pytest.mark.parametrize("in_channels", [-1, (-1, -1)])
+def test_gatconv_lazy_projection_matches_pyg(in_channels):
+    """Lazy projections take their width from the first call; the target side's projection is
+    never applied to x_dst (only its folded attention vector is), so the fold initialises it."""
+    torch.manual_seed(1)
+    stock, ours = pyg_nn.GATConv(in_channels, 4, heads=2), G.GATConv(in_channels, 4, heads=2)
+    if isinstance(in_channels, int):
+        x = torch.randn(N, 6)
+    else:
+        x = (torch.randn(N, 6), torch.randn(N, 5))
+    stock(x, graph())  # initialises the stock layer's parameters
+    ours(x, graph())
+    ours.load_state_dict(stock.state_dict())
+    torch.testing.assert_close(ours(x, graph()), stock(x, graph()))

@@ -1,11 +1,13 @@
 """Compiled-kernel check of the attention ops on CUDA (no C++ extension needed): every op's Triton
-forward and gradients against the reference backend on the same GPU, on a sparse graph (the
-4-edge, 2-warp tiles) and a denser one with a hub row (32-edge tiles, split rows), with and
-without edge features, self loops and dropout. The unit tests cover the same maths in the
-interpreter; this runs the compiled kernels with the tile shapes the GPU actually gets.
+forward and gradients against the reference backend on the same GPU, on a sparse graph (4-edge
+tiles: one warp in the forward, 2 in the backward; with wide heads, 2 x 64, one warp in both) and a
+denser one (32-edge tiles), each with a hub row (split rows), with and without edge features, self
+loops and dropout. The unit tests cover the same maths in the interpreter; this runs the compiled
+kernels with the tile shapes the GPU actually gets.
 
     PYTHONPATH=. python benchmarks/gpu/check_attention.py
     PYTHONPATH=. TRITON_INTERPRET=1 python benchmarks/gpu/check_attention.py --small   # CPU, interpreter
+    PYTHONPATH=. python benchmarks/gpu/check_attention.py --case wide   # only the graphs whose label has "wide"
 """
 from __future__ import annotations
 
@@ -32,10 +34,12 @@ def compare(name, make, tensors):
 
 def main():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    H, F = 4, 8
     div = 20 if "--small" in sys.argv else 1
-    for label, n, e in (("sparse (average degree 6)", 3000 // div, 18000 // div),
-                        ("dense (average degree 40)", 500 // div, 20000 // div)):
+    for label, n, e, H, F in (("sparse (average degree 6)", 3000 // div, 18000 // div, 4, 8),
+                              ("dense (average degree 40)", 500 // div, 20000 // div, 4, 8),
+                              ("sparse, wide heads 2x64", 3000 // div, 18000 // div, 2, 64)):
+        if "--case" in sys.argv and sys.argv[sys.argv.index("--case") + 1] not in label:
+            continue
         ei = random_graph(n, n, e, seed=1, power_law=True).to(dev)
         ei[1, : e // 10] = 0  # a hub row: split into pieces
         E = ei.shape[1]

@@ -10,6 +10,10 @@ Same constructor, parameters, state_dict and forward signature as
 * the edge term ``att_edge . lin_edge(edge_attr)`` is computed as ``edge_attr @ w_eff.T`` with
   ``w_eff [H, edge_dim]`` folded from lin_edge and att_edge (no [E, H * C] tensor); the self
   loops' edge features follow ``fill_value`` exactly as PyG's ``add_self_loops``;
+* the attention logits' node terms are ``x @ w_att.T`` with ``w_att [H, in]`` folded from the
+  projection's weight and ``att_src`` / ``att_dst`` (no [N, H, C] product, forward or backward),
+  and the projection ``lin(x)`` the kernel saves is recomputed in the backward from ``x``
+  (``_recompute.py``): one [N, H * C] tensor less alive at a training step's peak;
 * attention dropout is drawn inside the kernel (counter-based, seeded from torch's generator, so
   ``torch.manual_seed`` reproduces it), not by ``F.dropout``: same distribution, another mask.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 from torch_geometric.nn import MessagePassing
 from torch import Tensor
@@ -31,6 +36,7 @@ from ..csr import CSR
 from ..ops.attention import gat_attention
 from ._layers import FUSED_CLASSES
 from ._mixin import _HOOK_DICTS, csr_to_edge_index, edge_endpoints
+from ._recompute import recompute
 
 __all__ = ["GATConv"]
 _warned: set[tuple[str, str]] = set()
@@ -65,22 +71,21 @@ class GATConv(pyg_nn.GATConv):
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         res = self.res(x_dst) if self.res is not None else None
-        if self.lin is not None:
-            h_src = self.lin(x_src).view(-1, H, C)
-            h_dst = h_src if x_dst is x_src else self.lin(x_dst).view(-1, H, C)
-        else:
-            h_src = self.lin_src(x_src).view(-1, H, C)
-            h_dst = self.lin_dst(x_dst).view(-1, H, C)
-        alpha_src = (h_src * self.att_src).sum(-1)
-        alpha_dst = (h_dst * self.att_dst).sum(-1)
+        lin_src, lin_dst = (self.lin, self.lin) if self.lin is not None else (self.lin_src, self.lin_dst)
+        h_src = lin_src(x_src).view(-1, H, C)
+        alpha_src = attention_logits(lin_src, x_src, self.att_src)
+        alpha_dst = attention_logits(lin_dst, x_dst, self.att_dst)
         alpha_edge = alpha_loop = None
         if edge_attr is not None and self.lin_edge is not None:
-            alpha_edge, alpha_loop = self._edge_terms(edge_attr, edge_index, h_dst.shape[0])
-        out = gat_attention(
-            h_src, alpha_src, alpha_dst, edge_index, alpha_edge=alpha_edge, alpha_loop=alpha_loop,
-            negative_slope=self.negative_slope, dropout=self.dropout if self.training else 0.0,
-            add_self_loops=self.add_self_loops, backend=self.gnnfuse_backend,
-        )
+            alpha_edge, alpha_loop = self._edge_terms(edge_attr, edge_index, x_dst.shape[0])
+        # the op saves h_src for its backward: keep x_src (kept anyway) and make h_src again there
+        with recompute(h_src, lambda: F.linear(x_src, lin_src.weight, lin_src.bias).view(-1, H, C),
+                       (x_src, *lin_src.parameters())):
+            out = gat_attention(
+                h_src, alpha_src, alpha_dst, edge_index, alpha_edge=alpha_edge, alpha_loop=alpha_loop,
+                negative_slope=self.negative_slope, dropout=self.dropout if self.training else 0.0,
+                add_self_loops=self.add_self_loops, backend=self.gnnfuse_backend,
+            )
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
@@ -102,6 +107,18 @@ class GATConv(pyg_nn.GATConv):
 
     def _why_not_fused(self, x, edge_index, size, return_attention_weights) -> str | None:
         return why_not_fused(self, x, edge_index, size, return_attention_weights)
+
+
+def attention_logits(lin, x: Tensor, att: Tensor) -> Tensor:
+    """``(lin(x).view(-1, H, C) * att).sum(-1)`` [N, H] as ``x @ w_att.T`` with ``w_att [H, in]``
+    folded from lin's weight and ``att [1, H, C]``: no [N, H, C] product forward and no [N, H, C]
+    gradient backward (the weights' gradients come through the small fold)."""
+    if isinstance(lin.weight, torch.nn.parameter.UninitializedParameter):
+        lin(x)  # a lazy Linear takes its input width from its first call
+    H, C = att.shape[-2], att.shape[-1]
+    w_att = (lin.weight.view(H, C, -1) * att.view(H, C, 1)).sum(1)
+    b_att = None if lin.bias is None else (lin.bias.view(H, C) * att.view(H, C)).sum(-1)
+    return F.linear(x, w_att, b_att)
 
 
 def self_loop_attr(edge_attr: Tensor, graph, num_dst: int, fill) -> Tensor:

@@ -39,6 +39,7 @@ from .gather_scatter_fwd_kernels import _COMBINE_K, SUM, _combine_kernel
 # graphs) keep one program; a hub row of 100K edges becomes ~400 programs. A multiple of every BE.
 SPLIT_EDGES = 256
 SPARSE_DEGREE = 8  # graphs of at most this average degree get 4-edge steps (see _blocks)
+WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles (see _warps)
 
 
 # ---- launchers ------------------------------------------------------------------------------------
@@ -51,7 +52,8 @@ def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None =
     registers (fewer programs resident to hide the gathers' latency) and instructions. Measured on
     an H100 (benchmarks/results/attention-edge-block_h100_2026-11-23_*.md, arxiv-scale graph of
     average degree 6.9): a GATv2 / Transformer training step took 3.5 ms at BE 4, 5.0 at 8, 8.2 at
-    16 and 11 at 32 (8 heads x 8), and 7.9 / 12.6 / 12.5 / 20 ms at 4 x 64."""
+    16 and 11 at 32 (8 heads x 8); at 4 x 64 with one warp (see _warps) BE 4 beat BE 8 by 1.2-1.25x
+    (training step)."""
     fb = next_power_of_2(F)
     hb = max(1, min(next_power_of_2(H), 128 // fb))
     be = max(4, min(32, 4096 // (hb * fb)))
@@ -62,10 +64,26 @@ def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None =
 
 
 def _warps(be: int, hb: int, fb: int) -> int:
-    """Warps per program: 2 for tiles of at most 512 elements (8 edges x 8 heads x 8 features on
-    sparse graphs), where 4 warps would hold 4 elements a thread and pay cross-warp reductions
-    for the softmax and the per-head sums; 4 otherwise."""
+    """Warps per program of the backward kernels (and of the forward's larger tiles, _forward_warps).
+    One warp for wide heads (F >= WIDE_HEAD) in tiles of at most 1024 elements (4 edges x 2 heads x
+    64 features on sparse graphs): a thread then holds all edges of its features, so the sums over
+    a tile's edges stay in registers, with no cross-warp reduction; at 4 x 64 the GAT, GATv2 and
+    Transformer training steps ran 1.2-1.3x faster than with 2 warps. 2 warps for other tiles of at most 512
+    elements (4 edges x 8 heads x 8 features), where 4 warps would hold 4 elements a thread and pay
+    cross-warp reductions for the softmax and the per-head sums (and one warp made the 8 x 8 GAT
+    backward slower); 4 otherwise."""
+    if fb >= WIDE_HEAD and be * hb * fb <= 1024:
+        return 1
     return 2 if be * hb * fb <= 512 else 4
+
+
+def _forward_warps(be: int, hb: int, fb: int) -> int:
+    """Warps per program of the forward kernels: one for tiles of at most 512 elements (the sparse
+    graphs' 4-edge tiles), where the online softmax's sums over a tile's edges then stay in one
+    warp; the forward ran 1.15-1.25x faster than with 2 warps at 8 x 8 (GAT, Transformer; GATv2
+    within 5%) and 1.5-1.6x at 4 x 64 (benchmarks/results/attention-edge-block_h100_2026-11-23_
+    fwd-warps.md). _warps otherwise."""
+    return 1 if be * hb * fb <= 512 else _warps(be, hb, fb)
 
 
 def _common(x, rowptr, col, self_loops, slope, p, seed):
@@ -102,7 +120,7 @@ def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos
             out, m, z, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars,
             HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None,
             SELF_LOOPS=bool(self_loops), DROPOUT=p > 0, ACC=acc, BE=be, HB=hb, FB=fb, SEG=SPLIT_EDGES,
-            num_warps=_warps(be, hb, fb))
+            num_warps=_forward_warps(be, hb, fb))
         if parts:
             _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
                 p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=acc,

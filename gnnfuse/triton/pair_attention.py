@@ -55,6 +55,7 @@ def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_
     p_m = k.new_empty(parts, H, dtype=stat) if parts else m
     p_z = torch.empty_like(p_m) if parts else m
     hb = flags["HB"]
+    flags["num_warps"] = gat._forward_warps(flags["BE"], hb, flags["FB"])
     with _device(k):
         _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
             q, k, v, att if att is not None else k, edge if edge is not None else k, perm if perm is not None else col,

@@ -17,15 +17,19 @@ Goal 2: the first-call check of a hand-built CSR costs at most ~10% of building 
   * build              ``CSR.from_edge_index`` (the sort a hand-built CSR replaces);
   * first check        what an op's first use of a hand-built CSR runs: the layout of all three
                        tensors and the values of rowptr and col, plus their stamp
-                       (``gnnfuse.csr_checks.check_structure``); the goal's ratio;
+                       (``gnnfuse.csr_checks.check_structure``: one C++ call on CPU); the goal's ratio;
   * perm check         what the first read of ``perm`` adds (ops with per-edge inputs only): the
-                       permutation check of the sort's own, shuffled, perm, plus its stamp;
+                       permutation check of the sort's own perm (shuffled on arxiv-like; Cora's
+                       edge_index is sorted by target, so its perm is the identity), plus its stamp;
+                       '+ perm / build' is the goal's ratio for an op that reads perm;
   * validate           ``CSR.validate()``: everything, on demand (first check + perm check);
   * validate, identity perm   the same with ``perm = arange(E)`` (as ``from_scipy`` builds it),
                        which skips the permutation bitmap;
   * aminmax            ``torch.aminmax(col)``, one parallel torch pass over the edges: what any
                        parallel pass costs on the machine at that moment.
-  Timed interleaved (round-robin, wall time), median and IQR of the rounds.
+  Timed interleaved (round-robin, wall time), median and IQR of the rounds; the goal is judged on
+  the medians, and the ratios of the fastest rounds are given beside them (on a shared machine the
+  rounds in which no other job took a core).
 
 Graphs: Cora (or a Cora-sized synthetic graph when the data is absent) and arxiv-like (1.17M
 edges). Takes about 30 s for ``--threads 1,2`` (a minute on a loaded 2-core VM). Writes validation_<device>_<date>[_tag].{json,md}
@@ -125,15 +129,19 @@ def first_call_row(name: str, edge_index: torch.Tensor, n: int, rounds: int) -> 
                                "validate": shuffled.validate, "validate_identity": identity.validate,
                                "aminmax": lambda: torch.aminmax(built.col)}, rounds=rounds, max_seconds=60)
     ms = {k: v["median_ms"] for k, v in times.items()}
-    ratio = ms["first"] / ms["build"]
+    ratio, with_perm = ms["first"] / ms["build"], (ms["first"] + ms["perm"]) / ms["build"]
+    fastest = {k: v["min_ms"] for k, v in times.items()}  # on a loaded machine, the rounds that ran undisturbed
     return {"threads": torch.get_num_threads(), "graph": name, "edges": edge_index.shape[1],
             "build ms": ms["build"], "build IQR": times["build"]["iqr_ms"],
             "first check ms": ms["first"], "first check IQR": times["first"]["iqr_ms"],
             "first check / build": f"{ratio:.1%}",
-            "perm check ms": ms["perm"], "+ perm / build": f"{(ms['first'] + ms['perm']) / ms['build']:.1%}",
+            "perm check ms": ms["perm"], "+ perm / build": f"{with_perm:.1%}",
+            "fastest rounds: first / build": f"{fastest['first'] / fastest['build']:.1%}",
+            "fastest rounds: + perm / build": f"{(fastest['first'] + fastest['perm']) / fastest['build']:.1%}",
             "validate ms": ms["validate"], "validate, identity perm ms": ms["validate_identity"],
             "aminmax ms": ms["aminmax"],
-            "goal": f"<= {FIRST_CALL_GOAL:.0%}: " + ("met" if ratio <= FIRST_CALL_GOAL else "not met")}
+            "goal": f"<= {FIRST_CALL_GOAL:.0%}: " + ("met" if ratio <= FIRST_CALL_GOAL else "not met"),
+            "goal, + perm": f"<= {FIRST_CALL_GOAL:.0%}: " + ("met" if with_perm <= FIRST_CALL_GOAL else "not met")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -154,8 +162,9 @@ def main(argv: list[str] | None = None) -> None:
             first.append(first_call_row(name, edge_index, n, args.rounds))
     meta = {**machine("cpu"), "threads": args.threads}
     first_columns = ["threads", "graph", "edges", "build ms", "build IQR", "first check ms", "first check IQR",
-                     "first check / build", "perm check ms", "+ perm / build", "validate ms",
-                     "validate, identity perm ms", "aminmax ms", "goal"]
+                     "first check / build", "perm check ms", "+ perm / build", "fastest rounds: first / build",
+                     "fastest rounds: + perm / build", "validate ms",
+                     "validate, identity perm ms", "aminmax ms", "goal", "goal, + perm"]
     hot_columns = ["threads", "graph", "call", "cpu us", "cpu IQR us", "wall us", "wall IQR us", "goal"]
 
     notes = (args.notes + "\n\n" if args.notes else "") + (

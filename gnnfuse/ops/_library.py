@@ -24,7 +24,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     ``auto`` means the compiled kernel of the tensors' device; the environment variable
     ``GNNFUSE_BACKEND`` replaces ``auto`` (useful to run a whole program on the reference).
     """
-    traced = torch.compiler.is_dynamo_compiling()
+    traced = _is_dynamo_compiling()
     if traced:  # no memo while tracing: Dynamo guards on its contents,
         kind = device.type  # and an eager call filling it later would recompile
     else:
@@ -43,6 +43,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling  # (bound once: the attribute walk costs 0.03 us)
 _device_types: dict[torch.device, str] = {}  # device.type builds a new string each time (~0.4 us)
 
 

@@ -10,7 +10,7 @@ import torch
 from .. import _tensor_cache, config, reference
 from .._build import BuildError, load_extension
 from .._validate import IndexOutOfRange
-from ._opdef import OpDef
+from ._opdef import OpDef, use_native_scan
 
 # key/other: [E] ids of one index dtype, range-checked in that dtype; out_dtype: the CSR's index
 # dtype (default: key's), so int64 ids are checked before they are narrowed to int32.
@@ -22,8 +22,11 @@ def _extension_or_none():
     except BuildError as exc:
         warnings.warn(f"gnnfuse: C++ kernels unavailable, sorting with torch instead ({exc})", stacklevel=4)
         return None
-    _tensor_cache.use_native(ext)  # loaded anyway: the graphs it builds and checks get C++ stamps,
-    config.use_getenv(ext.getenv)  # and per-call settings are read through C's getenv
+    # loaded anyway: the graphs it builds and checks get C++ stamps, per-call settings are read
+    # through C's getenv and the ops' eager route scans its arguments in C++ (each ~0.5 us a call less)
+    _tensor_cache.use_native(ext)
+    config.use_getenv(ext.getenv)
+    use_native_scan(ext.scan_args)
     return ext
 
 

@@ -159,7 +159,7 @@ def fused_gather_scatter(
         out = _multi_aggregate(x, edge_index_or_csr, [reduce] if isinstance(reduce, str) else reduce,
                                edge_weight=edge_weight, num_nodes=num_nodes, backend=backend)
         return out.reshape(out.shape[0], *x.shape[1:]) if isinstance(reduce, str) else out
-    if isinstance(edge_weight, torch.Tensor) and edge_weight.dim() == 2:  # multi-head weights
+    if edge_weight is not None and isinstance(edge_weight, torch.Tensor) and edge_weight.dim() == 2:  # multi-head
         return _head_gather_scatter(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     # (this runs on every call: on small graphs each Python call in it is a visible share of the time)
     reduce = ALIASES.get(reduce, reduce)  # (check_call validates it)
@@ -186,7 +186,8 @@ def check_call(x: torch.Tensor, graph: torch.Tensor | CSR, reduce: str, edge_wei
         require_tensor("x", x)
         require_floating("x", x)
         require_shape("x", x, "[N, *feat]", False)
-    canonical_reduce(reduce)
+    if type(reduce) is not str or reduce not in REDUCTIONS:
+        canonical_reduce(reduce)  # raises unless an alias
     if edge_weight is not None:
         require_tensor("edge_weight", edge_weight)
         require_floating("edge_weight", edge_weight)

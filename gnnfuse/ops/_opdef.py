@@ -349,7 +349,10 @@ class OpDef:
         that backend's kernel through the eager route where allowed, else the registered op."""
         if backend is None:
             return self.overload(*args)
-        flat, layout = _flatten(args) if self._has_lists else (args, None)
+        if self._has_lists:
+            flat, layout = _flatten(args)
+        else:
+            flat, layout = args, None
         eager, grad_pos = _scan(flat)
         if not eager:
             if not (backend == "triton" and flat[0].is_cpu):  # TRITON_INTERPRET=1: the dispatcher can't

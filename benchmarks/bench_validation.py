@@ -8,6 +8,8 @@ Goal 1: a repeated call with an unchanged graph pays at most ~1 us for its check
   * cache hit          the lookup of a raw edge_index's cached CSR (``csr_for_edge_index``);
   * checked, Python stamps   ``checked()`` with the stamps taken and compared in Python (what a
                        graph gets while gnnfuse's C++ graph kernels are not loaded, e.g. on CUDA);
+                       on CPU tensors they compare two fingerprints, which a CUDA tensor's stamp has
+                       not: '... no fingerprints (as on CUDA)' is the same without them;
   * x.add(1)           on a 3-element tensor: a same-process anchor of Python/dispatch speed.
   Each sample times a batch of calls (timeit); median and IQR of the samples, in wall time and in
   the calling thread's CPU time (``time.thread_time``: on a shared machine the wall time also counts
@@ -40,12 +42,14 @@ into --out (default benchmarks/results). Example, the two thread counts the resu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gc
 import json
 import statistics
 import time
 import timeit
+from unittest import mock
 
 import torch
 
@@ -87,9 +91,11 @@ def hand_built(built: gnnfuse.CSR, n: int, perm: torch.Tensor | None = None) -> 
     return gnnfuse.CSR(built.rowptr.clone(), built.col.clone(), built.perm.clone() if perm is None else perm, n)
 
 
-def python_stamped(built: gnnfuse.CSR, n: int) -> gnnfuse.CSR:
-    """A checked hand-built CSR whose stamps were taken in Python (as without the C++ kernels)."""
-    with _tensor_cache.python_stamps():
+def python_stamped(built: gnnfuse.CSR, n: int, fingerprints: bool = True) -> gnnfuse.CSR:
+    """A checked hand-built CSR whose stamps were taken in Python (as without the C++ kernels);
+    without ``fingerprints``, as the stamp of a CUDA tensor is (no memory is read)."""
+    no_fingerprints = mock.patch.object(_tensor_cache, "fingerprint_view", lambda t: None)
+    with _tensor_cache.python_stamps(), (contextlib.nullcontext() if fingerprints else no_fingerprints):
         csr = hand_built(built, n).checked()
         csr.perm  # noqa: B018  (the first read checks and stamps it)
     return csr
@@ -100,12 +106,14 @@ def hot_path_rows(name: str, edge_index: torch.Tensor, n: int) -> list[dict[str,
     hand = hand_built(built, n).checked()
     hand.perm  # noqa: B018  (checked on first read)
     in_python = python_stamped(built, n)
+    in_python_bare = python_stamped(built, n, fingerprints=False)
     csr_for_edge_index(edge_index, n, n)
     x = torch.ones(3)
     calls = {"checked (hand-built CSR)": hand.checked,
              "perm read (per-edge inputs)": lambda: hand.perm,
              "cache hit (raw edge_index)": lambda: csr_for_edge_index(edge_index, n, n),
              "checked, Python stamps": in_python.checked,
+             "checked, Python stamps, no fingerprints (as on CUDA)": in_python_bare.checked,
              "x.add(1) (anchor)": lambda: x.add(1)}
     rows = []
     for what, fn in calls.items():

@@ -60,6 +60,16 @@ def use_native(extension) -> None:
         _native[:] = [extension.take_stamp, extension.same_stamp]
 
 
+def stamps_in_cpp() -> bool:
+    """Whether new stamps are taken in C++ (see :func:`use_native`)."""
+    return bool(_native)
+
+
+def cpp_stamp(data: bytes | None) -> tuple[Callable[..., bool], object] | None:
+    """The stamp, as :func:`take` gives it, whose data a C++ check took along with its check."""
+    return None if data is None else (_native[1], data)
+
+
 @contextlib.contextmanager
 def python_stamps() -> Iterator[None]:
     """Within the block, new stamps are taken in Python, as without the C++ kernels (for tests and

@@ -4,9 +4,11 @@ Code reads a variable only through :func:`get` (or :func:`enabled` for an on/off
 ``os.environ`` directly, so this table is the complete list; :func:`gnnfuse.show_config` prints the
 current values and the README's table is generated from it (a test keeps the two in step).
 
-Values are read from ``os.environ`` at the moment stated under "read", so setting a variable in
-the running program (``os.environ[...] = ...``) takes effect at the next such moment. A read costs
-about 0.3-0.7 us (``os.environ.get``); the per-call ones are read once per call.
+Values are read from the process environment at the moment stated under "read", so setting a
+variable in the running program (``os.environ[...] = ...``, which writes through to the process
+environment) takes effect at the next such moment. The per-call ones are read once per call: through
+``os.environ.get`` (0.3-0.7 us) until gnnfuse's C++ graph kernels are loaded, then through their
+``getenv`` (about 0.05 us), which reads the same environment (see :func:`use_getenv`).
 
 This module imports nothing but the standard library: setup.py and the build cache load it on
 their own, without torch or the package.
@@ -14,6 +16,7 @@ their own, without torch or the package.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -100,23 +103,38 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
 )}
 
 
-def get(name: str) -> str:
+_getenv: Callable[[str], str | None] = os.environ.get  # how values are read (see use_getenv)
+
+
+def use_getenv(reader: Callable[[str], str | None]) -> None:
+    """Reads variables through ``reader(name) -> str | None`` from now on: gnnfuse's C++ graph
+    kernels bring one that reads the process environment with C's getenv when they load. It sees
+    every ``os.environ`` write (those go through putenv/unsetenv) and skips the two KeyErrors that
+    ``os.environ.get`` raises inside for an unset variable (0.6 us on every op call)."""
+    global _getenv
+    _getenv = reader
+
+
+def get(name: str, *, traced: bool = False) -> str:
     """The variable's value, or its declared default when unset (a declared variable only: an
-    undeclared name is a KeyError, so that every variable gnnfuse reads is in :data:`SETTINGS`)."""
-    return os.environ.get(name, SETTINGS[name].default)
+    undeclared name is a KeyError, so that every variable gnnfuse reads is in :data:`SETTINGS`).
+    ``traced``: the read happens while torch.compile traces, which can follow ``os.environ`` but
+    not the C reader (see :func:`use_getenv`)."""
+    value = (os.environ.get if traced else _getenv)(name)
+    return SETTINGS[name].default if value is None else value
 
 
 def is_set(name: str) -> bool:
     """True when the (declared) variable is set to a non-empty value."""
     SETTINGS[name]  # noqa: B018  (declared variables only)
-    return bool(os.environ.get(name))
+    return bool(_getenv(name))
 
 
-def enabled(name: str) -> bool:
+def enabled(name: str, *, traced: bool = False) -> bool:
     """An on/off flag: a default-off flag is on only when set to its ``on`` value ("1"), a
-    default-on flag is off only when set to its ``off`` value ("0")."""
+    default-on flag is off only when set to its ``off`` value ("0"). ``traced``: as in :func:`get`."""
     setting = SETTINGS[name]
-    value = os.environ.get(name)
+    value = (os.environ.get if traced else _getenv)(name)
     if setting.default == setting.on:
         return value != setting.off
     return value == setting.on
@@ -124,7 +142,7 @@ def enabled(name: str) -> bool:
 
 def current() -> dict[str, str]:
     """Every declared variable with its value now ("unset" when it is not set)."""
-    return {name: os.environ.get(name) or "unset" for name in SETTINGS}
+    return {name: _getenv(name) or "unset" for name in SETTINGS}
 
 
 def markdown_table(groups: tuple[str, ...] = ("runtime", "build", "packaging", "data", "reporting", "examples",

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import reference
-from ._tensor_cache import SAME_OBJECT, take
+from ._tensor_cache import SAME_OBJECT, cpp_stamp, take
 from ._validate import (
     INDEX_DTYPES,
     INT32_MAX,
@@ -37,7 +37,7 @@ from ._validate import (
     require_shape,
     require_tensor,
 )
-from .ops.coo_to_csr import validate_csr, validate_perm
+from .ops.coo_to_csr import check_perm_and_stamp, check_structure_and_stamp, validate_csr, validate_perm
 
 if TYPE_CHECKING:
     from .csr import CSR
@@ -76,9 +76,14 @@ def check_structure(csr: CSR) -> CSR:
     csr._stamps = None
     csr._trusted = False
     csr._derived.clear()
-    check_layout(csr)
-    validate_csr(csr.rowptr, csr.col, None, csr.num_src)
-    csr._stamps = stamp(csr.rowptr, csr.col)
+    r, c = csr.rowptr, csr.col
+    data = check_structure_and_stamp(r, c, csr._perm, csr.num_src)  # on CPU: all in one C++ call
+    if data is False:  # not checked there
+        check_layout(csr)
+        validate_csr(r, c, None, csr.num_src)
+        csr._stamps = stamp(r, c)
+    else:
+        csr._stamps = _held(cpp_stamp(data), (r, c))
     csr._trusted = csr._perm_stamp is not None  # both parts checked: compiled code need not re-check
     return csr
 
@@ -94,6 +99,11 @@ def _check_perm(csr: CSR, layout_checked: bool) -> torch.Tensor:
     csr._perm_stamp = None
     csr._trusted = False
     p, c = csr._perm, csr.col
+    data = check_perm_and_stamp(c, p)  # on CPU: all in one C++ call
+    if data is not False:
+        csr._perm_stamp = _held(cpp_stamp(data), (p,))
+        csr._trusted = csr._stamps is not None
+        return p
     if not layout_checked:  # perm may have been replaced: its dtype, shape and device must match col's
         try:
             fine = p.dtype is c.dtype and c.dtype in INDEX_DTYPES and p.shape == c.shape and p.device == c.device
@@ -112,8 +122,11 @@ def stamp(*tensors: torch.Tensor) -> tuple | None:
     tensors and their storages, held strongly, so that no other tensor or storage can take their
     addresses while the stamp lives. None where nothing can be stamped (inference tensors): the
     part is then checked again on every use."""
-    s = take(SAME_OBJECT, tensors)
-    return None if s is None else (*s, tensors, tuple(t.untyped_storage() for t in tensors))
+    return _held(take(SAME_OBJECT, tensors), tensors)
+
+
+def _held(s: tuple | None, tensors: tuple[torch.Tensor, ...]) -> tuple | None:
+    return None if s is None else (*s, tensors, tuple([t.untyped_storage() for t in tensors]))
 
 
 def check_layout(csr: CSR) -> None:

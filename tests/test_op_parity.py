@@ -294,3 +294,50 @@ def test_a_missing_cpp_kernel_raises_instead_of_recursing():
                       fake=lambda x: torch.empty_like(x))
     with pytest.raises(RuntimeError, match="registered no CPU kernel"):
         op.overload(torch.zeros(2))
+
+
+def test_the_native_argument_scan_matches_the_python_loop(monkeypatch):
+    """The eager route's argument scan runs in C++ once the graph kernels are loaded; it decides as
+    the Python loop does: the registered op for a tensor subclass or a tensor on another device,
+    else the eager route with the positions of the tensors that require grad."""
+    from gnnfuse._build import extension_available, load_extension
+
+    if not extension_available():
+        pytest.skip("C++ kernels unavailable")
+    native = load_extension().scan_args
+
+    class Sub(torch.Tensor):
+        pass
+
+    t, w = torch.ones(2), torch.ones(2, requires_grad=True)
+    cases = [(), (None, None), (t, None, "sum", 3, 1.5), (t, w, None, w), (torch.nn.Parameter(torch.ones(1)), t),
+             (t, t.as_subclass(Sub)), (torch.ones(1, device="meta"), t), [t, w], (w.detach().requires_grad_(),)]
+    monkeypatch.setattr(_opdef, "_scan_args", None)
+    in_python = [_opdef._scan(values) for values in cases]
+    monkeypatch.setattr(_opdef, "_scan_args", native)
+    assert [_opdef._scan(values) for values in cases] == in_python
+    assert [r[0] for r in in_python] == [True, True, True, True, True, False, False, True, True]
+    assert in_python[3][1] == (1, 3) and in_python[7][1] == (1,)
+
+
+def test_settings_read_through_getenv_follow_os_environ(monkeypatch):
+    """Once the graph kernels are loaded, settings are read with C's getenv: os.environ writes (which
+    go through putenv/unsetenv) are seen at the next read, as with os.environ.get."""
+    from gnnfuse import config
+    from gnnfuse._build import extension_available, load_extension
+    from gnnfuse.ops._library import resolve_backend
+
+    if not extension_available():
+        pytest.skip("C++ kernels unavailable")
+    monkeypatch.setattr(config, "_getenv", load_extension().getenv)
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("GNNFUSE_BACKEND", raising=False)
+    assert resolve_backend("auto", cpu) == "cpu" and config.get("GNNFUSE_BACKEND") == "auto"
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    assert resolve_backend("auto", cpu) == "reference"
+    monkeypatch.setenv("GNNFUSE_BACKEND", "")
+    assert config.get("GNNFUSE_BACKEND") == "" and not config.is_set("GNNFUSE_BACKEND")
+    monkeypatch.delenv("GNNFUSE_BACKEND")
+    assert config.get("GNNFUSE_BACKEND") == "auto"
+    monkeypatch.setenv("GNNFUSE_DATA", "/tmp/d\u00e9j\u00e0")  # decoded as os.environ decodes it
+    assert config.get("GNNFUSE_DATA") == os.environ["GNNFUSE_DATA"]

@@ -7,6 +7,7 @@ instead of killing the run."""
 from __future__ import annotations
 
 import inspect
+import re
 import os
 import subprocess
 import sys
@@ -113,7 +114,7 @@ def test_validate_checks_perm_and_from_scipy():
 def test_permutation_check_across_threads(threads):
     """perm is checked with one bitmap per group of edges, OR-ed together: a repeat is found also
     when its two copies fall in different groups (and each group alone looks fine)."""
-    E = 2**23 + 5  # two chunks of the parallel check (a chunk is at least 2**22 edges)
+    E = 2**19 + 5  # two chunks of the parallel check (a chunk is at least 2**18 edges)
     rowptr = torch.tensor([0, E])
     col = torch.zeros(E, dtype=torch.int64)
     before = torch.get_num_threads()
@@ -131,6 +132,85 @@ def test_permutation_check_across_threads(threads):
             CSR(rowptr, col, last_missing, 1).validate()
     finally:
         torch.set_num_threads(before)
+
+
+def _perm_variants(E: int, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, type | None, str]]:
+    """perm tensors of E ids, each with the error its check must raise (None: valid) and the message."""
+    g = torch.Generator().manual_seed(E)
+    shuffled = torch.randperm(E, generator=g).to(dtype)
+    pos = int(torch.randint(0, E, (1,), generator=g))
+    identity = torch.arange(E, dtype=dtype)
+    out_of_range, negative, repeated, late_swap = shuffled.clone(), identity.clone(), shuffled.clone(), identity.clone()
+    out_of_range[pos] = E
+    negative[pos] = -1
+    first = int(repeated[0])
+    repeated[pos if pos else E - 1] = first
+    late_swap[[E - 2, E - 1]] = late_swap[[E - 1, E - 2]]  # the identity except for its last two ids
+    cases = {"shuffled": (shuffled, None, ""), "identity": (identity, None, ""), "late swap": (late_swap, None, ""),
+             "out of range": (out_of_range, IndexOutOfRange, f"edge id {E} at CSR position {pos},"),
+             "negative": (negative, IndexOutOfRange, f"edge id -1 at CSR position {pos},"),
+             "repeated": (repeated, ValueError, f"edge id {first} appears more than once")}
+    if dtype == torch.int64:  # an id that equals a valid one in its low 32 bits
+        wide = identity.clone()
+        wide[pos] = 2**32 + pos
+        cases["beyond 2**32"] = (wide, IndexOutOfRange, f"edge id {2**32 + pos} at")
+    return cases
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("E", [2, 63, 64, 65, 1000, 2**19 + 3])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_permutation_check_proves_every_case(E, dtype, threads):
+    """The permutation check is one marking pass over a bitmap (an id outside [0, E) marks a spare
+    bit; the identity skips the bitmap): every kind of bad perm raises, naming CSR.perm and the
+    offending id, through the first read of ``perm`` and through validate(), whatever the word
+    boundaries and the number of chunks (2**19 + 3 edges: two chunks on two threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rowptr, col = torch.tensor([0, E], dtype=dtype), torch.zeros(E, dtype=dtype)
+        for name, (perm, error, message) in _perm_variants(E, dtype).items():
+            for read in (lambda c: c.perm, lambda c: c.validate()):
+                csr = CSR(rowptr, col, perm, 1)
+                if error is None:
+                    read(csr)
+                    assert csr._perm_stamp is not None, name
+                    continue
+                with pytest.raises(error, match=re.escape(message)) as caught:
+                    read(csr)
+                assert "CSR.perm" in str(caught.value), name
+                assert csr._perm_stamp is None, name  # not marked as checked
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_first_use_checks_accept_any_layout_of_plain_tensors():
+    """The first-use checks run in one C++ call for plain CPU tensors; strided views, subclasses and
+    wrong layouts go through the Python path, which checks them the same way or names the problem."""
+    csr = CSR.from_edge_index(random_graph(30, 30, 200, seed=5), 30)
+    strided = [torch.stack([t, t], 1)[:, 0] for t in (csr.rowptr, csr.col, csr.perm)]  # non-contiguous views
+    assert not strided[1].is_contiguous()
+    CSR(*strided, 30).checked().perm  # noqa: B018
+    strided[1][7] = 30
+    with pytest.raises(IndexOutOfRange, match="CSR.col contains node id 30 at CSR position 7"):
+        CSR(*strided, 30).checked()
+    strided[1][7] = 0
+    strided[2][5] = strided[2][6]
+    with pytest.raises(ValueError, match=f"edge id {int(strided[2][6])} appears more than once"):
+        CSR(*strided, 30).validate()
+
+    class Sub(torch.Tensor):
+        pass
+
+    sub = CSR(csr.rowptr.as_subclass(Sub), csr.col.as_subclass(Sub), csr.perm.as_subclass(Sub), 30)
+    sub.checked().perm  # noqa: B018  (checked in Python; subclasses get no stamp)
+    bad = CSR(csr.rowptr, csr.col.as_subclass(Sub).clone().fill_(30), csr.perm, 30)
+    with pytest.raises(IndexOutOfRange, match="CSR.col contains node id 30"):
+        bad.checked()
+    with pytest.raises(TypeError, match="CSR.col must be a torch.Tensor"):
+        CSR(csr.rowptr, [0, 1], csr.perm, 30).checked()
+    with pytest.raises(ValueError, match="int32 but the graph has 2000000000000 nodes"):
+        CSR(csr.rowptr, csr.col, csr.perm, 2 * 10**12).checked()
 
 
 @pytest.fixture(params=["native", "python"])

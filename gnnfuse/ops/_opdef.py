@@ -92,6 +92,16 @@ def _private_gate() -> tuple[Callable, Callable, Callable] | None:
 
 
 _gate = _private_gate()
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling  # (bound once: the attribute walk costs 0.03 us a call)
+_scan_args: Callable | None = None  # the C++ twin of _scan's loop, once the graph kernels are loaded
+
+
+def use_native_scan(scan_args: Callable) -> None:
+    """Scans arguments with ``scan_args(values) -> tuple | None`` (the C++ graph kernels' twin of
+    :func:`_scan`'s loop: None where the loop returns False, else the positions that require grad)
+    from now on: about 0.1 us for eight arguments, where the Python loop costs 0.5."""
+    global _scan_args
+    _scan_args = scan_args
 
 
 def eager_route_ok(tensors: Sequence[torch.Tensor]) -> bool:
@@ -105,12 +115,15 @@ def _scan(values: Sequence) -> tuple[bool, tuple[int, ...]]:
     about 0.1 us): no dispatch or function mode, no functorch transform, only plain CPU/CUDA tensors."""
     # (Dynamo's tracing first: it must not trace the gate; other tracers, such as non-strict
     # export, run under a dispatch mode, which the gate sees)
-    if _gate is None or torch.compiler.is_dynamo_compiling():
+    if _gate is None or _is_dynamo_compiling():
         return False, ()
     dispatch_modes, function_mode, functorch_level = _gate
     if dispatch_modes() or function_mode() or functorch_level() is not None:
         return False, ()
-    grad_pos: tuple[int, ...] = ()
+    if _scan_args is not None:
+        grad_pos = _scan_args(values)
+        return (False, ()) if grad_pos is None else (True, grad_pos)
+    grad_pos = ()
     i = -1
     for t in values:
         i += 1
@@ -336,7 +349,10 @@ class OpDef:
         that backend's kernel through the eager route where allowed, else the registered op."""
         if backend is None:
             return self.overload(*args)
-        flat, layout = _flatten(args) if self._has_lists else (args, None)
+        if self._has_lists:
+            flat, layout = _flatten(args)
+        else:
+            flat, layout = args, None
         eager, grad_pos = _scan(flat)
         if not eager:
             if not (backend == "triton" and flat[0].is_cpu):  # TRITON_INTERPRET=1: the dispatcher can't

@@ -1,15 +1,16 @@
 """``gnnfuse::coo_to_csr``: stable counting sort of edges by key (the CSR build), and the structural
-checks of a CSR built elsewhere (:func:`validate_csr`, :func:`validate_perm`)."""
+checks of a CSR built elsewhere (:func:`validate_csr`, :func:`validate_perm`; with the stamp of
+what they checked: :func:`check_structure_and_stamp`, :func:`check_perm_and_stamp`)."""
 from __future__ import annotations
 
 import warnings
 
 import torch
 
-from .. import _tensor_cache, reference
+from .. import _tensor_cache, config, reference
 from .._build import BuildError, load_extension
 from .._validate import IndexOutOfRange
-from ._opdef import OpDef
+from ._opdef import OpDef, use_native_scan
 
 # key/other: [E] ids of one index dtype, range-checked in that dtype; out_dtype: the CSR's index
 # dtype (default: key's), so int64 ids are checked before they are narrowed to int32.
@@ -21,7 +22,11 @@ def _extension_or_none():
     except BuildError as exc:
         warnings.warn(f"gnnfuse: C++ kernels unavailable, sorting with torch instead ({exc})", stacklevel=4)
         return None
-    _tensor_cache.use_native(ext)  # loaded anyway: the graphs it builds and checks get C++ stamps
+    # loaded anyway: the graphs it builds and checks get C++ stamps, per-call settings are read
+    # through C's getenv and the ops' eager route scans its arguments in C++ (each ~0.5 us a call less)
+    _tensor_cache.use_native(ext)
+    config.use_getenv(ext.getenv)
+    use_native_scan(ext.scan_args)
     return ext
 
 
@@ -98,5 +103,33 @@ def validate_perm(perm: torch.Tensor) -> None:
         return
     try:
         ext.validate_perm(perm)
+    except IndexError as exc:
+        raise IndexOutOfRange(str(exc)) from None
+
+
+# The first-use checks of a hand-built CPU CSR in one C++ call each, with the C++ stamp of what was
+# checked (see gnnfuse.csr_checks): the layout tests and stamps cost about 2 us in Python, as much as
+# the checks of a Cora-sized graph. Each returns the stamp's data (bytes, or None where the tensors
+# cannot be stamped) or False, having checked nothing, where it does not apply: stamps taken in
+# Python (the C++ kernels not loaded yet, or gnnfuse._tensor_cache.python_stamps), a tensor not on
+# the CPU or of a subclass, or a layout that Python must explain.
+def check_structure_and_stamp(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int):
+    """:func:`validate_csr`'s checks of rowptr and col (perm's layout too), and their stamp."""
+    ext = _extension_or_none() if _tensor_cache.stamps_in_cpp() else None
+    if ext is None:
+        return False
+    try:
+        return ext.check_structure(rowptr, col, perm, num_src)
+    except IndexError as exc:
+        raise IndexOutOfRange(str(exc)) from None
+
+
+def check_perm_and_stamp(col: torch.Tensor, perm: torch.Tensor):
+    """:func:`validate_perm`'s check of perm (its layout against col's too), and its stamp."""
+    ext = _extension_or_none() if _tensor_cache.stamps_in_cpp() else None
+    if ext is None:
+        return False
+    try:
+        return ext.check_perm(col, perm)
     except IndexError as exc:
         raise IndexOutOfRange(str(exc)) from None

@@ -33,6 +33,8 @@ from ..reductions import canonical_reduce
 from ._library import resolve_backend
 from ._opdef import CppKernel, OpDef
 
+_VALUE_DTYPES = frozenset(VALUE_DTYPES)  # (a hash lookup: the tuple compares up to four dtypes)
+
 # The forward op: x [N_src, F] contiguous; rowptr/col the CSR; weight [E] in CSR order with x's
 # dtype; t_* the cached transpose, passed exactly when gradients are wanted. Returns out
 # [N_dst, F] and arg: for max/min with the transpose given, [N_dst, F] winning CSR positions
@@ -159,7 +161,7 @@ def fused_gather_scatter(
         out = _multi_aggregate(x, edge_index_or_csr, [reduce] if isinstance(reduce, str) else reduce,
                                edge_weight=edge_weight, num_nodes=num_nodes, backend=backend)
         return out.reshape(out.shape[0], *x.shape[1:]) if isinstance(reduce, str) else out
-    if isinstance(edge_weight, torch.Tensor) and edge_weight.dim() == 2:  # multi-head weights
+    if edge_weight is not None and isinstance(edge_weight, torch.Tensor) and edge_weight.dim() == 2:  # multi-head
         return _head_gather_scatter(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
     # (this runs on every call: on small graphs each Python call in it is a visible share of the time)
     reduce = ALIASES.get(reduce, reduce)  # (check_call validates it)
@@ -182,15 +184,19 @@ def check_call(x: torch.Tensor, graph: torch.Tensor | CSR, reduce: str, edge_wei
     returns the call's validated CSR (a raw edge_index sorted, or taken from the cache) and the
     backend that runs. Messages are formatted only on failure (see gnnfuse._validate); the common
     case costs one test per argument."""
-    if not isinstance(x, torch.Tensor) or x.dtype not in VALUE_DTYPES or x.dim() < 1:
+    if not isinstance(x, torch.Tensor) or x.dtype not in _VALUE_DTYPES or x.dim() < 1:
         require_tensor("x", x)
         require_floating("x", x)
         require_shape("x", x, "[N, *feat]", False)
-    canonical_reduce(reduce)
+    if type(reduce) is not str or reduce not in REDUCTIONS:
+        canonical_reduce(reduce)  # raises unless an alias
     if edge_weight is not None:
         require_tensor("edge_weight", edge_weight)
         require_floating("edge_weight", edge_weight)
-    csr = _as_csr(graph, x, num_nodes)
+    if num_nodes is None and isinstance(graph, CSR):  # the common case, without a call
+        csr = graph.checked()  # validated once per object and again after a change to its tensors
+    else:
+        csr = _as_csr(graph, x, num_nodes)
     device = x.device
     if csr.col.device != device or (edge_weight is not None and edge_weight.device != device):
         require_same_device(x=x, edge_index=csr.col, edge_weight=edge_weight)  # raises, naming them

@@ -1,9 +1,12 @@
 """Triton kernels of ``gnnfuse::gather_scatter`` (forward) and ``gather_scatter_backward``.
 
-This module is the host side: work lists, plans and launchers ("check, allocate, launch") that
-gnnfuse/ops/gather_scatter.py calls (through the torch.library op or its eager shortcut). The
+This module is the host side ("check, allocate, launch") that gnnfuse/ops/gather_scatter.py calls
+(through the torch.library op or its eager route): per-graph setups, cached, for the forward
+(_ForwardSetup) and the backward (_BackwardSetup), both planned by the dispatch module's plan
+builder on the graph each kernel walks, and both launching through one path (each setup's
+_launch.BoundLaunches: device guard, then the version-fenced fast launch or Triton's own). The
 @triton.jit kernels live in gather_scatter_fwd_kernels.py and gather_scatter_bwd_kernels.py; tile
-choice in gather_scatter_dispatch.py, the row schedule in schedule.py.
+choice in gather_scatter_dispatch.py, the row schedule in schedule.py, work lists in work_lists.py.
 
 Forward kernels (see the dispatch module for when each runs):
   * ``_rowgroup_kernel`` (the default "hybrid" plan's short rows): rows of at most short_max
@@ -21,13 +24,14 @@ Forward kernels (see the dispatch module for when each runs):
     fully inside the block is stored, a run touching the block edge is added with a relaxed
     atomic (about one atomic per row per block). ``SEGMENTED=False`` is the fully-atomic
     baseline.
-Backward (no E x F tensor): for sum/mean, x's gradient is a sum forward over the cached
-transpose (same kernels and plan); for max/min, ``_winner_scatter_kernel`` adds each winner's
-gradient to its source row with atomics (under torch.use_deterministic_algorithms(True), and
-for mul, ``_csr_bwd_x_kernel`` walks the transpose instead with the same work-list splitting:
-dm = d out / d message; grad_x[j] += dm * w); ``_grad_w_kernel`` is a per-edge dot over
-features in CSR order; ``_mul_stats_kernel`` precomputes, for reduce="mul", the product of
-non-zero messages and the zero count per (row, feature).
+Backward (no E x F tensor). x's gradient takes one of three routes: for sum/mean, a sum forward
+over the cached transpose (the forward's kernels, setup and plan, on the transpose); for max/min,
+``_winner_scatter_kernel`` adds each winner's gradient to its source row with relaxed atomics;
+under torch.use_deterministic_algorithms(True), and for mul, ``_csr_bwd_x_kernel`` walks the
+transpose instead (its own work list: dm = d out / d message; grad_x[j] += dm * w).
+``_grad_w_kernel`` is a per-edge dot over features in CSR order; ``_mul_stats_kernel``
+precomputes, for reduce="mul", the product of non-zero messages and the zero count per
+(row, feature), on the CSR's work list.
 """
 from __future__ import annotations
 
@@ -36,15 +40,13 @@ import torch
 from .. import config
 from .._tensor_cache import cached
 from ..fresh_graph import NoPieces, fresh_plan, fresh_rows, is_fresh
+from ..reductions import CODES, MUL, SUM
 from ._grid import cdiv, next_power_of_2
 from ._launch import BoundLaunches
 from .gather_scatter_bwd_kernels import _csr_bwd_x_kernel, _grad_w_kernel, _mul_stats_kernel, _winner_scatter_kernel
 from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs, hybrid_configs
 from .gather_scatter_fwd_kernels import (
-    _CODES,
     _COMBINE_K,
-    MUL,
-    SUM,
     _coo_kernel,
     _combine_kernel,
     _csr_fwd_kernel,
@@ -52,57 +54,8 @@ from .gather_scatter_fwd_kernels import (
     _rowgroup_kernel,
 )
 from .schedule import choose_window, short_rows, task_list
-
-
-# work lists (cached per rowptr tensor object)
-# =============================================================================================
-class _WorkList:
-    """Rows split into pieces of at most ``seg`` edges.
-
-    seg_row[s]: row of piece s; seg_ptr[r]: first piece of row r; slot[r]: first partial slot
-    of row r if it is split (more than one piece), else -1; split_rows: the split rows.
-    With ``short_max`` >= 0, rows of at most that many edges get no piece (the hybrid plan's
-    row-group kernel covers them, empty rows included).
-    """
-
-    def __init__(self, rowptr: torch.Tensor, seg: int, short_max: int = -1):
-        n = rowptr.numel() - 1
-        dev = rowptr.device
-        deg = (rowptr[1:] - rowptr[:-1]).long()
-        pieces = ((deg + seg - 1) // seg).clamp_(min=1)
-        if short_max >= 0:
-            pieces = torch.where(deg <= short_max, 0, pieces)
-        self.seg_ptr = torch.zeros(n + 1, dtype=torch.long, device=dev)
-        torch.cumsum(pieces, 0, out=self.seg_ptr[1:])
-        split = pieces > 1
-        split_pieces = torch.where(split, pieces, 0)
-        slot_end = torch.cumsum(split_pieces, 0)
-        self.slot = torch.where(split, slot_end - split_pieces, -1)
-        self.split_rows = torch.nonzero(split).flatten()
-        totals = torch.stack([self.seg_ptr[-1], slot_end[-1] if n else self.seg_ptr[-1] * 0]).tolist()  # 1 sync
-        self.num_pieces, self.num_partials = int(totals[0]), int(totals[1])
-        self.seg_row = torch.repeat_interleave(torch.arange(n, device=dev), pieces, output_size=self.num_pieces)
-        self.max_degree = None
-
-
-def work_list(rowptr: torch.Tensor, seg: int, short_max: int = -1) -> _WorkList:
-    return cached("work", (rowptr,), (seg, short_max), lambda: _WorkList(rowptr, seg, short_max))
-
-
-def expanded_rows(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
-    """Target of each CSR position (what CSR.row() holds), cached on rowptr."""
-    def build():
-        n = rowptr.numel() - 1
-        deg = rowptr[1:] - rowptr[:-1]
-        return torch.repeat_interleave(torch.arange(n, device=rowptr.device, dtype=rowptr.dtype), deg,
-                                       output_size=num_edges)
-    return cached("rows", (rowptr,), (num_edges,), build)
-
-
-def _mean_divisor(rowptr: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[N_dst, 1] in-degrees clamped to 1 (empty rows stay 0), cached on rowptr: one kernel per mean."""
-    return cached("degree", (rowptr,), (dtype,),
-                  lambda: (rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(dtype))
+from .work_lists import WorkList, expanded_rows, work_list
+from .work_lists import mean_divisor as _mean_divisor
 
 
 # fresh graphs (used once: a sampled mini-batch; see gnnfuse.fresh_graph)
@@ -186,7 +139,7 @@ class _ForwardSetup:
         self.launches = BoundLaunches()
         nft = cdiv(F, plan.block_f)
         acc64 = dtype == torch.float64
-        code = _CODES[reduce]
+        code = CODES[reduce]
         self.atomic = plan.kernel in ("coo", "atomic") and reduce in ("sum", "mean")
         if self.atomic:
             self.rows = expanded_rows(rowptr, E) if E else None
@@ -323,87 +276,126 @@ def _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce
     return grad_x
 
 
-def _winner_x_grad(grad_out, x, col, weight, arg) -> torch.Tensor:
-    """x's gradient for max/min, each winner's gradient added to its source row with a relaxed
-    atomic: [N_dst, F] reads where walking the transpose gathers arg over every edge ([E, F]
-    int64; products-like F=32: ~16 GB). Several targets a source wins for add in any order, so
-    the result may differ in the last bits from run to run: deterministic algorithms take the
-    transpose walk instead (see backward)."""
-    n, F = grad_out.shape
-    acc = _acc_dtype(x.dtype)
-    grad_x = torch.zeros(x.shape, dtype=acc, device=x.device)
-    rows, block_f = 16, min(max(16, next_power_of_2(F)), 64)
-    w = weight if weight is not None else grad_out  # dummy pointer when HAS_W is False
-    _winner_scatter_kernel[(cdiv(n, rows), cdiv(F, block_f))](
-        grad_out, arg, col, w, grad_x, n, F, HAS_W=weight is not None, ACC64=acc == torch.float64, ROWS=rows,
-        BLOCK_F=block_f, num_warps=4)
-    return grad_x.to(x.dtype)
+# =============================================================================================
+# backward
+# =============================================================================================
+# routes of x's gradient (see the module docstring)
+_TRANSPOSE_SUM, _WINNERS, _TRANSPOSE_WALK = "sum forward over the transpose", "winner scatter", "transpose walk"
+
+
+class _BackwardSetup:
+    """Everything a backward call needs besides its tensors, for one graph (rowptr and its
+    transpose) and one (F, dtypes, reduce, weighted or not, gradients wanted, deterministic or
+    not): x's gradient route, plans, work lists, grids and constexprs, and the bound launches
+    (the forward's launch path, see _ForwardSetup). Each walk is planned by the forward's plan
+    builder on the graph it walks: the transpose walk on the transpose, the mul statistics and the
+    weight gradient on the CSR itself (an explicit ``plan`` gives every step its tiles)."""
+
+    def __init__(self, rowptr: torch.Tensor, t_rowptr: torch.Tensor, E: int, F: int, dtype: torch.dtype, reduce: str,
+                 has_w: bool, need_x: bool, want_w: bool, deterministic: bool, plan: Plan | None):
+        self.launches = BoundLaunches()
+        code, acc64 = CODES[reduce], dtype == torch.float64
+        n, nt = rowptr.numel() - 1, t_rowptr.numel() - 1
+        own = plan or choose(reduce, n, E, F, dtype, deterministic=True, kernel="hybrid")  # the CSR's plan
+        self.route = None
+        if need_x:
+            self.route = _TRANSPOSE_SUM if reduce in ("sum", "mean") else \
+                _WINNERS if reduce in ("max", "min") and not deterministic else _TRANSPOSE_WALK
+        if reduce == "mul":  # product of the non-zero messages and zero count per (row, feature)
+            self.stats_wl, nft = work_list(rowptr, own.seg), cdiv(F, own.block_f)
+            self.stats_grid = (self.stats_wl.num_pieces * nft,)
+            self.stats_meta = dict(HAS_W=has_w, ACC64=acc64, SEG=own.seg, BLOCK_E=own.block_e, BLOCK_F=own.block_f,
+                                   num_warps=own.num_warps)
+            self.stats_fold_grid = (self.stats_wl.split_rows.numel() * nft,)
+            self.stats_fold_meta = {c: _fold_meta(c, acc64, own.block_f) for c in (MUL, SUM)}
+        if self.route == _WINNERS:
+            rows, block_f = 16, min(max(16, next_power_of_2(F)), 64)
+            self.winner_grid = (cdiv(n, rows), cdiv(F, block_f))
+            self.winner_meta = dict(HAS_W=has_w, ACC64=acc64, ROWS=rows, BLOCK_F=block_f, num_warps=4)
+        if self.route == _TRANSPOSE_WALK:
+            walk = plan or choose(reduce, nt, E, F, dtype, deterministic=True, kernel="hybrid")
+            self.walk_wl, nft = work_list(t_rowptr, walk.seg), cdiv(F, walk.block_f)
+            self.walk_grid = (self.walk_wl.num_pieces * nft,)
+            self.walk_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, SEG=walk.seg, BLOCK_E=walk.block_e,
+                                  BLOCK_F=walk.block_f, num_warps=walk.num_warps)
+            self.walk_fold_grid = (self.walk_wl.split_rows.numel() * nft,)
+            self.walk_fold_meta = _fold_meta(SUM, acc64, walk.block_f)
+        if want_w:
+            self.rows = expanded_rows(rowptr, E)
+            block_e, block_f = 32, min(own.block_f, 128)
+            self.grad_w_grid = (cdiv(E, block_e),)
+            self.grad_w_meta = dict(REDUCE=code, ACC64=acc64, BLOCK_E=block_e, BLOCK_F=block_f,
+                                    num_warps=max(1, block_e * block_f // 1024))
+
+
+def _fold_meta(code: int, acc64: bool, block_f: int) -> dict:
+    return dict(REDUCE=code, ACC64=acc64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=block_f, num_warps=4)
+
+
+def _fold(launch, step: str, wl: WorkList, part, dst, rowptr, F: int, grid, meta, fast: bool) -> None:
+    """_combine_kernel on value partials (TRACK=False never reads its winner pointers: they get
+    ``part`` and ``rowptr``): folds the split rows' partials into ``dst``."""
+    if grid[0]:
+        launch(step, _combine_kernel, grid, (part, part, dst, rowptr, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F),
+               meta, fast)
 
 
 def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad,
              *, plan: Plan | None = None):
     """(grad_x, grad_w) per the op's contract; empty tensors for gradients not asked for."""
     _check(x, rowptr, col, weight)
-    code = _CODES[reduce]
     n, F, E = rowptr.numel() - 1, x.shape[1], col.numel()
     grad_out = grad_out.contiguous()
-    acc64 = x.dtype == torch.float64
     want_w = need_w_grad and weight is not None
     grad_x = x.new_empty(0)
     grad_w = x.new_empty(E) if want_w else x.new_empty(0)
     if n == 0 or F == 0 or E == 0:
         return (torch.zeros_like(x) if need_x_grad else grad_x), (grad_w.zero_() if want_w else grad_w)
-    given_plan = plan
-    if plan is None:
-        plan = choose(reduce, t_rowptr.numel() - 1, E, F, x.dtype, deterministic=True)
-    w = weight if weight is not None else x
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    key = (E, F, x.dtype, grad_out.dtype, reduce, weight is not None, need_x_grad, want_w, deterministic)
+
+    def build():
+        return _BackwardSetup(rowptr, t_rowptr, E, F, x.dtype, reduce, weight is not None, need_x_grad, want_w,
+                              deterministic, plan)
+
+    setup = build() if plan is not None else cached("backward", (rowptr, t_rowptr), key, build)
+    launch = setup.launches
+    w = weight if weight is not None else x  # dummy pointers: HAS_W False, or a route that ignores them
     arg_p = arg if arg.numel() else rowptr
-    prod = zc = x  # dummies
+    fast = x.is_cuda and launch.usable(grad_out, x, w, col, t_col, t_pos, arg_p)
+    acc = _acc_dtype(x.dtype)
+    prod = zc = x
     if reduce == "mul":
-        prod = torch.empty(n, F, dtype=_acc_dtype(x.dtype), device=x.device)
+        prod = torch.empty(n, F, dtype=acc, device=x.device)
         zc = torch.empty(n, F, dtype=torch.int32, device=x.device)
-        bf = plan.block_f
-        nft = cdiv(F, bf)
-        wl = work_list(rowptr, plan.seg)
+        wl = setup.stats_wl
         pprod = pzc = prod  # partials (float; counts are exact below 2**24) only if rows are split
         if wl.num_partials:
-            pprod = torch.empty(wl.num_partials, F, dtype=prod.dtype, device=x.device)
+            pprod = torch.empty(wl.num_partials, F, dtype=acc, device=x.device)
             pzc = torch.empty(wl.num_partials, F, dtype=torch.float32, device=x.device)
-        _mul_stats_kernel[(wl.num_pieces * nft,)](
-            x, rowptr, col, w, prod, zc, pprod, pzc, wl.seg_row, wl.seg_ptr, wl.slot, F, HAS_W=weight is not None,
-            ACC64=acc64, SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=bf, num_warps=plan.num_warps)
-        if wl.split_rows.numel():
-            for part, dst, code_ in ((pprod, prod, MUL), (pzc, zc, SUM)):
-                _combine_kernel[(wl.split_rows.numel() * nft,)](
-                    part, part, dst, rowptr, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F,
-                    REDUCE=code_, ACC64=acc64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=bf, num_warps=4)
-    if need_x_grad and reduce in ("sum", "mean"):
-        grad_x = _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce, given_plan)
-    elif need_x_grad and reduce in ("max", "min") and not torch.are_deterministic_algorithms_enabled():
-        grad_x = _winner_x_grad(grad_out, x, col, weight, arg)
-    elif need_x_grad:  # mul, or max/min atomic-free: walk the transpose
+        launch("mul_stats", _mul_stats_kernel, setup.stats_grid,
+               (x, rowptr, col, w, prod, zc, pprod, pzc, wl.seg_row, wl.seg_ptr, wl.slot, F), setup.stats_meta, fast)
+        for step, part, dst, code in (("fold_prod", pprod, prod, MUL), ("fold_zeros", pzc, zc, SUM)):
+            _fold(launch, step, wl, part, dst, rowptr, F, setup.stats_fold_grid, setup.stats_fold_meta[code], fast)
+    if setup.route == _TRANSPOSE_SUM:
+        grad_x = _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce, plan)
+    elif setup.route == _WINNERS:  # each winner's gradient added to its source row (see the module docstring)
+        grad_x = torch.zeros(x.shape, dtype=acc, device=x.device)
+        launch("winners", _winner_scatter_kernel, setup.winner_grid, (grad_out, arg, col, w, grad_x, n, F),
+               setup.winner_meta, fast)
+        grad_x = grad_x.to(x.dtype)
+    elif setup.route == _TRANSPOSE_WALK:  # mul, or max/min atomic-free: walk the transpose
         grad_x = torch.empty_like(x)
         nt = t_rowptr.numel() - 1
         if nt < x.shape[0]:
             grad_x[nt:].zero_()
-        wl = work_list(t_rowptr, plan.seg)
-        nft = cdiv(F, plan.block_f)
-        part = x  # unused unless some rows are split
-        if wl.num_partials:
-            part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device)
-        _csr_bwd_x_kernel[(wl.num_pieces * nft,)](
-            grad_out, x, rowptr, w, t_rowptr, t_col, t_pos, arg_p, prod, zc, grad_x, part,
-            wl.seg_row, wl.seg_ptr, wl.slot, F, REDUCE=code, HAS_W=weight is not None, ACC64=acc64,
-            SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
-        if wl.split_rows.numel():
-            _combine_kernel[(wl.split_rows.numel() * nft,)](
-                part, part, grad_x, rowptr, t_rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F,
-                REDUCE=SUM, ACC64=acc64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f, num_warps=4)
+        wl = setup.walk_wl
+        part = torch.empty(wl.num_partials, F, dtype=acc, device=x.device) if wl.num_partials else x
+        launch("walk", _csr_bwd_x_kernel, setup.walk_grid,
+               (grad_out, x, rowptr, w, t_rowptr, t_col, t_pos, arg_p, prod, zc, grad_x, part, wl.seg_row,
+                wl.seg_ptr, wl.slot, F), setup.walk_meta, fast)
+        _fold(launch, "fold_walk", wl, part, grad_x, t_rowptr, F, setup.walk_fold_grid, setup.walk_fold_meta, fast)
     if want_w:
-        rows = expanded_rows(rowptr, E)
-        be = 32
-        bf = min(plan.block_f, 128)
-        _grad_w_kernel[(cdiv(E, be),)](grad_out, x, rowptr, rows, col, w, arg_p, prod, zc, grad_w, E, F,
-                                       REDUCE=code, ACC64=acc64, BLOCK_E=be, BLOCK_F=bf,
-                                       num_warps=max(1, be * bf // 1024))
+        launch("grad_w", _grad_w_kernel, setup.grad_w_grid,
+               (grad_out, x, rowptr, setup.rows, col, w, arg_p, prod, zc, grad_w, E, F), setup.grad_w_meta, fast)
     return grad_x, grad_w

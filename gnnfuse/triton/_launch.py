@@ -3,8 +3,8 @@ Triton's plain one.
 
 Every launch runs with the GPU of its first argument current (a device guard,
 ``torch.cuda.device(t.device)``): Triton compiles for, launches on and takes the stream of the
-current device, so a tensor on another GPU would otherwise be read on the wrong one. The check is
-one integer comparison when that GPU is already current (the usual case).
+current device, so a tensor on another GPU would otherwise be read on the wrong one. When that GPU
+is already current (the usual case) the guard costs two integer reads and a comparison.
 
 ``kernel[grid](*args, **meta)`` re-derives Triton's specialisation of every argument (dtype and
 16-byte alignment of pointers; width, ``== 1`` and divisibility by 16 of ints) and its cache key
@@ -24,8 +24,9 @@ compiled kernel that lacks the attributes used here, when ``GNNFUSE_TRITON_FAST_
 a Triton outside ``TESTED_TRITON``: the fast path reads Triton internals (the JIT function's
 ``params``, the compiled kernel's ``run``/``function``/``packed_metadata`` and the argument list of
 its C launcher), which change between releases. Widen the range only after
-tests/test_triton_gather_scatter.py::test_fast_launch_matches_the_jit_launch (both paths, bitwise)
-passes on a GPU with that Triton.
+tests/test_triton_gather_scatter.py's test_fast_launch_matches_the_jit_launch (one kernel) and
+test_fast_and_plain_launch_paths_agree_bitwise (forward and backward of every reduction) pass on a
+GPU with that Triton: both compare the two paths bitwise.
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ class FastKernel:
 
     def __init__(self, kernel):
         self.kernel = kernel
+        # (the interpreter's functions are no JITFunction; off the tested Tritons no internal is read)
         self._fast = _ENABLED and isinstance(kernel, triton.runtime.jit.JITFunction)
         self._compiled: dict[tuple, tuple | None] = {}
         if self._fast:
@@ -96,7 +98,7 @@ class FastKernel:
         return lambda *args, **meta: self._launch(grid, args, meta)
 
     def _takes_fast_path(self, args: tuple) -> bool:
-        return self._fast and len(args) == self._num_runtime and not _hooks_set()
+        return _ENABLED and self._fast and len(args) == self._num_runtime and not _hooks_set()
 
     def _launch(self, grid, args: tuple, meta: dict):
         first = args[0] if args else None

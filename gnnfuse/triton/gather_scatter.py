@@ -59,7 +59,6 @@ from .work_lists import mean_divisor as _mean_divisor
 
 
 # fresh graphs (used once: a sampled mini-batch; see gnnfuse.fresh_graph)
-# =============================================================================================
 def _fresh_setup(rowptr, E, F, dtype, reduce, has_w, tracks) -> _ForwardSetup:
     """The setup of a graph used once: the default plan's row-group tiles for every row (rows longer
     than the plan's short_max included), no work list, no locality statistic, no host sync."""
@@ -117,8 +116,7 @@ def _tuned(x, rowptr, col, weight, reduce, plan: Plan, track_arg: bool = True) -
         for cfg in cands:
             p = Plan(**{**plan.__dict__, **cfg})
             ms = do_bench(lambda p=p: forward(x, rowptr, col, weight, reduce, track_arg=track_arg, plan=p),
-                          warmup=5, rep=25,
-                          return_mode="median")
+                          warmup=5, rep=25, return_mode="median")
             if ms < best_ms:
                 best, best_ms = p, ms
         return Plan(**{**best.__dict__, "reason": best.reason + f"; autotuned {len(cands)} configs"})

@@ -147,11 +147,12 @@ class _ForwardSetup:
             return
         hybrid = plan.kernel == "hybrid"
         self.tasks: torch.Tensor | None = None  # the one-launch plan's task list (set below when it applies)
+        self.wl: WorkList  # (or NoPieces, whose counts are 0: then no step reads the lists)
         if rows is not None:  # every row in row groups (a fresh graph): no work list
-            self.wl, self.short = NoPieces(), rows
+            self.wl, self.short = NoPieces(), rows  # type: ignore[assignment]
         else:
             self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
-            self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
+            self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None  # type: ignore[assignment]
         if self.short is not None and self.short.numel():
             group_block_f = plan.group_block_f or plan.block_f
             self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))

@@ -129,7 +129,7 @@ class FastKernel:
         if not self._takes_fast_path(args):
             return None
         entry = self._entry(compiled, meta)
-        return None if entry is None else _Bound(entry[0], entry[1], grid, torch.cuda.current_device())
+        return None if entry is None else _Bound(entry[0], entry[1], grid, args[0].get_device())
 
     def _entry(self, compiled, meta: dict) -> tuple | None:
         if not all(name in meta for name in self._constexpr_names):

@@ -10,7 +10,7 @@ set -uo pipefail
 PY="${PYTHON:-python}"
 HERE="$PWD"
 W="$(mktemp -d)"
-export PYTHONPATH="$HERE"
+export PYTHONPATH="$HERE" MAX_JOBS="${MAX_JOBS:-16}"
 step() {  # step NAME LIMIT_S CMD...: log to $W/NAME.log, rc and seconds to the summary
   local name=$1 limit=$2 start=$SECONDS
   shift 2
@@ -19,7 +19,7 @@ step() {  # step NAME LIMIT_S CMD...: log to $W/NAME.log, rc and seconds to the 
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$W/summary.txt"
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$W/summary.txt"
-MAX_JOBS=16 step build "${BUILD_LIMIT_S:-150}" "$PY" -c "from gnnfuse._build import load_extension; load_extension('graph')" &
+step build "${BUILD_LIMIT_S:-150}" "$PY" -c "from gnnfuse._build import load_extension; load_extension('graph')" &
 step tests_triton "${TESTS_LIMIT_S:-170}" "$PY" -m pytest -q -p no:cacheprovider -rfE --durations=8 \
   tests/test_triton_gather_scatter.py &
 step tests_parity "${TESTS_LIMIT_S:-170}" "$PY" -m pytest -q -p no:cacheprovider -rfE --durations=8 tests/test_op_parity.py &

@@ -18,9 +18,13 @@ Three tables, every variant of a row timed in the same process, interleaved
   single-threaded, ``scatter_reduce_1t`` (scatter_reduce on one thread) stands in for it when it
   is not installed.
 * ``pna``: a PNAConv training step (forward, loss, gradients of every parameter), gnnfuse.nn vs
-  torch_geometric.nn with the same weights; peak memory above the inputs on CUDA, against the size
-  of one [N, aggregators*F] output (``output_MB``) and of the towers' aggregations our layer keeps
-  for the backward (``aggregations_MB``, towers times that).
+  torch_geometric.nn with the same weights; ``gnnfuse_keep`` is our layer with
+  ``recompute_aggregations = False`` (each tower keeps its aggregation for the backward). Peak
+  memory above the inputs on CUDA (after one warm-up step, so the per-graph caches -- CSR,
+  transpose, plans -- count as inputs), against the size of one [N, aggregators*F] output
+  (``output_MB``) and of every tower's aggregation (``aggregations_MB``, towers times that); for
+  our layers also by phase: the forward's peak, what it leaves saved for the backward, and the
+  backward's peak.
 """
 from __future__ import annotations
 
@@ -154,12 +158,40 @@ def pna_row(name, edge_index, nodes, width, device, rounds):
     stock = pyg_nn.PNAConv(width, width, **kwargs).to(device).train()
     ours = G.PNAConv(width, width, **kwargs).to(device).train()
     ours.load_state_dict(stock.state_dict())
+    keep = G.PNAConv(width, width, **kwargs).to(device).train()  # keeps each tower's aggregation
+    keep.load_state_dict(stock.state_dict())
+    keep.recompute_aggregations = False
     row = {"graph": name, "nodes": nodes, "edges": edge_index.shape[1], "F": width, "towers": 4}
-    steps = {"gnnfuse": make_step(ours, x, edge_index), "pyg": make_step(stock, x, edge_index)}
+    steps = {"gnnfuse": make_step(ours, x, edge_index), "gnnfuse_keep": make_step(keep, x, edge_index),
+             "pyg": make_step(stock, x, edge_index)}
+    for label in ("gnnfuse", "gnnfuse_keep"):  # graph caches (CSR, transpose, plans) built before the peaks
+        steps[label]()
+        row.update({f"{label}_{k}": v for k, v in phase_peaks_mb(ours if label == "gnnfuse" else keep, x,
+                                                                  edge_index, device).items()})
     time_training_steps(row, steps, device, rounds)
     row["output_MB"] = nodes * len(AGGRS) * width * x.element_size() / 2**20  # one [N, aggregators*F]
     row["aggregations_MB"] = row["output_MB"] * ours.towers  # each tower's [N, aggregators*F_in]
     return row
+
+
+def phase_peaks_mb(layer, x, edge_index, device) -> dict:
+    """Memory of one training step by phase, MB above what was allocated before it: the forward's
+    peak, what the forward leaves for the backward (``saved``), and the backward's peak (CUDA)."""
+    if device.type != "cuda":
+        return {}
+    params = list(layer.parameters())
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss = layer(x, edge_index).square().mean()
+    torch.cuda.synchronize()
+    fwd, saved = torch.cuda.max_memory_allocated() - base, torch.cuda.memory_allocated() - base
+    torch.cuda.reset_peak_memory_stats()
+    torch.autograd.grad(loss, params)
+    torch.cuda.synchronize()
+    bwd = torch.cuda.max_memory_allocated() - base
+    del loss
+    return {"fwd_peak_MB": fwd / 2**20, "saved_MB": saved / 2**20, "bwd_peak_MB": bwd / 2**20}
 
 
 def main(argv=None):
@@ -205,8 +237,10 @@ def main(argv=None):
         "scatter": ["graph", "edges", "F", "reduce", "gnnfuse_ms", "gnnfuse_oneoff_ms", "scatter_reduce_ms",
                     "scatter_reduce_1t_ms", "index_add__ms", "torch_scatter_ms", "scatter_reduce/gnnfuse",
                     "scatter_reduce/gnnfuse_oneoff", "scatter_reduce_1t/gnnfuse", "torch_scatter/gnnfuse", "error"],
-        "pna": ["graph", "nodes", "edges", "F", "towers", "gnnfuse_ms", "gnnfuse_min_ms", "pyg_ms", "pyg_min_ms",
-                "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "output_MB", "aggregations_MB", "error"],
+        "pna": ["graph", "nodes", "edges", "F", "towers", "gnnfuse_ms", "gnnfuse_min_ms", "gnnfuse_keep_ms", "pyg_ms",
+                "pyg_min_ms", "speedup", "gnnfuse_peak_MB", "gnnfuse_keep_peak_MB", "pyg_peak_MB", "output_MB",
+                "aggregations_MB", "gnnfuse_fwd_peak_MB", "gnnfuse_saved_MB", "gnnfuse_bwd_peak_MB",
+                "gnnfuse_keep_fwd_peak_MB", "gnnfuse_keep_saved_MB", "gnnfuse_keep_bwd_peak_MB", "error"],
     }
     summary = {
         "multi": lambda rows: {"geomean fwd multi4/sum": geomean([r["fwd multi4/sum"] for r in rows if "F" in r and

@@ -8,7 +8,12 @@ holds it), and runs on the ``gnnfuse::gather_scatter`` op: OpenMP C++ on CPU, Tr
 compile-safe, with the op's gradients. ``segment_csr`` hands ``indptr`` to the kernels as the
 CSR's rowptr; ``scatter`` sorts the index once and caches the sort on the index tensor, so a
 repeated index (a GNN's edge index) is not sorted again (``segment_coo`` never sorts, its index is
-sorted).
+sorted). The *first* call with an index, on the Triton backend, takes a sort-free atomic route
+instead (gnnfuse/triton/scatter_atomic.py, as torch's ``scatter_reduce`` does) for sum/mean/max/min
+of float32/float64 when nothing needs the sort (no gradient, no argmax, no ``out=``), outside
+torch.compile and ``torch.use_deterministic_algorithms(True)``: a one-off index is never sorted;
+its sums may then differ in the last bits from run to run. A second call with the same index
+sorts it once and takes the deterministic cached route from then on.
 
 Semantics follow torch_scatter, including the broadcasting of ``index`` against ``src`` and
 ``out=`` (scatter/segment_coo fold the result into ``out`` in place, segment_csr overwrites it).
@@ -39,6 +44,7 @@ __all__ = ["scatter", "scatter_sum", "scatter_add", "scatter_mean", "scatter_mul
            "segment_csr", "segment_coo"]
 
 _FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_ATOMIC_REDUCES = ("sum", "mean", "max", "min")  # what the one-off atomic route serves
 
 
 # ---- the one segment reduction everything runs on -----------------------------------------------
@@ -133,6 +139,24 @@ def _check(src, index, reduce):
     return canonical_reduce(reduce, SINGLE)
 
 
+def _first_use_atomic(src, index, reduce, backend) -> bool:
+    """Whether this call takes the sort-free atomic route (gnnfuse/triton/scatter_atomic.py): the
+    first call with this index (a later call sorts it once and keeps the sort), for sum/mean/max/min
+    of float32/64 on the Triton backend, outside torch.compile and deterministic mode. The caller
+    has checked that no gradient, argmax or ``out=`` needs the sort."""
+    if reduce not in _ATOMIC_REDUCES or src.dtype not in (torch.float32, torch.float64):
+        return False
+    if torch.are_deterministic_algorithms_enabled() or torch.compiler.is_compiling():
+        return False
+    if resolve_backend(backend, src.device) != "triton":
+        return False
+    # (an index the cache cannot hold -- an inference tensor, a subclass -- gets a new [0] each call,
+    # so it always takes the atomic route: it could never be served from a cached sort either)
+    uses = cached("scatter-uses", (index,), (), lambda: [0])
+    uses[0] += 1
+    return uses[0] == 1
+
+
 def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=False, want_arg=True):
     """Returns (result in src's layout with dim -> N, argmax along dim or None). ``want_arg=False``
     (plain ``scatter``): max/min record no winners unless a gradient or ``out=`` needs them."""
@@ -153,16 +177,33 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
     T = outer * N * (inner if F == 1 else 1)
     need_transpose = _wants_transpose(src, reduce, want_arg)
 
-    def segments():
-        """(targets, rowptr, perm, transpose): the flat targets and their sort, the costly part."""
+    def flat_targets():
+        """The target row of every row of the flat [S, F] view of src."""
         idx = index.expand(shape[:dim + 1] + list(index.shape[dim + 1:])).long()
         blocks = torch.arange(outer, device=src.device).view(-1, 1) * N
         if rows_share_index:
-            targets = (blocks + idx.reshape(outer, E)).reshape(-1)
-        else:  # the index differs along the trailing dims: every element is its own row
-            idx = idx.expand(shape).reshape(outer, E, inner)
-            targets = ((blocks.view(-1, 1, 1) + idx) * inner + torch.arange(inner, device=src.device)).reshape(-1)
+            return (blocks + idx.reshape(outer, E)).reshape(-1)
+        # the index differs along the trailing dims: every element is its own row
+        idx = idx.expand(shape).reshape(outer, E, inner)
+        return ((blocks.view(-1, 1, 1) + idx) * inner + torch.arange(inner, device=src.device)).reshape(-1)
+
+    def segments():
+        """(targets, rowptr, perm, transpose): the flat targets and their sort, the costly part."""
+        targets = flat_targets()
         return (targets, *_sorted_segments(targets, T, presorted and rows_share_index, need_transpose))
+
+    x = src.reshape(outer * E * (inner if F == 1 else 1), F)
+    out_shape = shape[:dim] + [N] + shape[dim + 1:]
+    if out is None and not need_transpose and _first_use_atomic(src, index, reduce, backend):
+        if index.numel():
+            lo, hi = torch.aminmax(index)
+            device_assert((lo >= 0) & (hi < N), "index contains values outside [0, dim_size)")
+        from .triton import scatter_atomic  # lazy: Triton is only needed on GPU
+
+        # (the common case, dim 0: the index itself, int32 or int64, with no copy)
+        one_row_each = rows_share_index and outer == 1 and index.numel() == E
+        targets = index.reshape(-1) if one_row_each else flat_targets()
+        return scatter_atomic.scatter(x.contiguous(), targets, T, reduce).reshape(out_shape), None
 
     # A repeated index (a GNN's edge index, layer after layer) is sorted once: the segments are
     # cached on the index tensor's memory like a graph's CSR (gnnfuse._tensor_cache: a write to the
@@ -172,9 +213,7 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
     else:
         targets, rowptr, perm, transpose = cached(
             "scatter", (index,), (tuple(shape), dim, N, presorted, need_transpose), segments)
-    x = src.reshape(outer * E * (inner if F == 1 else 1), F)
     res, arg, counts = _segment_reduce(x, rowptr, perm, transpose, targets, T, reduce, backend)
-    out_shape = shape[:dim] + [N] + shape[dim + 1:]
     res = res.reshape(out_shape)
     if reduce in ARG and want_arg:  # source row -> position along dim; empty -> E
         pos = (arg // inner) % E if F == 1 else arg % max(E, 1)

@@ -148,3 +148,35 @@ def test_fused_layers_take_multi_aggregation_in_one_pass(multi, monkeypatch):
     monkeypatch.setattr(type(conv), "message", lambda *a: pytest.fail("messages were built"))
     _compare(conv, ref, x, ei)
     assert gnnfuse.nn._mixin.fused_reduce(pyg_aggr.MultiAggregation(["mean", "max"], mode="sum")) is None
+
+
+@pytest.mark.parametrize("divide_input", [False, True])
+def test_pna_conv_recomputes_aggregations_in_backward(divide_input, monkeypatch):
+    """By default no tower keeps its aggregation for the backward: the forward aggregates each
+    tower once without autograd (no winners), the backward once more with it; outputs and the
+    gradients of x and every parameter equal those of the layer that keeps its aggregations."""
+    from gnnfuse.nn import _pna
+
+    x, ei = _graph()
+    torch.manual_seed(0)
+    kwargs = dict(aggregators=["mean", "min", "max", "std", "sum"], scalers=["identity", "amplification"], deg=DEG,
+                  towers=2, divide_input=divide_input, post_layers=2)
+    lean = gnnfuse.nn.PNAConv(6, 6, **kwargs).double()
+    keep = copy.deepcopy(lean)
+    keep.recompute_aggregations = False
+    calls = []
+    real = _pna.multi_aggregate
+    monkeypatch.setattr(_pna, "multi_aggregate",
+                        lambda y, *a, **k: calls.append(torch.is_grad_enabled() and y.requires_grad) or real(y, *a, **k))
+    outs, grads = [], []
+    for conv in (lean, keep):
+        xg = x.clone().requires_grad_()
+        out = conv(xg, ei)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        outs.append(out)
+        grads.append({"x": xg.grad, **_grads(conv)})
+    assert calls == [False, False, True, True, True, True]  # lean: 2 untracked + 2 recomputed; keep: 2 tracked
+    torch.testing.assert_close(outs[0], outs[1])
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)

@@ -151,7 +151,8 @@ def test_hub_rows_longer_than_a_piece(backend):
 def test_triton_split_rows_match_one_pass():
     """The Triton forward with a plan forcing every path: row groups (rows <= 4 edges), pieces of
     16 edges (a hub of 60 split in 4, folded in order), ties across pieces: values and winners
-    equal those of the unsplit plan, values equal the reference."""
+    equal those of the unsplit plan, values equal the reference; the one-launch plan (task list)
+    gives the two-launch result bitwise."""
     from dataclasses import replace
 
     from gnnfuse.reductions import CODES
@@ -173,6 +174,10 @@ def test_triton_split_rows_match_one_pass():
                                 replace(base, seg=16, block_e=16, short_max=4))
         torch.testing.assert_close(split[0], whole[0])
         assert torch.equal(split[1], whole[1])
+        # the same plan in one launch (task list, windows of 4 ids): bitwise the two launches' result
+        one = kernels.forward(x, csr.rowptr, csr.col, weight, codes, True,
+                              replace(base, seg=16, block_e=16, short_max=4, one_pass=True, window=4))
+        assert torch.equal(one[0], split[0]) and torch.equal(one[1], split[1])
         ref = reference.multi_aggregate(x, csr.col, csr._row(), 12, aggrs, weight)
         torch.testing.assert_close(split[0], ref)
 

@@ -288,6 +288,7 @@ def test_repeated_index_is_sorted_once_and_a_write_invalidates(monkeypatch):
     src = torch.randn(6, 3, device=DEVICE)
     # count scatter's own sorts (the GPU kernel plan sorts rows by degree with torch.sort as well)
     scatter_module = importlib.import_module("gnnfuse.scatter")
+    monkeypatch.setattr(scatter_module, "_first_use_atomic", lambda *a: False)  # the sorted route (CUDA)
     sorts = []
     real_sort = scatter_module._sorted_segments
     monkeypatch.setattr(scatter_module, "_sorted_segments", lambda *a, **k: sorts.append(1) or real_sort(*a, **k))
@@ -301,3 +302,51 @@ def test_repeated_index_is_sorted_once_and_a_write_invalidates(monkeypatch):
     assert len(sorts) == 2
     gnnfuse.scatter(src, index, 0, dim_size=4, reduce="sum")
     assert len(sorts) == 3
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="Triton runs on CUDA or in the interpreter")
+@pytest.mark.parametrize("reduce,dtype", list(itertools.product(["sum", "add", "mean", "max", "min"],
+                                                                 [torch.float32, torch.float64])))
+def test_one_off_index_takes_the_atomic_route(reduce, dtype, monkeypatch):
+    """A first call with an index runs the sort-free atomic kernel (NaN wins and sticks, +-inf, -0,
+    empty targets give 0), equal to the sorted route that a second call with the same index takes;
+    deterministic mode, a gradient or an argmax keep the sorted route."""
+    from gnnfuse.triton import scatter_atomic
+
+    calls = []
+    real = scatter_atomic.scatter
+    monkeypatch.setattr(scatter_atomic, "scatter", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(1)
+    src = torch.randn(40, 5, generator=g, dtype=dtype)
+    src[3, 0], src[7, 1], src[9, 2], src[11, 3] = float("nan"), float("inf"), -float("inf"), -0.0
+    src = src.to(DEVICE)
+    index = torch.randint(0, 9, (40,), generator=g).to(DEVICE)  # targets 9..10 empty
+    first = S.scatter(src, index, 0, dim_size=11, reduce=reduce, backend="triton")
+    assert len(calls) == 1
+    second = S.scatter(src, index, 0, dim_size=11, reduce=reduce, backend="triton")  # now sorted and cached
+    assert len(calls) == 1
+    torch.testing.assert_close(first, second, equal_nan=True)
+    assert (first[9:] == 0).all()
+    clean = src.nan_to_num(posinf=3.0, neginf=-3.0)
+    torch.testing.assert_close(S.scatter(clean, index.clone(), 0, dim_size=11, reduce=reduce, backend="triton"),
+                               S.scatter(clean, index, 0, dim_size=11, reduce=reduce, backend="reference"))
+    torch.testing.assert_close(S.scatter(clean, index.int(), 0, dim_size=11, reduce=reduce, backend="triton"),
+                               S.scatter(clean, index, 0, dim_size=11, reduce=reduce, backend="reference"))
+    assert len(calls) == 3
+    torch.use_deterministic_algorithms(True)
+    try:
+        S.scatter(src, index.clone(), 0, dim_size=11, reduce=reduce, backend="triton")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    S.scatter(src.clone().requires_grad_(), index.clone(), 0, dim_size=11, reduce=reduce, backend="triton")
+    if reduce in ("max", "min"):
+        S.scatter_max(src, index.clone(), 0, dim_size=11, backend="triton")
+    assert len(calls) == 3
+
+
+@pytest.mark.skipif(DEVICE == "cuda" or not INTERPRETER, reason="a device-side assert would poison the CUDA context")
+def test_one_off_atomic_route_checks_the_range():
+    with pytest.raises(RuntimeError, match="outside"):
+        S.scatter(torch.randn(4, 2), torch.tensor([0, 1, 5, 1]), 0, dim_size=3, backend="triton")
+    with pytest.raises(RuntimeError, match="outside"):
+        S.scatter(torch.randn(4, 2), torch.tensor([0, -1, 2, 1]), 0, dim_size=3, backend="triton")

@@ -6,12 +6,14 @@ map ``A x_i + B x_j + b``, so for each target i
     sum_j m = deg(i) z_i + sum_j y_j,   mean/max/min_j m = z_i + mean/max/min_j y_j,
     var/std_j m = var/std_j y_j,         with y = B x (per source) and z = A x + b (per target).
 
-The layer computes y and z with two dense matmuls and reduces each tower's y for every aggregator
-in one pass of :func:`gnnfuse.ops.multi_aggregate.multi_aggregate` (no E x F message tensor,
-forward or backward). The first post-layer is linear and PyG's degree scalers and the z terms are
-per-node factors, so that layer is applied to the aggregation, to z and to x separately and the
-parts weighted and added (see ``_tower``): the [N, (S*K + 1) * F] input PyG builds per tower (S
-scalers, K aggregators) never exists; each tower keeps its [N, K*F] aggregation for the backward.
+Per tower, the layer computes y with a dense matmul and reduces it for every aggregator in one
+pass of :func:`gnnfuse.ops.multi_aggregate.multi_aggregate` (no E x F message tensor, forward or
+backward). The first post-layer is linear and PyG's degree scalers and the z terms are per-node
+factors, so that layer is applied to the aggregation, to z and to x separately and the parts
+weighted and added (see ``_tower``; z only ever appears multiplied by weights, so it is never
+built): the [N, (S*K + 1) * F] input PyG builds per tower (S scalers, K aggregators) never exists.
+Memory: by default no tower keeps its [N, K*F] aggregation (nor its max/min winners) for the
+backward; the backward recomputes it, one tower at a time (``recompute_aggregations``).
 Further post-layers run unchanged. Same constructor, parameters
 and state_dict as PyG's class. PyG's own code runs for what this does not cover: edge features
 (``edge_dim``), more than one pre-layer, the "mul" aggregator, a sparse-tensor adjacency, explain
@@ -25,6 +27,7 @@ from torch import Tensor
 from torch.nn.parameter import UninitializedParameter
 
 from ..csr import CSR
+from ..ops.gather_scatter import check_call
 from ..ops.multi_aggregate import multi_aggregate
 from .aggr import reduce_of
 
@@ -38,7 +41,14 @@ _SHIFTED = ("sum", "mean", "max", "min")
 
 class PNAConv(pyg_nn.PNAConv):
     """:class:`torch_geometric.nn.PNAConv` (same signature, parameters, state_dict, results) with
-    the aggregation fused; see the module docstring for when PyG's path runs instead."""
+    the aggregation fused; see the module docstring for when PyG's path runs instead.
+
+    ``recompute_aggregations`` (class attribute, default True; set it on an instance to change
+    one layer): keep no tower's aggregation for the backward, recompute it there, one tower at a
+    time (see :class:`_Recomputed`). False keeps each tower's [N, K*F] aggregation and its
+    max/min winners from the forward instead: a little faster, towers times the memory."""
+
+    recompute_aggregations = True
 
     def forward(self, x: Tensor, edge_index, edge_attr: Tensor | None = None) -> Tensor:
         names = self._fused_aggregators(x, edge_index, edge_attr)
@@ -46,47 +56,45 @@ class PNAConv(pyg_nn.PNAConv):
             # PyG generates this class's propagate from the comment below (its parent's forward calls it):
             # propagate_type: (x: Tensor, edge_attr: OptTensor)
             return super().forward(x, edge_index, edge_attr)
-        T, F = self.towers, self.F_in
-        N = x.shape[0]
-        pre = [nn[0] for nn in self.pre_nns]
-        weight = torch.stack([lin.weight for lin in pre])  # [T, F, 2F]: [A | B], A acts on x_i
-        # y_t = B_t x (per source), z_t = A_t x + b_t (per target), tower-major [T, N, F] so that
-        # each tower's y is one contiguous matrix for the aggregation
-        if self.divide_input:
-            xt = x.view(N, T, F)
-            y = torch.einsum("ntf,tgf->tng", xt, weight[..., F:])
-            z = torch.einsum("ntf,tgf->tng", xt, weight[..., :F])
-        else:
-            y = torch.einsum("nf,tgf->tng", x, weight[..., F:])
-            z = torch.einsum("nf,tgf->tng", x, weight[..., :F])
-        if pre[0].bias is not None:
-            z = z + torch.stack([lin.bias for lin in pre]).unsqueeze(1)
-        scale = None
+        T, F, N = self.towers, self.F_in, x.shape[0]
+        csr = check_call(x, edge_index, "sum", None, N, "auto")[0]  # one validated graph for every tower
+        deg = csr.in_degree().to(x.dtype)
+        scale = self._scalers(deg)  # [N, S]
+        shift = {"deg": deg, "nonempty": (deg > 0).to(deg.dtype)}
         outs = []
         for t in range(T):
-            agg, deg = multi_aggregate(y[t], edge_index, names, num_nodes=N, return_degree=True)  # [N, K*F]
-            if scale is None:
-                scale = self._scalers(deg)  # [N, S]
-                shift = {"deg": deg, "nonempty": (deg > 0).to(deg.dtype)}
             x_t = x.view(N, T, F)[:, t] if self.divide_input else x
-            outs.append(self._tower(t, agg, z[t], x_t, scale, shift, names))
+            outs.append(self._tower(t, x_t, csr, scale, shift, names))
         return self.lin(torch.cat(outs, dim=1))
 
-    def _tower(self, t: int, agg: Tensor, z: Tensor, x_t: Tensor, scale: Tensor, shift: dict, names) -> Tensor:
+    def _tower(self, t: int, x_t: Tensor, csr: CSR, scale: Tensor, shift: dict, names) -> Tensor:
         """Tower t's post-layers on cat[x_t, scaler_s * (agg_k + shift_k z)] for every scaler s and
         aggregator k, without building that [N, (S*K + 1) F] input: the first post-layer is linear
         and the scalers and shifts are per-node numbers, so it is the sum of x_t W_x, of
         scaler_s * (agg W_s) and of shift_c * scaler_s * (z W_c) (W_c: the blocks of the
-        aggregators that carry the target term z with the same factor c)."""
-        post = self.post_nns[t]
+        aggregators that carry the target term z with the same factor c). Neither y nor z exists
+        as a tensor outside the aggregation: z W_c = x_t (A^T W_c) + b W_c."""
+        pre, post = self.pre_nns[t][0], self.post_nns[t]
         lin = post[0]
         F, K, S = self.F_in, len(names), scale.shape[1]
         Fo = lin.weight.shape[0]
+        a, b = pre.weight[:, :F], pre.weight[:, F:]  # z = x_i A^T + bias, y = x_j B^T
         w_agg = lin.weight[:, F:].view(Fo, S, K, F)
-        p = agg @ w_agg.permute(2, 3, 1, 0).reshape(K * F, S * Fo)  # [N, S*Fo]
+        w_mat = w_agg.permute(2, 3, 1, 0).reshape(K * F, S * Fo)
+
+        def project(x_t, b, w_mat):  # [N, S*Fo]: the aggregation of y = x_t B^T times its post-layer blocks
+            return multi_aggregate(x_t @ b.t(), csr, names) @ w_mat
+
+        if self.recompute_aggregations and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            p = _Recomputed.apply(project, x_t, b, w_mat)
+        else:
+            p = project(x_t, b, w_mat)
         for factor, ks in _shift_groups(names).items():
-            w_z = w_agg[:, :, ks].sum(dim=2)  # [Fo, S, F]
-            p = p + shift[factor].unsqueeze(1) * (z @ w_z.permute(2, 1, 0).reshape(F, S * Fo))
+            w_z = w_agg[:, :, ks].sum(dim=2).permute(2, 1, 0).reshape(F, S * Fo)  # [F, S*Fo]
+            z_w = x_t @ (a.t() @ w_z)
+            if pre.bias is not None:
+                z_w = z_w + pre.bias @ w_z
+            p = p + shift[factor].unsqueeze(1) * z_w
         h = torch.einsum("nso,ns->no", p.view(-1, S, Fo), scale) + x_t @ lin.weight[:, :F].t()
         if lin.bias is not None:
             h = h + lin.bias
@@ -132,6 +140,30 @@ class PNAConv(pyg_nn.PNAConv):
         if not names or any(n not in _SHIFTED and n not in ("var", "std") for n in names):
             return None
         return names
+
+
+class _Recomputed(torch.autograd.Function):
+    """``fn(*inputs)`` with only the inputs saved: the forward runs without autograd (so the
+    aggregation records no max/min winners and needs no transpose), the backward runs ``fn``
+    again with autograd and differentiates it (the idea of torch.utils.checkpoint, with an
+    untracked first pass). Used per tower, so at most one tower's aggregation, winners and
+    aggregation gradient exist at a time. Eager only (the layer calls ``fn`` directly while
+    torch.compile traces)."""
+
+    @staticmethod
+    def forward(ctx, fn, *inputs):
+        ctx.fn = fn
+        ctx.save_for_backward(*inputs)
+        return fn(*inputs)  # autograd is off inside Function.forward
+
+    @staticmethod
+    def backward(ctx, grad):
+        inputs = [t.detach().requires_grad_(need) for t, need in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]
+        with torch.enable_grad():
+            out = ctx.fn(*inputs)
+        wanted = [t for t in inputs if t.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad) if wanted else ())
+        return (None, *[next(grads) if t.requires_grad else None for t in inputs])
 
 
 def _shift_groups(names) -> dict[str, list[int]]:

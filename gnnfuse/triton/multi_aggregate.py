@@ -3,9 +3,12 @@
 The kernels (gnnfuse/triton/multi_aggregate_kernels.py) follow the gather-scatter forward's hybrid
 plan and reuse its per-graph pieces, cached on the rowptr tensor: the plan of a "sum" pass
 (tiles, short-row limit, row order), the degree-sorted short rows and the work list that cuts
-longer rows into pieces. Short rows go to the row-group kernel, the others to the CSR kernel,
-split (hub) rows through a second, ordered pass. Every statistic the list needs stays in
-registers, so the pass reads each source row once, as one sum pass does.
+longer rows into pieces, and the id-ordered task list that runs both in one launch. Short rows go
+to the row-group kernel, the others to the CSR kernel (both in one launch where the sum plan runs
+one and the graph has long rows), split (hub) rows through a second, ordered pass. Tiles are the
+multi kernels' own (:func:`multi_tiles`); the setup of a graph is cached (:class:`_MultiSetup`).
+Every statistic the list needs stays in registers, so the pass reads each source row once, as one
+sum pass does.
 
 Backward (:func:`backward_x`, the common case: x's gradient, no edge weights, float32/64, each
 reduction once, no "mul", non-deterministic algorithms allowed; the op module runs the general
@@ -20,17 +23,20 @@ import torch
 import triton
 
 from ..reductions import CODES, MAX, MEAN, MIN, MUL, STD, SUM, VAR
-from .gather_scatter import _mean_divisor, infer, plan_for, work_list
+from .._tensor_cache import cached
+from ..fresh_graph import is_fresh
+from ._launch import BoundLaunches
+from .gather_scatter import _forward_setup, _mean_divisor, autotune_enabled, infer
 from .gather_scatter_dispatch import Plan
 from .multi_aggregate_kernels import (
     NSTAT,
     _coefficients_kernel,
     _multi_combine_kernel,
     _multi_csr_kernel,
+    _multi_one_pass_kernel,
     _multi_rowgroup_kernel,
     _winners_grad_kernel,
 )
-from .schedule import short_rows
 
 
 def _meta(unique: list[int], num_arg: int, has_w: bool, acc64: bool) -> dict:
@@ -63,35 +69,108 @@ def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: to
     return out, arg
 
 
+# Row bytes from which the multi kernels take tiles of their own (float32 F > 32). Their statistics
+# (sum, sum of squares, max, min, plus int32 winners when tracked) need 150-230 registers a thread
+# in the sum plan's one-launch tiles ([16, 64] row groups and [32, 64] pieces at 4 warps; Triton 3.9
+# for sm_90, cuobjdump): 2-3 programs per SM. With 8 warps and 16-edge pieces, 76 (92 tracked). On an
+# H200 (benchmarks/results/aggregation-plans_h200_2026-11-23.md, kernel time / one sum pass, F=64):
+# 3.18x -> 2.84x (arxiv-like) and 2.50x -> 1.57x (products-like); tracking winners 6.51x -> 4.36x
+# and 5.55x -> 2.54x.
+WIDE_ROW_BYTES = 128
+
+
+def multi_tiles(plan: Plan, F: int, itemsize: int) -> Plan:
+    """The sum plan's schedule (rows, pieces, task list, windows) with tiles for the heavier
+    multi-aggregation kernels: 8 warps per row group and at most 16 edges per long-row tile from
+    WIDE_ROW_BYTES-byte rows (the one-launch kernel runs both with the row groups' warps)."""
+    if F * itemsize <= WIDE_ROW_BYTES:
+        return plan
+    return Plan(**{**plan.__dict__, "group_warps": 8, "block_e": min(plan.block_e, 16),
+                   "num_warps": max(plan.num_warps, 4)})
+
+
+class _MultiSetup:
+    """What a forward call needs besides its tensors, for one graph and one (F, dtype, reductions,
+    weighted, tracked) case: the "sum" pass's setup (plan, work list, short rows, task list; see
+    gather_scatter._ForwardSetup), this op's grids and constexprs and the bound launches. Cached on
+    the graph (see _multi_setup), so a repeated call does no planning in Python."""
+
+    def __init__(self, base, F: int, unique: list[int], num_arg: int, has_w: bool, acc64: bool, itemsize: int,
+                 retile: bool):
+        plan = multi_tiles(base.plan, F, itemsize) if retile else base.plan
+        self.plan, self.short, self.wl = plan, base.short, base.wl
+        # the one-launch task list only where there are long rows to run next to the row groups: with
+        # none (products-like, every row <= short_max) the row-group kernel alone was as fast untracked
+        # and 1.2x faster tracking winners (H200, benchmarks/results/aggregation-plans_h200_2026-11-23.md)
+        self.tasks = base.tasks if self.wl.num_pieces else None
+        self.launches = BoundLaunches()
+        meta = _meta(unique, num_arg, has_w, acc64)
+        group_block_f = plan.group_block_f or plan.block_f
+        nft = triton.cdiv(F, plan.block_f)
+        if self.short is not None and self.short.numel():
+            self.rowgroup_grid = (triton.cdiv(self.short.numel(), plan.group_rows), triton.cdiv(F, group_block_f))
+            self.rowgroup_meta = dict(meta, ROWS=plan.group_rows, BLOCK_F=group_block_f, num_warps=plan.group_warps)
+        if self.tasks is not None:  # one launch: the long rows' pieces take the row groups' tiles
+            self.one_pass_grid = (self.tasks.numel(), triton.cdiv(F, group_block_f))
+            self.one_pass_meta = dict(meta, ROWS=plan.group_rows, SEG=plan.seg, BLOCK_E=plan.block_e,
+                                      BLOCK_F=group_block_f, num_warps=plan.group_warps)
+        self.csr_grid = (self.wl.num_pieces * nft,)
+        self.csr_meta = dict(meta, SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+        combine = dict(meta)
+        del combine["HAS_W"]
+        split = getattr(self.wl, "split_rows", None)
+        self.num_split = 0 if split is None else split.numel()
+        self.combine_grid = (self.num_split * nft,)
+        self.combine_meta = dict(combine, BLOCK_F=plan.block_f, num_warps=4)
+
+
+def _multi_setup(x, rowptr, col, weight, unique, num_arg, plan) -> _MultiSetup:
+    """The setup of this call: cached on rowptr (keyed like the sum pass's, plus the reductions);
+    built afresh for an explicit ``plan`` and for a graph used once (gnnfuse.fresh_graph: every row
+    in row groups, no host synchronisation)."""
+    F, has_w, acc64 = x.shape[1], weight is not None, x.dtype == torch.float64
+
+    def build():
+        base = _forward_setup(x, rowptr, col, weight, "sum", False, "hybrid", plan)
+        return _MultiSetup(base, F, unique, num_arg, has_w, acc64, x.element_size(), plan is None)
+
+    if plan is not None or is_fresh(rowptr):
+        return build()
+    key = (F, x.dtype, tuple(unique), has_w, num_arg, col.numel(), torch.are_deterministic_algorithms_enabled(),
+           autotune_enabled() and x.is_cuda)
+    return cached("multi-forward", (rowptr,), key, build)
+
+
 def _launch(x, rowptr, col, weight, out, arg, unique, num_arg, plan):
-    num_rows, F = rowptr.shape[0] - 1, x.shape[1]
-    if plan is None:
-        plan = plan_for(x, rowptr, col, "sum", "hybrid")
-    meta = _meta(unique, num_arg, weight is not None, x.dtype == torch.float64)
+    F = x.shape[1]
+    num_rows = rowptr.shape[0] - 1
+    setup = _multi_setup(x, rowptr, col, weight, unique, num_arg, plan)
     w = weight if weight is not None else x  # dummy pointer when HAS_W is False
     arg_p = arg if num_arg else col
-    short = short_rows(rowptr, plan.short_max, plan.window)
-    if short.numel():
-        block_f = plan.group_block_f or plan.block_f
-        _multi_rowgroup_kernel[(triton.cdiv(short.numel(), plan.group_rows), triton.cdiv(F, block_f))](
-            x, short, rowptr, col, w, out, arg_p, short.numel(), num_rows, F, **meta, ROWS=plan.group_rows,
-            BLOCK_F=block_f, num_warps=plan.group_warps)
-    wl = work_list(rowptr, plan.seg, plan.short_max)
-    if wl.num_pieces == 0:
-        return
-    nft = triton.cdiv(F, plan.block_f)
+    launch = setup.launches
+    fast = x.is_cuda and launch.usable(x, col, w, out, arg_p)
+    short, wl = setup.short, setup.wl
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     part = torch.empty(wl.num_partials, NSTAT, F, dtype=acc, device=x.device) if wl.num_partials else out
     parg = torch.empty(wl.num_partials, 2, F, dtype=torch.long, device=x.device) if wl.num_partials and num_arg \
         else col
-    _multi_csr_kernel[(wl.num_pieces * nft,)](
-        x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, num_rows, F, **meta,
-        SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
-    if wl.split_rows.numel():
-        del meta["HAS_W"]
-        _multi_combine_kernel[(wl.split_rows.numel() * nft,)](
-            part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, num_rows, F, **meta,
-            BLOCK_F=plan.block_f, num_warps=4)
+    if setup.tasks is not None and setup.tasks.numel():
+        launch("one_pass", _multi_one_pass_kernel, setup.one_pass_grid,
+               (x, short, short.numel(), setup.tasks, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr,
+                wl.slot, num_rows, F), setup.one_pass_meta, fast)
+    elif short is not None and short.numel():
+        launch("rowgroup", _multi_rowgroup_kernel, setup.rowgroup_grid,
+               (x, short, rowptr, col, w, out, arg_p, short.numel(), num_rows, F), setup.rowgroup_meta, fast)
+    if wl.num_pieces == 0:
+        return
+    if setup.tasks is None:
+        launch("csr", _multi_csr_kernel, setup.csr_grid,
+               (x, rowptr, col, w, out, arg_p, part, parg, wl.seg_row, wl.seg_ptr, wl.slot, num_rows, F),
+               setup.csr_meta, fast)
+    if setup.num_split:
+        launch("combine", _multi_combine_kernel, setup.combine_grid,
+               (part, parg, out, arg_p, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, num_rows, F), setup.combine_meta,
+               fast)
 
 
 def fast_backward_applies(x, weight, codes, need_w) -> bool:

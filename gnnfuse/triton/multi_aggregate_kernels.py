@@ -10,9 +10,13 @@ statistic a list of reductions needs kept in registers at once, so each source r
     after the loop. A row of one piece is written directly; pieces of a split (hub) row write
     their statistics into ``part[slot + k, NSTAT, F]`` (winners into ``parg[slot + k, 2, F]``)
     and ``_multi_combine_kernel`` folds them in CSR order.
+  * ``_multi_one_pass_kernel``: both of the above in one launch over the sum plan's id-ordered task
+    list (schedule.task_list), where the sum plan runs one launch (``plan.one_pass``) and the
+    graph has long rows.
 
 Statistics: sum, sum of squares, max and min (with the first winning CSR position when TRACK),
-product; each only when a requested reduction needs it (the NEED_* constexprs). ``*_AT``: each
+product; each only when a requested reduction needs it (the NEED_* constexprs). Winners are
+tracked as int32 offsets (within the row or piece) and written as int64 CSR positions. ``*_AT``: each
 reduction's block in the output (-1: not requested). Max/min follow the gather-scatter kernels:
 strict comparison (ties keep the earliest edge), a NaN wins and sticks. No atomics: bitwise
 deterministic.
@@ -29,9 +33,9 @@ from .gather_scatter_fwd_kernels import (
     _mul_combine,
     _nan_max,
     _nan_min,
+    _piece_at,
     _tile_winner,
     _winner_step,
-    _work_piece,
 )
 
 NSTAT = 5  # partial statistics per split-row piece: sum, sum of squares, max, min, product
@@ -97,75 +101,89 @@ def _fold_edge(v, pos, m2, s, q, mx, mn, p, amax, amin, NEED_S: tl.constexpr, NE
     return s, q, mx, mn, p, amax, amin
 
 
-@fast_kernel
 @triton.jit
-def _multi_rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_short, num_rows, F,
-                           HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr,
-                           NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr,
-                           NEED_MUL: tl.constexpr, K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr,
-                           MAX_AT: tl.constexpr, MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr,
-                           STD_AT: tl.constexpr, MIN_SLOT: tl.constexpr, ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
-    """Short rows, ROWS per program (rows_ptr: degree-sorted), each reduced in edge order."""
+def _absolute(rel, start):
+    """Winning CSR positions from the int32 offsets the loops track (-1: none yet / empty row)."""
+    return tl.where(rel >= 0, start + rel.to(tl.int64), -1)
+
+
+@triton.jit
+def _multi_row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_short, num_rows, F,
+                     HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr,
+                     NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr, NEED_MUL: tl.constexpr,
+                     K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr, MAX_AT: tl.constexpr,
+                     MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr, STD_AT: tl.constexpr,
+                     MIN_SLOT: tl.constexpr, ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Row group ``group`` (ROWS short rows of rows_ptr, degree-sorted), feature tile ``ft``: each
+    row reduced in edge order. Winners are tracked as int32 offsets within the row (half the
+    registers of int64 positions), made absolute when written."""
     ACC = tl.float64 if ACC64 else tl.float32
-    offs_r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offs_r = group * ROWS + tl.arange(0, ROWS)
     rmask = offs_r < num_short
     rows = tl.load(rows_ptr + offs_r, mask=rmask, other=0).to(tl.int64)
     start = tl.load(rowptr_ptr + rows, mask=rmask, other=0).to(tl.int64)
     deg = tl.load(rowptr_ptr + rows + 1, mask=rmask, other=0).to(tl.int64) - start
-    offs_f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = offs_f < F
     s = tl.zeros([ROWS, BLOCK_F], ACC)
     q = tl.zeros([ROWS, BLOCK_F], ACC)
     p = tl.full([ROWS, BLOCK_F], 1.0, ACC)
     mx = tl.full([ROWS, BLOCK_F], float("-inf"), ACC)
     mn = tl.full([ROWS, BLOCK_F], float("inf"), ACC)
-    amax = tl.full([ROWS, BLOCK_F], -1, tl.int64)
-    amin = tl.full([ROWS, BLOCK_F], -1, tl.int64)
-    for j in range(0, tl.max(deg, axis=0)):
+    amax = tl.full([ROWS, BLOCK_F], -1, tl.int32)
+    amin = tl.full([ROWS, BLOCK_F], -1, tl.int32)
+    # the next step's column indices load before this step's gathers (as in the sum kernels)
+    c_next = tl.load(col_ptr + start, mask=rmask & (deg > 0), other=0)
+    for j in range(0, tl.max(deg, axis=0).to(tl.int32)):  # int32 j: the tracked offsets stay int32
         emask = rmask & (j < deg)
         m2 = emask[:, None] & fmask[None, :]
-        c = tl.load(col_ptr + start + j, mask=emask, other=0).to(tl.int64)
+        c = c_next.to(tl.int64)
+        c_next = tl.load(col_ptr + start + j + 1, mask=rmask & (j + 1 < deg), other=0)
         v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
         if HAS_W:
             v = v * tl.load(w_ptr + start + j, mask=emask, other=1.0).to(ACC)[:, None]
-        pos = (start + j)[:, None] + tl.zeros([ROWS, BLOCK_F], tl.int64)
+        pos = tl.zeros([ROWS, BLOCK_F], tl.int32) + j
         s, q, mx, mn, p, amax, amin = _fold_edge(v, pos, m2, s, q, mx, mn, p, amax, amin, NEED_S, NEED_Q, NEED_MAX,
                                                  NEED_MIN, NEED_MUL, TRACK)
     _write_reductions(out_ptr, arg_ptr, rows[:, None], offs_f[None, :], rmask[:, None] & fmask[None, :],
-                      deg[:, None], s, q, mx, mn, p, amax, amin, num_rows, F, K, TRACK, SUM_AT, MEAN_AT, MAX_AT,
-                      MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT)
+                      deg[:, None], s, q, mx, mn, p, _absolute(amax, start[:, None]), _absolute(amin, start[:, None]),
+                      num_rows, F, K, TRACK, SUM_AT, MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT)
 
 
-@fast_kernel
 @triton.jit
-def _multi_csr_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr, seg_row_ptr,
-                      seg_ptr_ptr, slot_ptr, num_rows, F,
-                      HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr,
-                      NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr, NEED_MUL: tl.constexpr,
-                      K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr, MAX_AT: tl.constexpr,
-                      MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr, STD_AT: tl.constexpr,
-                      MIN_SLOT: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
-    """One (piece, feature tile) of the work list: [BLOCK_E, BLOCK_F] accumulators per statistic,
-    reduced across edge lanes once after the loop."""
+def _multi_csr_piece(s_id, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr, seg_row_ptr,
+                     seg_ptr_ptr, slot_ptr, num_rows, F,
+                     HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr,
+                     NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr, NEED_MUL: tl.constexpr,
+                     K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr, MAX_AT: tl.constexpr,
+                     MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr, STD_AT: tl.constexpr,
+                     MIN_SLOT: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Piece ``s_id`` of the work list, feature tile ``ft``: [BLOCK_E, BLOCK_F] accumulators per
+    statistic, reduced across edge lanes once after the loop; winners as int32 offsets from the
+    piece's first edge."""
     ACC = tl.float64 if ACC64 else tl.float32
-    row, k, r0, r1, start, end, offs_f, fmask = _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG, BLOCK_F)
+    row, k, r0, r1, start, end, offs_f, fmask = _piece_at(s_id, ft, seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG,
+                                                          BLOCK_F)
     lane = tl.arange(0, BLOCK_E)
     s2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
     q2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
     p2 = tl.full([BLOCK_E, BLOCK_F], 1.0, ACC)
     mx2 = tl.full([BLOCK_E, BLOCK_F], float("-inf"), ACC)
     mn2 = tl.full([BLOCK_E, BLOCK_F], float("inf"), ACC)
-    amax2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int64)
-    amin2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int64)
+    amax2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int32)
+    amin2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int32)
+    c_next = tl.load(col_ptr + start + lane, mask=start + lane < end, other=0)
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + lane
         emask = offs_e < end
         m2 = emask[:, None] & fmask[None, :]
-        c = tl.load(col_ptr + offs_e, mask=emask, other=0).to(tl.int64)
+        c = c_next.to(tl.int64)
+        c_next = tl.load(col_ptr + offs_e + BLOCK_E, mask=offs_e + BLOCK_E < end, other=0)
         v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
         if HAS_W:
             v = v * tl.load(w_ptr + offs_e, mask=emask, other=1.0).to(ACC)[:, None]
-        pos = offs_e[:, None] + tl.zeros([BLOCK_E, BLOCK_F], tl.int64)
+        rel = (e0 - start).to(tl.int32) + lane
+        pos = rel[:, None] + tl.zeros([BLOCK_E, BLOCK_F], tl.int32)
         s2, q2, mx2, mn2, p2, amax2, amin2 = _fold_edge(v, pos, m2, s2, q2, mx2, mn2, p2, amax2, amin2, NEED_S,
                                                         NEED_Q, NEED_MAX, NEED_MIN, NEED_MUL, TRACK)
     s = tl.sum(s2, axis=0)
@@ -174,10 +192,10 @@ def _multi_csr_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
     amax = tl.full([BLOCK_F], -1, tl.int64)
     amin = tl.full([BLOCK_F], -1, tl.int64)
     if TRACK:  # the lowest winning position over the lanes (each lane's winner is its earliest)
-        mx, at = _tile_winner(mx2, amax2 >= 0, amax2, 2)
-        amax = tl.where(at < _BIG, at, -1)
-        mn, at = _tile_winner(mn2, amin2 >= 0, amin2, 3)
-        amin = tl.where(at < _BIG, at, -1)
+        mx, at = _tile_winner(mx2, amax2 >= 0, amax2.to(tl.int64), 2)
+        amax = tl.where(at < _BIG, start + at, -1)
+        mn, at = _tile_winner(mn2, amin2 >= 0, amin2.to(tl.int64), 3)
+        amin = tl.where(at < _BIG, start + at, -1)
     else:
         mx = tl.reduce(mx2, 0, _nan_max)
         mn = tl.reduce(mn2, 0, _nan_min)
@@ -200,6 +218,65 @@ def _multi_csr_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
         if TRACK:
             tl.store(parg_ptr + (slot + k) * (2 * F) + offs_f, amax, mask=fmask)
             tl.store(parg_ptr + (slot + k) * (2 * F) + F + offs_f, amin, mask=fmask)
+
+
+@fast_kernel
+@triton.jit
+def _multi_rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_short, num_rows, F,
+                           HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr,
+                           NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr,
+                           NEED_MUL: tl.constexpr, K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr,
+                           MAX_AT: tl.constexpr, MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr,
+                           STD_AT: tl.constexpr, MIN_SLOT: tl.constexpr, ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Short rows, ROWS per program: _multi_row_group over a 2-D grid (group, feature tile)."""
+    _multi_row_group(tl.program_id(0).to(tl.int64), tl.program_id(1), x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr,
+                     out_ptr, arg_ptr, num_short, num_rows, F, HAS_W, ACC64, TRACK, NEED_S, NEED_Q, NEED_MAX,
+                     NEED_MIN, NEED_MUL, K, SUM_AT, MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT, ROWS,
+                     BLOCK_F)
+
+
+@fast_kernel
+@triton.jit
+def _multi_csr_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr, seg_row_ptr,
+                      seg_ptr_ptr, slot_ptr, num_rows, F,
+                      HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr,
+                      NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr, NEED_MUL: tl.constexpr,
+                      K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr, MAX_AT: tl.constexpr,
+                      MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr, STD_AT: tl.constexpr,
+                      MIN_SLOT: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Every piece of the work list, one program per (piece, feature tile), tiles minor."""
+    pid = tl.program_id(0).to(tl.int64)
+    nft = tl.cdiv(F, BLOCK_F)
+    _multi_csr_piece(pid // nft, pid % nft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
+                     seg_row_ptr, seg_ptr_ptr, slot_ptr, num_rows, F, HAS_W, ACC64, TRACK, NEED_S, NEED_Q, NEED_MAX,
+                     NEED_MIN, NEED_MUL, K, SUM_AT, MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT, SEG,
+                     BLOCK_E, BLOCK_F)
+
+
+@fast_kernel
+@triton.jit
+def _multi_one_pass_kernel(x_ptr, rows_ptr, num_short, task_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr,
+                           part_ptr, parg_ptr, seg_row_ptr, seg_ptr_ptr, slot_ptr, num_rows, F,
+                           HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr,
+                           NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr,
+                           NEED_MUL: tl.constexpr, K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr,
+                           MAX_AT: tl.constexpr, MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr,
+                           STD_AT: tl.constexpr, MIN_SLOT: tl.constexpr, ROWS: tl.constexpr, SEG: tl.constexpr,
+                           BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    """The hybrid plan in one launch, as the gather-scatter's _one_pass_kernel: program (t, ft) runs
+    task t of the id-ordered task list (schedule.task_list), a row group (code g >= 0) or a
+    long-row piece (code -1 - s). Each row is reduced as in the two-launch plan: bitwise the same."""
+    code = tl.load(task_ptr + tl.program_id(0))
+    ft = tl.program_id(1)
+    if code >= 0:
+        _multi_row_group(code, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_short,
+                         num_rows, F, HAS_W, ACC64, TRACK, NEED_S, NEED_Q, NEED_MAX, NEED_MIN, NEED_MUL, K, SUM_AT,
+                         MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT, ROWS, BLOCK_F)
+    else:
+        _multi_csr_piece(-1 - code, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
+                         seg_row_ptr, seg_ptr_ptr, slot_ptr, num_rows, F, HAS_W, ACC64, TRACK, NEED_S, NEED_Q,
+                         NEED_MAX, NEED_MIN, NEED_MUL, K, SUM_AT, MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT,
+                         MIN_SLOT, SEG, BLOCK_E, BLOCK_F)
 
 
 @fast_kernel

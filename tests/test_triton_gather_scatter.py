@@ -454,9 +454,9 @@ def test_reduce_codes_are_named_and_shared():
     import re
 
     from gnnfuse import reductions
-    from gnnfuse.triton import gather_scatter_bwd_kernels, reduce_codes
+    from gnnfuse.triton import gather_scatter_bwd_kernels, gather_scatter_fwd_kernels, reduce_codes
 
     assert {name.lower(): getattr(reduce_codes, name).value for name in
             ("SUM", "MEAN", "MAX", "MIN", "MUL", "VAR", "STD")} == reductions.CODES
-    for module in (gather_scatter_bwd_kernels,):
+    for module in (gather_scatter_fwd_kernels, gather_scatter_bwd_kernels):
         assert not re.findall(r"REDUCE\s*(?:==|!=|<=|>=|<|>)\s*\d", inspect.getsource(module)), module.__name__

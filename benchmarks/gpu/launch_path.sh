@@ -26,9 +26,9 @@ step tests_parity "${TESTS_LIMIT_S:-170}" "$PY" -m pytest -q -p no:cacheprovider
 wait
 if [ -n "${BASE:-}" ]; then
   (cd "$BASE" && export PYTHONPATH="$BASE" && step bench_base 90 "$PY" "$HERE/benchmarks/bench_gpu_overhead.py" \
-     --out "$W/base")
+     --widths "${WIDTHS:-32,128}" --out "$W/base")
 fi
-step bench_this 90 "$PY" benchmarks/bench_gpu_overhead.py --out "$W/this"
+step bench_this 90 "$PY" benchmarks/bench_gpu_overhead.py --widths "${WIDTHS:-32,128}" --out "$W/this"
 for f in "$W"/tests_*.log; do echo "$(basename "$f"): $(tail -n 1 "$f")" >> "$W/summary.txt"; done
 mkdir -p "$OUT"
 cp "$W/summary.txt" "$OUT/summary.txt"

@@ -15,12 +15,14 @@ Measured, each table's variants interleaved in one process (median, IQR):
     C++ kernel on the host CPU (``--host-sampler``: builds the C++ sampler), its torch-ops path on
     CPU; PyG's own NeighborSampler is tried and reported unavailable when it needs pyg-lib /
     torch-sparse (not installable here);
-  * graph preparation of one batch: ``layer_csrs`` (O(E) from the target-sorted edges, no sort) vs
+  * graph preparation of one batch: ``layer_csrs`` (O(E) from the target-sorted edges, no sort; on
+    CUDA four launches), also with ``transposes=True`` (the backward's transposes built up front,
+    from one sort: what the training steps below use), vs
     ``CSR.from_edge_index`` per layer (a sort each, what an unsorted edge_index costs);
   * a training step on pre-sampled batches (graph prep + forward + backward + optimizer): gnnfuse
-    layers on ``layer_csrs`` (the fresh-graph route of gnnfuse.fresh_graph, rows in id order or
-    degree-sorted; and the planned route, ``GNNFUSE_TRITON_KERNEL=hybrid``, which builds a work list,
-    locality statistic and short-row order per graph) vs stock PyG SAGEConv on the plain edge_index
+    layers on ``layer_csrs`` (the fresh-graph route of gnnfuse.fresh_graph, rows in id order; with
+    ``--all-routes`` also degree-sorted, and the planned route, ``GNNFUSE_TRITON_KERNEL=hybrid``, which
+    builds a work list, locality statistic and short-row order per graph) vs stock PyG SAGEConv on the plain edge_index
     prefixes (which need no prep), each step synchronised; then the same steps back to back (one
     synchronisation per round of ``--batches`` steps, so the host runs ahead of the device);
   * the fused step's split, with the device synchronised between phases;
@@ -72,6 +74,18 @@ def pyg_sampler_or_reason(edge_index, num_nodes):
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
 
 
+def padded_step(ex, kind, model, optimizer):
+    """One whole training step on a padded batch, for gnnfuse.loader.CapturedStep."""
+    def step(xb, yb, edge_index, nodes, edges):
+        optimizer.zero_grad(set_to_none=True)
+        graphs, sizes = ex.graphs_of(kind, edge_index, nodes, edges)
+        loss = F.cross_entropy(model(xb, graphs, sizes), yb)  # padded seed slots: label -100, skipped
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return step
+
+
 def profile_steps(directory, fns, device):
     """torch.profiler tables of one call of each of ``fns`` (after a warm-up call): ops by device
     time, with the host-device synchronisations counted."""
@@ -108,6 +122,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--host-sampler", action="store_true", help="on CUDA: also time the C++ sampler on the host")
     ap.add_argument("--profile", default=None, help="directory for torch.profiler tables of one step each")
+    ap.add_argument("--all-routes", action="store_true",
+                    help="CUDA: also time the fresh route with degree-sorted rows and the planned route")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.02)
@@ -171,7 +187,7 @@ def main(argv=None):
     batches = []
     for seeds in seed_sets:
         out = sampler.sample(seeds)
-        batches.append(dict(x=x[out.node], y=y[seeds], edge_index=torch.stack([out.row, out.col]),
+        batches.append(dict(x=x[out.node], y=y[seeds], edge_index=torch.stack([out.row, out.col]), node=out.node,
                             nodes=out.num_sampled_nodes, edges=out.num_sampled_edges,
                             sizes=layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)))
 
@@ -184,8 +200,21 @@ def main(argv=None):
     def prep_sorting():
         return [CSR.from_edge_index(b0["edge_index"][:, :e], (s, d)) for d, s, e in b0["sizes"]]
 
-    timing = bench_interleaved({"layer_csrs (sorted input, no sort)": prep_sorted,
-                                "CSR.from_edge_index per layer (sort)": prep_sorting}, device, rounds=args.rounds)
+    def prep_with_transposes():
+        return layer_csrs(edge_index=b0["edge_index"], num_sampled_nodes=b0["nodes"], num_sampled_edges=b0["edges"],
+                          transposes=True)
+
+    prep = {"layer_csrs (sorted input, no sort)": prep_sorted,
+            "layer_csrs(transposes=True): + the backward's transposes of layers 2..L (one sort)": prep_with_transposes,
+            "CSR.from_edge_index per layer (sort)": prep_sorting}
+    if device.type == "cuda":
+        from gnnfuse.loader import HopPadding
+
+        padding = HopPadding()
+        padding.grow(b0["nodes"], b0["edges"])
+        prep["HopPadding.pad (a captured step's per-batch input: padded edge_index and node ids)"] = \
+            lambda: padding.pad(b0["edge_index"], b0["node"], b0["nodes"], b0["edges"])
+    timing = bench_interleaved(prep, device, rounds=args.rounds)
     for name, t in timing.items():
         rows.append(dict(table="graph prep", variant=name, median_ms=t["median_ms"], iqr_ms=t["iqr_ms"]))
 
@@ -196,13 +225,30 @@ def main(argv=None):
     models["pyg"].load_state_dict(models["gnnfuse"].state_dict())
     # fused Adam on CUDA (one launch per step instead of a few per parameter group), for both variants
     optims = {k: torch.optim.Adam(m.parameters(), lr=0.003, fused=device.type == "cuda") for k, m in models.items()}
-    counter = {"gnnfuse": 0, "pyg": 0}
+    counter = {"gnnfuse": 0, "pyg": 0, "gnnfuse captured": 0, "pyg captured": 0}
+    captured = {}
+    if device.type == "cuda":  # the same models' copies, each step captured as a CUDA graph on padded batches
+        from gnnfuse.loader import CapturedStep
+
+        for kind in ("gnnfuse", "pyg"):
+            model = ex.SAGE(kind, dims, 0.5).to(device)
+            model.load_state_dict(models["gnnfuse"].state_dict())
+            models[f"{kind} captured"] = model
+            optims[f"{kind} captured"] = torch.optim.Adam(model.parameters(), lr=0.003, fused=True, capturable=True)
+            captured[kind] = CapturedStep(padded_step(ex, kind, model, optims[f"{kind} captured"]), x, warmup=3)
+            for b in batches:  # capacities that fit every pre-sampled batch: no new capture while timing
+                if not captured[kind].padding.fits(b["nodes"], b["edges"]):
+                    captured[kind].padding.grow(b["nodes"], b["edges"])
 
     def step(kind):
         b = batches[counter[kind] % len(batches)]
         counter[kind] += 1
+        if kind.endswith("captured"):  # pad into the static inputs, replay
+            captured[kind.split()[0]](b["node"], b["edge_index"], b["nodes"], b["edges"], b["y"])
+            return
         if kind == "gnnfuse":
-            graphs = layer_csrs(edge_index=b["edge_index"], num_sampled_nodes=b["nodes"], num_sampled_edges=b["edges"])
+            graphs = layer_csrs(edge_index=b["edge_index"], num_sampled_nodes=b["nodes"], num_sampled_edges=b["edges"],
+                                transposes=True)
         else:
             graphs = [b["edge_index"][:, :e] for _, _, e in b["sizes"]]
         loss = F.cross_entropy(models[kind](b["x"], graphs, b["sizes"]), b["y"])
@@ -227,7 +273,11 @@ def main(argv=None):
             fresh_graph.FRESH_ROW_ORDER = order
 
     variants = {"gnnfuse, fresh-graph route": "gnnfuse", "gnnfuse, fresh-graph route, degree order": "gnnfuse",
-                "gnnfuse, planned route": "gnnfuse", "stock PyG SAGEConv": "pyg"}
+                "gnnfuse, planned route": "gnnfuse", "gnnfuse, captured step (CUDA graph, padded batches)":
+                "gnnfuse captured", "stock PyG SAGEConv": "pyg",
+                "stock PyG SAGEConv, captured step (CUDA graph, padded batches)": "pyg captured"}
+    if not args.all_routes:  # (both measured in results/archive/minibatch_h200_2026-11-23b: slower than the default route)
+        variants = {k: v for k, v in variants.items() if not k.endswith(("degree order", "planned route"))}
     if device.type != "cuda":
         variants = {"gnnfuse": "gnnfuse", "stock PyG SAGEConv": "pyg"}
 
@@ -236,8 +286,8 @@ def main(argv=None):
             for _ in range(steps):
                 step(variants[name])
 
-    for name in variants:  # warm-up: Triton compiles, C++ loads
-        run(name, 3)
+    for name in variants:  # warm-up: Triton compiles, C++ loads, captured steps capture
+        run(name, 5)
     for table, steps, rounds in (("train step", 1, args.rounds * len(batches)),
                                  ("train step, back to back", len(batches), args.rounds)):
         timing = bench_interleaved({name: (lambda name=name: run(name, steps)) for name in variants}, device,
@@ -245,8 +295,11 @@ def main(argv=None):
         stock = timing["stock PyG SAGEConv"]["median_ms"] / steps
         for name, t in timing.items():
             ms = t["median_ms"] / steps
-            rows.append(dict(table=table, variant=name, median_ms=ms, iqr_ms=t["iqr_ms"] / steps,
-                             note=f"speed-up {stock / ms:.2f}x" if name.startswith("gnnfuse") else ""))
+            note = f"speed-up {stock / ms:.2f}x" if name.startswith("gnnfuse") else ""
+            kind = variants[name]
+            if kind.endswith("captured"):
+                note += f" ({captured[kind.split()[0]].captures} captures)"
+            rows.append(dict(table=table, variant=name, median_ms=ms, iqr_ms=t["iqr_ms"] / steps, note=note))
 
     if args.profile:
         profile_steps(args.profile, {name: (lambda name=name: run(name)) for name in variants}, device)
@@ -267,7 +320,7 @@ def main(argv=None):
         xb, yb = x[out.node], y[seeds]
         lap()
         graphs = layer_csrs(edge_index=torch.stack([out.row, out.col]), num_sampled_nodes=out.num_sampled_nodes,
-                            num_sampled_edges=out.num_sampled_edges)
+                            num_sampled_edges=out.num_sampled_edges, transposes=True)
         lap()
         loss = F.cross_entropy(model(xb, graphs, layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)), yb)
         lap()

@@ -1,6 +1,7 @@
 """Mini-batch GraphSAGE on sampled neighbourhoods, data-parallel over GPUs (or CPU processes).
 
     torchrun --nproc-per-node 2 examples/train_ddp.py --scale 1.0 --out results/ddp     # 2 GPUs, NCCL
+    torchrun --nproc-per-node 2 examples/train_ddp.py --cuda-graph --prefetch           # the step replayed
     python examples/train_ddp.py --nproc 2 --device cpu --scale 0.002 --epochs 1          # 2 CPU processes, gloo
     python examples/train_ddp.py --dataset Facebook --nproc 1 --device cuda --epochs 5    # a real graph
     python examples/train_ddp.py --backend pyg ...                                        # stock PyG layers
@@ -34,6 +35,12 @@ phase with the device synchronised between phases (slower overall): sampling, fe
 graph prep (the per-layer CSRs), forward (with the loss), backward, all-reduce (a DDP
 communication hook runs each bucket's all-reduce synchronously; ``--overlap`` keeps DDP's overlap
 and reports backward + all-reduce together) and optimizer.
+``--cuda-graph`` (CUDA): each batch is padded to fixed per-hop sizes and the whole step -- graph
+prep, forward, loss, backward with DDP's all-reduce, optimizer -- is captured once as a CUDA graph
+and replayed (gnnfuse.loader.CapturedStep; the first 11 steps run eagerly, as DDP under capture
+asks, and a batch that outgrows the sizes grows them and is captured again). The host then issues
+one replay per step instead of some hundred launches, so sampling in a thread (``--prefetch``)
+can overlap it. Same batches and losses as without (up to GEMM rounding; dropout draws differ).
 Reported by rank 0 (JSON and markdown under ``--out``): seeds/s, epoch time, the split, test accuracy
 after the fixed number of epochs (test seeds sampled like training ones, shared out over ranks),
 peak GPU memory per rank. Rank 0 saves a checkpoint (``--checkpoint``).
@@ -120,14 +127,35 @@ class SAGE(torch.nn.Module):
 def layer_graphs(backend: str, out, device) -> tuple[list, list]:
     """Per-layer graphs of a sampled batch: gnnfuse CSRs (views of one O(E) build, no sort), or plain
     edge_index prefixes for stock PyG (which needs no preparation)."""
+    edge_index = torch.stack([out.row, out.col]).to(device, non_blocking=True)
+    return graphs_of(backend, edge_index, out.num_sampled_nodes, out.num_sampled_edges)
+
+
+def graphs_of(backend: str, edge_index, num_sampled_nodes, num_sampled_edges) -> tuple[list, list]:
     from gnnfuse.loader import layer_csrs, layer_sizes
 
-    sizes = layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)
-    edge_index = torch.stack([out.row, out.col]).to(device, non_blocking=True)
+    sizes = layer_sizes(num_sampled_nodes, num_sampled_edges)
     if backend == "gnnfuse":
-        return layer_csrs(edge_index=edge_index, num_sampled_nodes=out.num_sampled_nodes,
-                          num_sampled_edges=out.num_sampled_edges), sizes
+        return layer_csrs(edge_index=edge_index, num_sampled_nodes=num_sampled_nodes,  # transposes: with gradients
+                          num_sampled_edges=num_sampled_edges, transposes=True), sizes
     return [edge_index[:, :num_edges] for _, _, num_edges in sizes], sizes
+
+
+def captured_step(ddp, optimizer, backend: str, x, warmup: int):
+    """The whole training step on padded batches, captured as a CUDA graph and replayed
+    (gnnfuse.loader.CapturedStep): graph prep, forward, loss over the real seeds, backward with
+    DDP's all-reduce, optimizer."""
+    from gnnfuse.loader import CapturedStep
+
+    def step(xb, yb, edge_index, nodes, edges):
+        optimizer.zero_grad(set_to_none=True)
+        graphs, sizes = graphs_of(backend, edge_index, nodes, edges)
+        loss = F.cross_entropy(ddp(xb, graphs, sizes), yb)  # padded seed slots carry label -100: skipped
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return CapturedStep(step, x, warmup=warmup)
 
 
 # ---- one rank -------------------------------------------------------------------------------------
@@ -235,8 +263,11 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
     cuda = args.device.startswith("cuda")
     local_rank = int(config.get("LOCAL_RANK") or rank)
     device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
+    graphed = args.cuda_graph and cuda
     if cuda:
         torch.cuda.set_device(device)
+    if graphed:  # NCCL inside a captured graph: torch.cuda.graphs' DDP notes ask for this before init
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
                             **({"device_id": device} if cuda else {}))
     try:
@@ -248,12 +279,20 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
         torch.manual_seed(args.seed)  # identical initial weights on every rank (DDP also broadcasts them)
         dims = [x.shape[1]] + [args.hidden] * (len(args.fanouts) - 1) + [task["num_classes"]]
         model = SAGE(args.backend, dims, args.dropout).to(device)
-        ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+        if graphed:  # built on a side stream, as torch.cuda.graphs' DDP notes ask
+            side = torch.cuda.Stream(device)
+            with torch.cuda.stream(side):
+                ddp = DistributedDataParallel(model, device_ids=[local_rank])
+            torch.cuda.current_stream(device).wait_stream(side)
+        else:
+            ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
         clock = Clock(device, on=args.split)
         if args.split and not args.overlap:
             ddp.register_comm_hook(None, timed_allreduce_hook(clock))
         prefetch = Prefetcher(sampler.sample, device, on=args.prefetch and not args.split)
-        optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr, fused=cuda)  # fused: one launch per step
+        # fused: one launch per step; capturable: its step count stays on the device (a captured step)
+        optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr, fused=cuda, capturable=graphed)
+        graph_step = captured_step(ddp, optimizer, args.backend, x, warmup=11) if graphed else None
         train = task["train"].to(device)
         per_rank = args.batch_size // world
         epochs, losses = [], []
@@ -273,6 +312,11 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
             start = clock.t = time.perf_counter()
             batches = (order[step * args.batch_size + rank * per_rank:][:per_rank] for step in range(steps))
             for seeds, out in prefetch(batches):
+                if graph_step is not None:  # padded, copied into the static inputs, replayed
+                    edge_index = torch.stack([out.row, out.col])
+                    epoch_losses.append(graph_step(out.node, edge_index, out.num_sampled_nodes,
+                                                   out.num_sampled_edges, y[seeds]))
+                    continue
                 clock.lap("sampling")
                 xb, yb = x[out.node], y[seeds]
                 clock.lap("gather")
@@ -314,7 +358,8 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
         # seen in CI).
         dist.barrier()
         prefetched = prefetch.on
-        del ddp, optimizer, prefetch
+        captures = graph_step.captures if graph_step is not None else None
+        del ddp, optimizer, prefetch, graph_step
         gc.collect()
         dist.barrier()
         if rank != 0:
@@ -325,7 +370,9 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
                     global_batch=args.batch_size, epochs=epochs, losses=losses, test_accuracy=accuracy,
                     peak_memory_gib_per_rank=memories, overlap=args.overlap or not args.split,
                     timing="split (synchronised phases)" if args.split else
-                    ("throughput" + (", sampling prefetched in a thread on a side stream" if prefetched else "")),
+                    ("throughput" + (", sampling prefetched in a thread on a side stream" if prefetched else "")
+                     + (f", step captured as a CUDA graph (padded batches; {captures} captures)"
+                        if captures is not None else "")),
                     torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     finally:
@@ -381,11 +428,15 @@ def parse_args(argv=None):
     ap.add_argument("--split", action="store_true", help="time each phase, synchronising the device between them")
     ap.add_argument("--overlap", action="store_true", help="with --split: keep DDP's all-reduce overlap")
     ap.add_argument("--prefetch", action="store_true", help="sample the next batches in a background thread")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="CUDA: pad each batch to fixed per-hop sizes and replay the captured training step")
     ap.add_argument("--checkpoint", help="rank 0 saves the model's state_dict here")
     ap.add_argument("--out", help="directory for the JSON and markdown results")
     args = ap.parse_args(argv)
     if args.batch_size % max(args.nproc, int(config.get("WORLD_SIZE") or 1)):
         ap.error("--batch-size must be a multiple of the number of processes")
+    if args.cuda_graph and args.split:
+        ap.error("--cuda-graph replays the whole step at once: it has no phases to --split")
     return args
 
 

@@ -68,22 +68,31 @@ class NoPieces:
 # Row order of the fresh route: "id" keeps id order (no sort; balanced when degrees are bounded, as a
 # sampled batch's targets' are by the fan-out); "degree" sorts rows by decreasing degree on the device
 # (row-group programs then hold rows of equal length, the longest first). On the H200 products-scale
-# mini-batch step (benchmarks/results/minibatch_h200_2026-11-23b/) id order was the faster: the
+# mini-batch step (benchmarks/results/archive/minibatch_h200_2026-11-23b/) id order was the faster: the
 # row-group kernels took 0.40 ms vs 0.44 ms per step, and the sort costs launches besides.
 FRESH_ROW_ORDER = "id"
 _IDS: dict[tuple, torch.Tensor] = {}  # (device, dtype) -> 0, 1, 2, ... grown on demand (slices cost no launch)
+
+
+def ids(n: int, device, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.arange(n)`` as a slice of a cached, grown-on-demand arange: no launch once it is large
+    enough. Read-only (it is shared). Not grown while a CUDA graph is being captured (that memory
+    would belong to the graph): then a plain arange, which the graph replays."""
+    key = (torch.device(device), dtype)
+    cached_ids = _IDS.get(key)
+    if cached_ids is None or cached_ids.numel() < n:
+        if key[0].type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.arange(n, device=device, dtype=dtype)
+        size = max(n, 2 * (0 if cached_ids is None else cached_ids.numel()))
+        cached_ids = _IDS[key] = torch.arange(size, device=device, dtype=dtype)
+    return cached_ids[:n]
 
 
 def fresh_rows(rowptr: torch.Tensor, order: str | None = None) -> torch.Tensor:
     """Every row of the graph in the fresh route's order, by device-side ops only."""
     n = rowptr.numel() - 1
     if (order or FRESH_ROW_ORDER) == "id":
-        key = (rowptr.device, rowptr.dtype)
-        ids = _IDS.get(key)
-        if ids is None or ids.numel() < n:
-            size = max(n, 2 * (0 if ids is None else ids.numel()))
-            ids = _IDS[key] = torch.arange(size, device=rowptr.device, dtype=rowptr.dtype)
-        return ids[:n]
+        return ids(n, rowptr.device, rowptr.dtype)
     deg = rowptr[1:] - rowptr[:-1]
     return torch.sort(deg, descending=True).indices
 

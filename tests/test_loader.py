@@ -456,3 +456,161 @@ def test_graphs_built_to_be_reused_are_not_fresh_and_the_unchecked_transpose_mat
         got, want = unchecked_transpose(c.rowptr, c.col, N), coo_to_csr(c.col, c.row(), N, 40 + N)
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+# ---- padded batches and the captured step ----------------------------------------------------------
+def _sage_step(model, optimizer, dropout=0.0):
+    """One training step of a bipartite SAGE stack on a sampled batch (what CapturedStep replays)."""
+    import torch.nn.functional as F
+
+    def step(x, y, edge_index, nodes, edges):
+        optimizer.zero_grad(set_to_none=True)
+        graphs = layer_csrs(edge_index=edge_index, num_sampled_nodes=nodes, num_sampled_edges=edges)
+        h = x
+        for i, (conv, g, (d, s, _)) in enumerate(zip(model, graphs, layer_sizes(nodes, edges))):
+            h = conv((h, h[:d]), g, size=(s, d))
+            if i < len(model) - 1:
+                h = F.dropout(h.relu(), dropout, model.training)
+        loss = F.cross_entropy(h, y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return step
+
+
+def _sage_pair(dev, width=6):
+    from gnnfuse.nn import SAGEConv
+
+    torch.manual_seed(0)
+    models = [torch.nn.ModuleList([SAGEConv(width, 16), SAGEConv(16, 16), SAGEConv(16, 3)]).to(dev) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    optims = [torch.optim.Adam(m.parameters(), lr=0.01, capturable=dev != "cpu") for m in models]
+    return models, optims
+
+
+def _compare_padded_with_plain(dev, capture, steps=5, margin=0.0):
+    """Steps on plain batches against the same steps through CapturedStep (padded, captured or not):
+    the same losses and parameters step after step. margin=0 makes later batches outgrow the first's
+    capacities, so the capacities grow (and, captured, the step is captured again)."""
+    from gnnfuse.loader import CapturedStep, HopPadding
+
+    data = graph(n=400, e=4000)
+    x, y = data.x.to(dev), data.y.to(dev)
+    sampler = NeighborSampler(data.edge_index.to(dev), [4, 3, 2], num_nodes=400, seed=0, device=dev)
+    (plain, padded), (opt_plain, opt_padded) = _sage_pair(dev)
+    captured = CapturedStep(_sage_step(padded, opt_padded), x, capture=capture, warmup=2,
+                            padding=HopPadding(margin=margin, granule=8))
+    step = _sage_step(plain, opt_plain)
+    g = torch.Generator().manual_seed(1)
+    for i in range(steps):
+        seeds = torch.randperm(400, generator=g)[: 24 + 4 * min(i, 3)].to(dev)  # growing batches, then steady
+        out = sampler.sample(seeds)
+        edge_index = torch.stack([out.row, out.col])
+        want = step(x[out.node], y[seeds], edge_index, out.num_sampled_nodes, out.num_sampled_edges)
+        got = captured(out.node, edge_index, out.num_sampled_nodes, out.num_sampled_edges, y[seeds])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for a, b in zip(padded.parameters(), plain.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    return captured
+
+
+def test_padded_batches_train_like_plain_ones():
+    captured = _compare_padded_with_plain("cpu", capture=False)
+    assert captured.captures == 0 and captured.padding.node_caps[0] > 24  # grew with the batches
+    ei = torch.tensor([[1, 2, 3, 3], [0, 0, 1, 2]])  # 1 seed; hop 1: nodes 1, 2 (3 edges); hop 2: node 3
+    from gnnfuse.loader import HopPadding
+
+    p = HopPadding(margin=0.0, granule=4)
+    assert not p.fits([1, 2, 1], [2, 2])
+    p.grow([1, 2, 1], [2, 2])
+    assert p.node_caps == [4, 4, 4] and p.edge_caps == [4, 4]
+    ei = torch.tensor([[1, 2, 3, 3], [0, 0, 1, 2]])
+    padded_ei, node = p.pad(ei, torch.tensor([10, 11, 12, 13]), [1, 2, 1], [2, 2])
+    # hop 1 edges (to the seed block 0..3): real, then padding from hop 1's dummy slots 6, 7 spread over the
+    # seed block's dummy slots 1..3; hop 2 (to block 4..7): real, then from dummy slots 9, 10 to 6, 7
+    assert padded_ei.tolist() == [[4, 5, 6, 7, 8, 8, 9, 10], [0, 0, 1, 2, 4, 5, 6, 7]]
+    assert node.tolist() == [10, 0, 0, 0, 11, 12, 0, 0, 13, 0, 0, 0]
+    with pytest.raises(ValueError, match="does not fit"):
+        p.pad(ei, torch.arange(4), [1, 4, 1], [2, 2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_step_replays_the_eager_step_on_cuda():
+    captured = _compare_padded_with_plain("cuda", capture=True, steps=10)
+    assert captured.captures >= 1 and captured.capture  # captured (and not fallen back to eager)
+
+
+def test_sampled_layer_csrs_kernel_matches_the_cpu_build_and_checks_everything():
+    """The GPU's four-launch build of a batch's layer CSRs (one Triton check kernel; without a GPU on
+    CPU tensors under the interpreter): the same CSRs as the CPU path, and every kind of bad batch
+    caught (checked on CPU only: a failed device-side assertion ends the CUDA context)."""
+    from gnnfuse.loader._triton_batch import sampled_layer_csrs
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    data = graph(n=200, e=2000)
+    out = NeighborSampler(data, [4, 3, 2], seed=0).sample(torch.arange(10))
+    ei = torch.stack([out.row, out.col])
+    sizes = layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)
+    n = sum(out.num_sampled_nodes)
+    want = layer_csrs(edge_index=ei, num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
+    got = sampled_layer_csrs(ei.to(dev), n, sizes, torch.int32)
+    for a, b in zip(got, want):
+        assert (a.num_src, a.num_dst, a.num_edges) == (b.num_src, b.num_dst, b.num_edges)
+        for t, u in ((a.rowptr, b.rowptr), (a.col, b.col), (a.perm, b.perm)):
+            assert t.dtype == torch.int32 and torch.equal(t.cpu(), u.to(torch.int32))
+    if dev == "cuda":
+        return
+    d1, s1, e1 = sizes[-1]
+    bad = {"unsorted": ei.flip(1), "source out of range": ei + torch.tensor([[n], [0]]),
+           "not a prefix": ei}
+    for name, edges in bad.items():
+        layers = sizes if name != "not a prefix" else [*sizes[:-1], (d1, s1, e1 - 1)]
+        with pytest.raises(RuntimeError, match="not a target-sorted sampled batch"):
+            sampled_layer_csrs(edges, n, layers, torch.int64)
+    with pytest.raises(RuntimeError, match="not a target-sorted sampled batch"):  # a source beyond its layer's bound
+        sampled_layer_csrs(ei, n, [*sizes[:-1], (d1, s1 - 1, e1)], torch.int64)
+
+
+def test_nested_transposes_match_each_layers_own():
+    """The transposes of a batch's layers from one sort (the GPU build, here under the interpreter)
+    are each layer's own transpose, bit for bit; layer_csrs(transposes=True) builds them up front."""
+    from gnnfuse.loader._triton_batch import sampled_layer_csrs
+
+    data = graph(n=200, e=2000)
+    out = NeighborSampler(data, [4, 3, 2], seed=1).sample(torch.arange(12))
+    ei = torch.stack([out.row, out.col])
+    sizes = layer_sizes(out.num_sampled_nodes, out.num_sampled_edges)
+    want = layer_csrs(edge_index=ei, num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    for dtype in (torch.int32, torch.int64):
+        got = sampled_layer_csrs(ei.to(dev), sum(out.num_sampled_nodes), sizes, dtype, transposes=[0, 1, 2])
+        for a, b in zip(got, want):
+            assert "transpose" in a._derived
+            for t, u in zip(a.transpose_parts(), b.transpose_parts()):
+                assert t.dtype == dtype and torch.equal(t.cpu(), u.to(dtype))
+    eager = layer_csrs(edge_index=ei, num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges,
+                       transposes=True)
+    assert ["transpose" in c._derived for c in eager] == [False, True, True]
+
+
+def test_padding_kernels_match_the_torch_ops():
+    """HopPadding's GPU path (two Triton kernels; without a GPU under the interpreter) writes the same
+    padded batch as its CPU path (torch ops), and the padded batch is a valid target-sorted batch."""
+    from gnnfuse.loader import HopPadding
+    from gnnfuse.loader._triton_batch import pad_batch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    data = graph(n=200, e=2000)
+    out = NeighborSampler(data, [4, 3, 2], seed=2).sample(torch.arange(10))
+    ei = torch.stack([out.row, out.col])
+    p = HopPadding(margin=0.3, granule=8)
+    p.grow(out.num_sampled_nodes, out.num_sampled_edges)
+    want_ei, want_node = p.pad(ei, out.node, out.num_sampled_nodes, out.num_sampled_edges)
+    got_ei, got_node = torch.empty_like(want_ei, device=dev), torch.empty_like(want_node, device=dev)
+    edge_table, node_table = p._tables(list(out.num_sampled_nodes), list(out.num_sampled_edges))
+    pad_batch(ei.to(dev), out.node.to(dev), edge_table, node_table, got_ei, got_node)
+    assert torch.equal(got_ei.cpu(), want_ei) and torch.equal(got_node.cpu(), want_node)
+    nodes, edges = p.padded_sizes()
+    layers = layer_csrs(edge_index=want_ei, num_sampled_nodes=nodes, num_sampled_edges=edges)  # checks the layout
+    assert [c.num_edges for c in layers] == [s[2] for s in layer_sizes(nodes, edges)]
+    assert max(int(c.in_degree().max()) for c in layers) <= 4 + 3  # padding spread: no hub rows

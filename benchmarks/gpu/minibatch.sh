@@ -3,7 +3,8 @@
 # (with torch.profiler tables), then the DDP example (NCCL) for each "GPUS:GLOBAL_BATCH" of DDP_RUNS.
 #   PYTHONPATH=. OUT=/some/dir bash benchmarks/gpu/minibatch.sh
 # BENCH_ARGS goes to benchmarks.bench_minibatch (BENCH=0 skips it), DDP_ARGS to examples/train_ddp.py,
-# TESTS=0 skips the tests. Nothing here needs the C++ extensions (the GPU path is Triton and torch
+# TESTS=0 skips the tests. DDP_RUNS: "GPUS:GLOBAL_BATCH[:MODE]" runs one after the other (MODE: prefetch,
+# graph = --cuda-graph, graph+prefetch); DDP_PAIRS: "A/B" specs of two 1-GPU runs run at once on GPUs 0 and 1. Nothing here needs the C++ extensions (the GPU path is Triton and torch
 # ops), so nothing is built. Everything is packed into $OUT/results.tgz (the device tool brings back
 # only a few files) next to $OUT/summary.txt; the Triton kernel cache goes to $OUT/triton_cache.tgz,
 # which a later call can unpack into TRITON_CACHE_DIR (TRITON_CACHE_TGZ) to skip the compiles.
@@ -28,12 +29,23 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/su
 [ "${TESTS:-1}" != 0 ] && run tests 120 "$PY" -m pytest tests/test_loader.py -q -p no:cacheprovider -k "${TESTS_K:-cuda or fresh}"
 [ "${BENCH:-1}" != 0 ] && run bench "${BENCH_TIMEOUT_S:-240}" "$PY" -m benchmarks.bench_minibatch --device cuda \
   --out "$OUT/bench" --profile "$OUT/profile" ${BENCH_ARGS:-}
-for spec in ${DDP_RUNS:-1:1024 $NGPU:1024}; do  # GPUS:GLOBAL_BATCH, or GPUS:GLOBAL_BATCH:prefetch (--prefetch)
-  IFS=: read -r n batch mode <<< "$spec"
-  [ "$n" -gt "$NGPU" ] && continue
-  name="ddp_${n}gpu_b${batch}${mode:+_$mode}"
-  run "$name" "${DDP_TIMEOUT_S:-120}" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" \
-    examples/train_ddp.py --batch-size "$batch" --out "$OUT/$name" ${mode:+--prefetch} ${DDP_ARGS:-}
+ddp() {  # ddp GPUS:GLOBAL_BATCH[:MODE] [CUDA_VISIBLE_DEVICES]; MODE: prefetch, graph (--cuda-graph) or graph+prefetch
+  local n batch mode name flags=""
+  IFS=: read -r n batch mode <<< "$1"
+  [ "$n" -gt "$NGPU" ] && return
+  name="ddp_${n}gpu_b${batch}${mode:+_${mode/+/_}}"
+  [[ "$mode" == *prefetch* ]] && flags="$flags --prefetch"
+  [[ "$mode" == *graph* ]] && flags="$flags --cuda-graph"
+  CUDA_VISIBLE_DEVICES="${2:-$CUDA_VISIBLE_DEVICES_ALL}" run "$name" "${DDP_TIMEOUT_S:-120}" "$PY" -m torch.distributed.run \
+    --standalone --nproc-per-node "$n" \
+    examples/train_ddp.py --batch-size "$batch" --out "$OUT/$name" $flags ${DDP_ARGS:-}
+}
+CUDA_VISIBLE_DEVICES_ALL="$(seq -s, 0 $((NGPU - 1)))"
+for spec in ${DDP_PAIRS:-}; do  # A/B: two 1-GPU runs at once, A on GPU 0 and B on GPU 1 (saves device time)
+  ddp "${spec%%/*}" 0 & ddp "${spec##*/}" 1 & wait
+done
+for spec in ${DDP_RUNS:-1:1024 $NGPU:1024}; do  # GPUS:GLOBAL_BATCH[:MODE], one after the other
+  ddp "$spec"
 done
 grep -hE "^\| (train step|graph prep|fused step split|sampling)" "$OUT"/bench/*.md 2>/dev/null
 for f in "$OUT"/ddp_*/*.md; do [ -f "$f" ] && { echo "== $f"; tail -n 8 "$f"; }; done

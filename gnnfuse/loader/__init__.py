@@ -4,7 +4,10 @@
   CUDA) whose batches list their edges sorted by target;
 * :class:`NeighborLoader` - PyG's ``NodeLoader`` with that sampler; ``batch.edge_index`` is a PyG
   ``EdgeIndex`` marked ``sort_order="col"``, which the fused layers take without a sort;
-* :func:`layer_csrs` - one bipartite :class:`gnnfuse.CSR` per GNN layer, views of one O(E) build.
+* :func:`layer_csrs` - one bipartite :class:`gnnfuse.CSR` per GNN layer, views of one O(E) build;
+* :class:`HopPadding` and :class:`CapturedStep` - batches padded to fixed per-hop sizes, and a
+  training step captured once as a CUDA graph and replayed for every batch (host time per step
+  then no longer grows with the launches).
 
 Example::
 
@@ -25,10 +28,13 @@ import torch
 from torch_geometric import EdgeIndex
 from torch_geometric.loader import NodeLoader
 
-from ..csr import CSR
+from ..csr import CSR, check_edge_index
+from ._captured import CapturedStep
+from ._padded import HopPadding
 from ._sampler import NeighborSampler
 
-__all__ = ["NeighborLoader", "NeighborSampler", "layer_csrs", "layer_sizes", "sorted_edge_index"]
+__all__ = ["CapturedStep", "HopPadding", "NeighborLoader", "NeighborSampler", "layer_csrs", "layer_sizes",
+           "sorted_edge_index"]
 
 
 def layer_sizes(num_sampled_nodes: Sequence[int], num_sampled_edges: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -44,13 +50,16 @@ def layer_sizes(num_sampled_nodes: Sequence[int], num_sampled_edges: Sequence[in
 
 
 def layer_csrs(batch=None, *, edge_index: torch.Tensor | None = None, num_sampled_nodes: Sequence[int] | None = None,
-               num_sampled_edges: Sequence[int] | None = None, index_dtype: torch.dtype | None = None) -> list[CSR]:
+               num_sampled_edges: Sequence[int] | None = None, index_dtype: torch.dtype | None = None,
+               transposes: bool = False) -> list[CSR]:
     """One bipartite :class:`gnnfuse.CSR` per GNN layer of a target-sorted sampled batch (a batch of
     :class:`NeighborLoader` / :class:`NeighborSampler`, or the fields given one by one). The batch's
-    CSR is built once in O(E) (on CUDA without a sort or a host sync; on CPU by the counting sort);
-    each layer's is a view of a prefix. The
+    CSR is built once in O(E) (on CUDA in four launches, without a sort or a host sync, its checks
+    in one Triton kernel; on CPU by the counting sort); each layer's is a view of a prefix. The
     transpose the backward needs is built per layer only when that layer's input requires a gradient
-    (not for the first layer, whose input is the raw features)."""
+    (not for the first layer, whose input is the raw features); with ``transposes=True`` (and
+    gradients enabled) every layer but the first gets its transpose now, on CUDA all of them from
+    one sort (gnnfuse.loader._triton_batch.nested_transposes): fewer launches for a training step."""
     if batch is not None:
         edge_index = batch.edge_index if edge_index is None else edge_index
         num_sampled_nodes = batch.num_sampled_nodes if num_sampled_nodes is None else num_sampled_nodes
@@ -59,8 +68,19 @@ def layer_csrs(batch=None, *, edge_index: torch.Tensor | None = None, num_sample
         raise ValueError("layer_csrs needs a batch, or edge_index, num_sampled_nodes and num_sampled_edges")
     sizes = layer_sizes(num_sampled_nodes, num_sampled_edges)
     num_nodes = sum(int(n) for n in num_sampled_nodes)
-    csr = CSR.from_sorted_edge_index(edge_index, num_nodes, index_dtype=index_dtype)
-    return csr.hop_prefixes(sizes)
+    later = range(1, len(sizes)) if transposes and torch.is_grad_enabled() else range(0)
+    if edge_index.is_cuda:  # four launches: see gnnfuse.loader._triton_batch
+        from ..csr import _index_dtype
+        from ._triton_batch import sampled_layer_csrs
+
+        check_edge_index(edge_index)
+        plain = edge_index.as_subclass(torch.Tensor) if type(edge_index) is not torch.Tensor else edge_index
+        dtype = _index_dtype(index_dtype, num_nodes, num_nodes, plain.shape[1])
+        return sampled_layer_csrs(plain, num_nodes, sizes, dtype, transposes=later)
+    layers = CSR.from_sorted_edge_index(edge_index, num_nodes, index_dtype=index_dtype).hop_prefixes(sizes)
+    for k in later:
+        layers[k].transpose_parts()
+    return layers
 
 
 def sorted_edge_index(data):

@@ -108,6 +108,10 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
     grad_w = x.new_empty(E) if want_w else x.new_empty(0)
     if n == 0 or F == 0 or E == 0:
         return (torch.zeros_like(x) if need_x_grad else grad_x), (grad_w.zero_() if want_w else grad_w)
+    if reduce in ("sum", "mean") and not want_w:  # (the hot case: the transpose's forward setup is all it needs)
+        grad_x = _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce, plan) if need_x_grad \
+            else grad_x
+        return grad_x, grad_w
     deterministic = torch.are_deterministic_algorithms_enabled()
     key = (E, F, x.dtype, grad_out.dtype, reduce, weight is not None, need_x_grad, want_w, deterministic)
 

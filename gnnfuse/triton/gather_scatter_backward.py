@@ -140,7 +140,7 @@ def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, redu
             _fold(launch, step, wl, part, dst, rowptr, F, setup.stats_fold_grid, setup.stats_fold_meta[code], fast)
     if setup.route == _TRANSPOSE_SUM:
         grad_x = _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce, plan)
-    elif setup.route == _WINNERS:  # each winner's gradient added to its source row (see the module docstring)
+    elif setup.route == _WINNERS:  # each winner's gradient added to its source row (gather_scatter.py's docstring)
         grad_x = torch.zeros(x.shape, dtype=acc, device=x.device)
         launch("winners", _winner_scatter_kernel, setup.winner_grid, (grad_out, arg, col, w, grad_x, n, F),
                setup.winner_meta, fast)

@@ -30,16 +30,30 @@ from gnnfuse.triton import gather_scatter as tgs
 from gnnfuse.triton import schedule
 
 VARIANTS = ("auto", "global", "windowed", "csr", "coo", "cusparse")
-# --sweep: hybrid-plan overrides of the auto plan (the locality statistic still picks the window):
-# 2l = two launches (row groups, then the long rows' CSR kernel), "2l before" = the default before
-# the one-launch plan (16-edge long-row tiles, 8 row-group warps above F=32), gbfN = row-group
-# feature tile, leN = the long rows' edge tile, gwN = row-group warps, rN = rows per group,
-# smN = short_max, segN = longest piece
-SWEEP = {
-    "2l": dict(one_pass=False), "2l before": dict(one_pass=False, block_e=16, group_warps=8),
-    "gbf128": dict(group_block_f=128), "le16": dict(block_e=16), "le64": dict(block_e=64),
-    "gw2": dict(group_warps=2), "gw8": dict(group_warps=8), "r8": dict(group_rows=8), "r32": dict(group_rows=32),
-    "sm32": dict(short_max=32), "sm128": dict(short_max=128), "seg512": dict(seg=512), "seg2048": dict(seg=2048),
+# --sweep [SET]: hybrid-plan overrides of the auto plan (the locality statistic still picks the window).
+# "plans" (the one-launch plan's neighbours): 2l = two launches (row groups, then the long rows' CSR
+# kernel), "2l before" = the default before the one-launch plan (16-edge long-row tiles, 8 row-group
+# warps above F=32), gbfN = row-group feature tile, leN = the long rows' edge tile, gwN = row-group
+# warps, rN = rows per group, smN = short_max, segN = longest piece.
+# "reuse" (more reuse of source rows inside an SM): gbf32 = 32-wide (128-byte) row-group tiles, rN as
+# above, big / big64 = 64-row groups of 8 warps on 32- / 64-wide tiles. (The per-SM task queues, the
+# evict_first hint on the index/output streams and the register caps of
+# benchmarks/results/gpu-locality-reuse_h100_2026-11-23.md were slower and are not in the library.)
+# "evict": the auto plan against itself without the evict_last hint on the gathered x rows.
+SWEEPS = {
+    "plans": {
+        "2l": dict(one_pass=False), "2l before": dict(one_pass=False, block_e=16, group_warps=8),
+        "gbf128": dict(group_block_f=128), "le16": dict(block_e=16), "le64": dict(block_e=64),
+        "gw2": dict(group_warps=2), "gw8": dict(group_warps=8), "r8": dict(group_rows=8), "r32": dict(group_rows=32),
+        "sm32": dict(short_max=32), "sm128": dict(short_max=128), "seg512": dict(seg=512), "seg2048": dict(seg=2048),
+    },
+    "evict": {"no hint": dict(x_evict="")},
+    "reuse": {
+        "gbf32": dict(one_pass=True, group_block_f=32), "r8": dict(one_pass=True, group_rows=8),
+        "r32": dict(one_pass=True, group_rows=32),
+        "big": dict(one_pass=True, group_rows=64, group_warps=8, group_block_f=32),
+        "big64": dict(one_pass=True, group_rows=64, group_warps=8),
+    },
 }
 
 
@@ -59,7 +73,7 @@ def _orders(name: str, method: str, scale: float, device: str):
     yield "reordered", relabel(ei, perm), n, seconds
 
 
-def measure(csr: CSR, F: int, copy_gbps: float, variants, rounds: int, sweep: bool = False) -> dict:
+def measure(csr: CSR, F: int, copy_gbps: float, variants, rounds: int, sweep: str | None = None) -> dict:
     n, e, device = csr.num_dst, csr.num_edges, csr.device
     x = torch.randn(csr.num_src, F, device=device)
     auto = tgs.plan_for(x, csr.rowptr, csr.col, "sum")
@@ -75,20 +89,35 @@ def measure(csr: CSR, F: int, copy_gbps: float, variants, rounds: int, sweep: bo
     for k, p in plans.items():
         fns[k] = lambda p=p: tgs.forward(x, csr.rowptr, csr.col, None, "sum", plan=p)
     fns = {k: v for k, v in fns.items() if k in variants}
-    if sweep:
-        for k, cfg in SWEEP.items():
-            p = tgs.plan_for(x, csr.rowptr, csr.col, "sum", "hybrid", **cfg)
-            fns[k] = lambda p=p: tgs.forward(x, csr.rowptr, csr.col, None, "sum", plan=p)
+    for k, cfg in (SWEEPS[sweep] if sweep else {}).items():
+        p = tgs.plan_for(x, csr.rowptr, csr.col, "sum", "hybrid", **cfg)
+        fns[k] = lambda p=p: tgs.forward(x, csr.rowptr, csr.col, None, "sum", plan=p)
     ref = torch.sparse.mm(a, x)
-    for k, fn in fns.items():  # every variant computes the same sum
-        out = fn()
+    base = fns["auto"]() if "auto" in fns else None
+    differ = []  # sweep variants whose result is not bitwise the auto plan's
+    failed = []  # sweep variants that did not run (e.g. a Triton without some instruction): reported, not timed
+    for k, fn in list(fns.items()):  # every variant computes the same sum
+        try:
+            out = fn()
+        except Exception as err:  # noqa: BLE001
+            if not sweep or k not in SWEEPS[sweep]:
+                raise
+            print(f"{k} failed: {type(err).__name__}: {err}"[:2000], flush=True)
+            failed.append(k)
+            del fns[k]
+            continue
         out = out[0] if isinstance(out, tuple) else out
         rel = float((out - ref).norm() / ref.norm().clamp_min(1e-30))
         if not rel < 1e-5:  # float32 sums in different orders (hub rows of millions of edges)
             raise AssertionError(f"{k} differs from cuSPARSE: relative error {rel:.2e}")
-    del ref, out
+        if sweep and base is not None and k in SWEEPS[sweep] and not torch.equal(out, base):
+            differ.append(k)
+    del ref, base
     timed = bench_interleaved(fns, device, rounds=rounds, max_seconds=6.0)
     r = {"F": F, "window": auto.window, "auto_reason": auto.reason.split("; ")[-1]}
+    if sweep:
+        r["not_bitwise"] = " ".join(differ) or "-"
+        r["failed"] = " ".join(failed) or "-"
     for k, t in timed.items():
         r[k] = t["median_ms"]
         r[f"{k}_min"] = t["min_ms"]
@@ -116,7 +145,9 @@ def main(argv=None) -> None:
     ap.add_argument("--name", default=None)
     ap.add_argument("--scale", type=float, default=1.0, help="shrink every graph (smoke tests)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test under TRITON_INTERPRET=1")
-    ap.add_argument("--sweep", action="store_true", help="also time the SWEEP plans (generated/reordered orders)")
+    ap.add_argument("--sweep", nargs="?", const="plans", default=None, choices=list(SWEEPS),
+                    help="also time a set of SWEEPS plans (generated/reordered orders; default set: plans)")
+    ap.add_argument("--orders", default="generated,scrambled,reordered", help="orders of the realistic graphs")
     ap.add_argument("--l2-ceiling", action="store_true",
                     help="also time a graph whose sources fit in a quarter of L2: every gather an L2 hit, the "
                          "ceiling of what a better order can give")
@@ -133,7 +164,7 @@ def main(argv=None) -> None:
     rows = []
 
     def save():
-        columns = COLUMNS + (list(SWEEP) if args.sweep else [])
+        columns = COLUMNS + (list(SWEEPS[args.sweep]) + ["not_bitwise", "failed"] if args.sweep else [])
         return save_results(name, meta, rows, columns, out_dir=args.out, notes=summarise(rows))
 
     for gname, stress in [(g, False) for g in filter(None, args.graphs.split(","))] + \
@@ -141,7 +172,7 @@ def main(argv=None) -> None:
         orders = _orders(gname, args.reorder, args.scale, device) if not stress else iter(
             [("generated", *suite_graph(gname, device=device, scale=args.scale), None)])
         for order, ei, n, reorder_s in orders:
-            if args.sweep and order == "scrambled":
+            if (args.sweep and order == "scrambled") or (not stress and order not in args.orders.split(",")):
                 continue
             t0 = time.perf_counter()
             csr = CSR.from_edge_index(ei, n)
@@ -163,7 +194,7 @@ def main(argv=None) -> None:
     print(md.read_text(), flush=True)
 
 
-def l2_ceiling(widths, meta, variants, rounds, scale, device, sweep=False):
+def l2_ceiling(widths, meta, variants, rounds, scale, device, sweep=None):
     """Rows of a bipartite graph (1M targets x 16 uniform sources each) whose sources fit in a
     quarter of L2 at each width: its gather_GBps is what L2 serves, the bound for any ordering."""
     rows = []
@@ -191,11 +222,11 @@ def summarise(rows) -> str:
     for (g, order, F), r in by.items():
         if order != "reordered":
             continue
-        s = by.get((g, "scrambled", F))
-        if s:
+        s, gen = by.get((g, "scrambled", F)), by.get((g, "generated", F))
+        if s and gen:  # (--orders may leave either out)
             lines.append(f"- {g} F={F}: reordered / scrambled speed-up ours {s['auto'] / r['auto']:.2f}x, "
                          f"cuSPARSE {s['cusparse'] / r['cusparse']:.2f}x; ours vs cuSPARSE "
-                         f"{r['x_vs_cusparse']:.2f}x (generated order: {by[(g, 'generated', F)]['x_vs_cusparse']:.2f}x)")
+                         f"{r['x_vs_cusparse']:.2f}x (generated order: {gen['x_vs_cusparse']:.2f}x)")
     vs = [r["x_vs_cusparse"] for r in rows if r.get("x_vs_cusparse")]
     if vs:
         lines.append(f"- ours vs cuSPARSE over all rows: geomean {geomean(vs):.2f}x, min {min(vs):.2f}x")

@@ -1,7 +1,8 @@
 """The locality-aware row schedule of the Triton gather-scatter (gnnfuse/triton/schedule.py):
 the dispatch's statistic picks windows on id-local graphs and the global degree order otherwise,
 and the windowed schedule gives bitwise the same result as the global one (each row is reduced
-in CSR order by one program, whichever order the rows run in)."""
+in CSR order by one program, whichever order the rows run in); so does the one-launch plan's
+cache hint on the gathered rows."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ from gnnfuse.csr import CSR  # noqa: E402
 from gnnfuse.graphs import planted_communities  # noqa: E402
 from gnnfuse.triton import gather_scatter as tgs  # noqa: E402
 from gnnfuse.triton import schedule  # noqa: E402
+from gnnfuse.triton.gather_scatter_dispatch import choose  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -58,6 +60,25 @@ def test_windowed_schedule_is_bitwise_the_global_one(reduce):
             assert torch.equal(out, outs[0][0]) and torch.equal(arg, outs[0][1])
 
 
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_eviction_hint_is_bitwise_neutral(reduce):
+    """The one-launch plan's cache hint on the x gathers changes where rows are kept, not what is
+    summed: bitwise the same values and winners with every hint."""
+    csr = _community_csr(96, 700, "generated")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(csr.num_src, 20, generator=g).to(DEVICE)
+    w = (torch.rand(csr.num_edges, generator=g) + 0.5).to(DEVICE)
+    tiles = dict(block_e=16, seg=16, short_max=8, group_rows=4, group_block_f=16, window=8, one_pass=True)
+    for weight in (None, w):
+        base = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=tgs.plan_for(
+            x, csr.rowptr, csr.col, reduce, "hybrid", **tiles))
+        for hint in ("evict_last", "evict_first"):
+            plan = tgs.plan_for(x, csr.rowptr, csr.col, reduce, "hybrid", x_evict=hint, **tiles)
+            assert f"x rows gathered {hint}" in plan.describe()
+            out, arg = tgs.forward(x, csr.rowptr, csr.col, weight, reduce, plan=plan)
+            assert torch.equal(out, base[0]) and torch.equal(arg, base[1])
+
+
 def test_dispatch_measures_locality(monkeypatch):
     """With an L2 far smaller than x, community order gets windows and scrambled ids do not."""
     monkeypatch.setattr(schedule, "l2_cache_bytes", lambda device: 16 * 1024)
@@ -89,3 +110,11 @@ def test_plan_for_and_explain_report_the_schedule(monkeypatch):
     if CUDA:
         report = gnnfuse.explain(x, csr, "sum", backend="triton")
         assert "locality" in report.kernel and "windows of 128" in report.kernel
+
+
+def test_one_launch_plan_gathers_x_rows_evict_last():
+    """From 256-byte rows the default (one launch) hints its x gathers evict_last; narrower rows
+    take the two-launch plan, which has no hints."""
+    wide, narrow = choose("sum", 1000, 30000, 64, torch.float32), choose("sum", 1000, 30000, 32, torch.float32)
+    assert wide.one_pass and wide.x_evict == "evict_last" and "x rows gathered evict_last" in wide.describe()
+    assert not narrow.one_pass and "gathered" not in narrow.describe()

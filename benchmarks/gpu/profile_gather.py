@@ -1,6 +1,6 @@
 """Hardware counters of the sum forward's two kernels (row groups, CSR long rows) under Nsight Compute:
 the L2-resident-sources graph and community-products (generated order) at one width, for the auto plan
-and for each plan named on the command line (bench_gpu_locality SWEEP keys). Warm-up runs outside the
+and for each plan named on the command line (keys of bench_gpu_locality's SWEEPS sets). Warm-up runs outside the
 profiled range, so only one launch of each kernel per plan is profiled.
 
     ncu --profile-from-start off --clock-control none -k regex:"rowgroup|csr_fwd|one_pass" \\
@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from benchmarks.bench_gpu_locality import SWEEP
+from benchmarks.bench_gpu_locality import SWEEPS
 from gnnfuse.csr import CSR
 from gnnfuse.graphs import suite_graph
 from gnnfuse.triton import gather_scatter as tgs
@@ -34,13 +34,14 @@ def graphs(width: int):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--plans", default="", help="comma-separated SWEEP keys")
+    ap.add_argument("--plans", default="", help="comma-separated keys of SWEEPS sets")
     args = ap.parse_args()
+    sweeps = {k: cfg for plans in SWEEPS.values() for k, cfg in plans.items()}
     for name, csr in graphs(args.width):
         x = torch.randn(csr.num_src, args.width, device="cuda")
         plans = {"auto": tgs.plan_for(x, csr.rowptr, csr.col, "sum")}
         for key in filter(None, args.plans.split(",")):
-            plans[key] = tgs.plan_for(x, csr.rowptr, csr.col, "sum", "hybrid", **SWEEP[key])
+            plans[key] = tgs.plan_for(x, csr.rowptr, csr.col, "sum", "hybrid", **sweeps[key])
         for key, plan in plans.items():
             tgs.forward(x, csr.rowptr, csr.col, None, "sum", plan=plan)  # compile, build the setup
             torch.cuda.synchronize()

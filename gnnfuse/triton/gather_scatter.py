@@ -169,7 +169,7 @@ class _ForwardSetup:
             self.one_pass_grid = (self.tasks.numel(), cdiv(F, group_block_f))
             self.one_pass_meta = dict(REDUCE=code, HAS_W=has_w, ACC64=acc64, TRACK=tracks, ROWS=plan.group_rows,
                                       SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=group_block_f,
-                                      num_warps=plan.group_warps)
+                                      X_EVICT=plan.x_evict, num_warps=plan.group_warps)
         self.combine_grid = (self.wl.split_rows.numel() * nft,)
         self.combine_meta = dict(REDUCE=code, ACC64=acc64, TRACK=tracks, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f,
                                  num_warps=4)

@@ -43,6 +43,7 @@ class Plan:
     group_block_f: int = 0  # hybrid: features per row-group tile (0: block_f)
     window: int = 0  # hybrid: short rows degree-sorted within windows of this many ids (0: globally)
     one_pass: bool = False  # hybrid: row groups and long-row pieces in one launch, window by window
+    x_evict: str = ""  # one_pass: cache eviction hint of the gathered x rows ("", "evict_last", "evict_first")
 
     def describe(self) -> str:
         name = {
@@ -54,7 +55,8 @@ class Plan:
                          else "in global degree order")
                       + ") + CSR row-parallel for longer rows (atomic-free)"
                       + ("; both in one launch, each window's long-row pieces next to its row groups" if self.one_pass
-                         else ""),
+                         else "")
+                      + (f", x rows gathered {self.x_evict}" if self.one_pass and self.x_evict else ""),
             "atomic": "fully-atomic COO baseline (one atomic per edge and feature)",
         }[self.kernel]
         return (f"gnnfuse.triton.gather_scatter_fwd_kernels: {name}; BLOCK_E={self.block_e} BLOCK_F={self.block_f} "
@@ -115,7 +117,12 @@ def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     long-row tiles: the long rows of an id window then run next to its short rows, and the
     source rows both read come from DRAM once (H100, benchmarks/results/gpu-locality-sweep_h100_2026-11-23.md:
     community-products reordered F=128/256 5.95/11.6 -> 5.34/10.5 ms, R-MAT F=256 13.0 -> 9.8 ms;
-    uniform-source graphs and L2-resident rows no slower; R-MAT F=64 6% slower; at F=32 2-10% slower)."""
+    uniform-source graphs and L2-resident rows no slower; R-MAT F=64 6% slower; at F=32 2-10% slower).
+    The one launch gathers x rows with an evict_last hint, so they outlive the streamed column
+    indices and outputs in L1/L2 (bitwise the same result; H100,
+    benchmarks/results/gpu-locality-evict_h100_2026-11-23.md: reordered community-products 4-5% and
+    R-MAT 8% faster at F = 128-256, mesh and uniform-source graphs within noise; hinting the
+    index and output streams evict_first as well was slower)."""
     csr = csr_configs(F, avg_degree, itemsize)[0]
     group_f = min(csr["block_f"], max(16, 256 // itemsize))
     if F * itemsize <= 256:
@@ -125,7 +132,7 @@ def hybrid_configs(F: int, avg_degree: float, itemsize: int) -> list[dict]:
     first = dict(long_rows, short_max=64, group_rows=16, group_warps=4 if F <= 32 else 8, group_block_f=group_f,
                  one_pass=False)
     if F * itemsize >= 256:
-        first = dict(first, one_pass=True, block_e=32, group_warps=4)
+        first = dict(first, one_pass=True, block_e=32, group_warps=4, x_evict="evict_last")
     out = [first, dict(first, one_pass=not first["one_pass"])]
     wide = _block_f(F, itemsize)
     for short_max in (32, 64):

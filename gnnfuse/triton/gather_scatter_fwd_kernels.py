@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from ..reductions import CODES as _CODES  # noqa: F401  (tests/test_reductions.py checks it)
-from .reduce_codes import MAX, MEAN, MIN, MUL, SUM
 from ._launch import fast_kernel
+from .reduce_codes import MAX, MEAN, MIN, MUL, SUM
 
 _BIG = tl.constexpr(2**62)
 _COMBINE_K = 32  # partials folded per step by the second pass
@@ -129,9 +129,12 @@ def _work_piece(seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG: tl.constexpr, BLOC
 def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
                seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
                REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
-               SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+               SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr,
+               X_EVICT: tl.constexpr):
     """One (piece, feature tile) of the CSR kernel. TRACK: max/min also record the winning CSR
-    position (only when a backward will need it)."""
+    position (only when a backward will need it). X_EVICT: the cache eviction hint of the gathered
+    x rows ("", "evict_last", "evict_first"; passed explicitly: Triton 3.6 does not apply a device
+    function's default constexpr arguments)."""
     ACC = tl.float64 if ACC64 else tl.float32
     row, k, r0, r1, start, end, offs_f, fmask = _piece_at(s, ft, seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG,
                                                           BLOCK_F)
@@ -149,13 +152,17 @@ def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
         c_next = tl.load(col_ptr + offs_e + BLOCK_E, mask=offs_e + BLOCK_E < end, other=0)
         m2 = emask[:, None] & fmask[None, :]
         if REDUCE == MUL:
-            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=1.0).to(ACC)
+            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=1.0,
+                        eviction_policy=X_EVICT).to(ACC)
         elif REDUCE == MAX and not TRACK:
-            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=float("-inf")).to(ACC)
+            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=float("-inf"),
+                        eviction_policy=X_EVICT).to(ACC)
         elif REDUCE == MIN and not TRACK:
-            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=float("inf")).to(ACC)
+            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=float("inf"),
+                        eviction_policy=X_EVICT).to(ACC)
         else:
-            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+            v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0,
+                        eviction_policy=X_EVICT).to(ACC)
         if HAS_W:
             w = tl.load(w_ptr + offs_e, mask=emask, other=1.0).to(ACC)
             v = v * w[:, None]
@@ -209,7 +216,7 @@ def _csr_fwd_kernel(x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_pt
     pid = tl.program_id(0).to(tl.int64)
     nft = tl.cdiv(F, BLOCK_F)
     _csr_piece(pid // nft, pid % nft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
-               seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F)
+               seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F, "")
 
 
 @fast_kernel
@@ -265,8 +272,9 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
 @triton.jit
 def _row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
                REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
-               ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
-    """Row group ``group`` (ROWS short rows) of the row-group kernel, feature tile ``ft``."""
+               ROWS: tl.constexpr, BLOCK_F: tl.constexpr, X_EVICT: tl.constexpr):
+    """Row group ``group`` (ROWS short rows) of the row-group kernel, feature tile ``ft``; X_EVICT
+    as in _csr_piece."""
     ACC = tl.float64 if ACC64 else tl.float32
     offs_r = group * ROWS + tl.arange(0, ROWS)
     rmask = offs_r < num_rows
@@ -284,7 +292,7 @@ def _row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, 
         m2 = emask[:, None] & fmask[None, :]
         c = c_next.to(tl.int64)
         c_next = tl.load(col_ptr + start + j + 1, mask=rmask & (j + 1 < deg), other=0)
-        v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
+        v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0, eviction_policy=X_EVICT).to(ACC)
         if HAS_W:
             v = v * tl.load(w_ptr + start + j, mask=emask, other=1.0).to(ACC)[:, None]
         if REDUCE == SUM or REDUCE == MEAN:
@@ -318,7 +326,7 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_p
     degree (rows_ptr), so a program's rows need about the same number of steps. Each row is
     reduced in edge order (as on CPU). TRACK: max/min also record the winning CSR position."""
     _row_group(tl.program_id(0).to(tl.int64), tl.program_id(1), x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr,
-               arg_ptr, num_rows, F, REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F)
+               arg_ptr, num_rows, F, REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F, "")
 
 
 @fast_kernel
@@ -326,20 +334,22 @@ def _rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_p
 def _one_pass_kernel(x_ptr, rows_ptr, num_rows, task_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr,
                      parg_ptr, seg_row_ptr, seg_ptr_ptr, slot_ptr, F,
                      REDUCE: tl.constexpr, HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr,
-                     ROWS: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+                     ROWS: tl.constexpr, SEG: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr,
+                     X_EVICT: tl.constexpr):
     """The hybrid plan in one launch: program (t, ft) runs task t of an id-ordered task list
     (schedule.task_list), a row group (code g >= 0: _row_group) or a long-row piece (code
     -1 - s: _csr_piece), so the long rows of a window run next to its short rows and the source
     rows they share are read from DRAM once, not once per kernel. Each row is reduced by the same
-    code as in the two-launch plan: bitwise the same result."""
+    code as in the two-launch plan: bitwise the same result. X_EVICT: see _csr_piece."""
     code = tl.load(task_ptr + tl.program_id(0))
     ft = tl.program_id(1)
     if code >= 0:
         _row_group(code, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_rows, F,
-                   REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F)
+                   REDUCE, HAS_W, ACC64, TRACK, ROWS, BLOCK_F, X_EVICT)
     else:
         _csr_piece(-1 - code, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
-                   seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F)
+                   seg_row_ptr, seg_ptr_ptr, slot_ptr, F, REDUCE, HAS_W, ACC64, TRACK, SEG, BLOCK_E, BLOCK_F,
+                   X_EVICT)
 
 
 @fast_kernel

@@ -6,7 +6,7 @@ On rfc-uniform (10K nodes, 200K edges) a gather-scatter kernel takes ~10 us, so 
 what the host spends launching it. Each row is a loop of back-to-back calls with one
 synchronisation at the end (time per call): the public call (given a CSR, and given the raw
 edge_index whose CSR is cached on it), its Triton launchers (forward with the cached per-graph
-setup, backward), one kernel launched through Triton's JIT, through gnnfuse's FastKernel and
+setup; backward: sum's x gradient, max's x and weight gradients), one kernel launched through Triton's JIT, through gnnfuse's FastKernel and
 through a bound launch (gnnfuse/triton/_launch.py), and the anchors torch.sparse.mm (cuSPARSE,
 prebuilt CSR) and a trivial autograd round trip, all in the same run. vs_cusparse = cuSPARSE's time / the row's (forward rows against torch.sparse.mm,
 forward+backward rows against torch.sparse.mm forward+backward).
@@ -70,12 +70,16 @@ def main(argv=None):
         bound = BoundLaunches()
         t_parts = csr.transpose_parts()
         no_arg = csr.rowptr.new_empty(0, 0)
+        w = torch.rand(csr.num_edges, device="cuda") + 0.5
+        max_arg = tgs.forward(x, csr.rowptr, csr.col, w, "max")[1]
         t = {
             "public call, forward": lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"),
             "public call, forward (edge_index)": lambda: gnnfuse.fused_gather_scatter(x, ei, "sum"),
             "launcher, forward (cached setup)": lambda: tgs.infer(x, csr.rowptr, csr.col, None, "sum"),
             "launcher, backward (x grad)": lambda: tgs.backward(g, x, csr.rowptr, csr.col, None, *t_parts, no_arg,
                                                                 "sum", True, False),
+            "launcher, backward (max, x and weight grads)": lambda: tgs.backward(
+                g, x, csr.rowptr, csr.col, w, *t_parts, max_arg, "max", True, True),
             "one kernel, Triton JIT launch": lambda: tgs._rowgroup_kernel.kernel[grid](*kargs, **meta),
             "one kernel, FastKernel launch": lambda: tgs._rowgroup_kernel[grid](*kargs, **meta),
             "one kernel, bound launch": lambda: bound("k", tgs._rowgroup_kernel, grid, kargs, meta, True),

@@ -11,9 +11,18 @@
 #include <type_traits>
 #include <vector>
 
+#include "reduce_codes.h"
+
 namespace gnnfuse {
 
-enum class Reduce { Sum, Mean, Max, Min, Mul };
+// The values are the one table's (reduce_codes.h, shared with gnnfuse/reductions.py and the Triton kernels).
+enum class Reduce {
+  Sum = reduce_code::kSum,
+  Mean = reduce_code::kMean,
+  Max = reduce_code::kMax,
+  Min = reduce_code::kMin,
+  Mul = reduce_code::kMul,
+};
 
 inline Reduce parse_reduce(const std::string& name) {
   if (name == "sum") return Reduce::Sum;

@@ -400,3 +400,63 @@ def test_cached_setup_rebinds_nothing_wrong(reduce):
         for _ in range(3):  # the first call binds, the next ones take the bound launches
             out = gnnfuse.fused_gather_scatter(x, csr, reduce, edge_weight=weight, backend="triton")
             torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def _forward_backward(csr, x, weight, reduce, grad):
+    """The public call's output and the gradients of x and the weights."""
+    x = x.clone().requires_grad_()
+    weight = weight.clone().requires_grad_()
+    out = gnnfuse.fused_gather_scatter(x, csr, reduce, edge_weight=weight, backend="triton")
+    return (out.detach(), *torch.autograd.grad(out, (x, weight), grad))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "mul"])
+def test_fast_and_plain_launch_paths_agree_bitwise(reduce, monkeypatch):
+    """Forward and backward through the one launch path (gnnfuse/triton/_launch.py), bitwise the
+    same with the fast path (bound launches of the cached forward and backward setups, which the
+    first call binds and the next ones reuse) and with Triton's plain launch, for an aligned and an
+    unaligned x. max/min run under deterministic algorithms (their default x-gradient adds winners
+    with atomics, in any order). On CUDA with a tested Triton both paths run; under the interpreter
+    (the CPU CI) and off the tested Triton versions both are the plain path: the fast one needs a
+    GPU (it calls Triton's compiled launcher)."""
+    from gnnfuse.triton import _launch
+
+    csr = _graph(scale=4 if CUDA else 1)
+    g = torch.Generator().manual_seed(2)
+    width = 40 if CUDA else 20  # (the interpreter: both paths are the plain one; keep it tiny)
+    base = torch.randn(csr.num_src * width + 1, generator=g, dtype=torch.float64)
+    base = (1 + 0.05 * base if reduce == "mul" else base).to(DEVICE)
+    weight = (torch.rand(csr.num_edges, generator=g, dtype=torch.float64) + 0.5).to(DEVICE)
+    grad = torch.randn(csr.num_dst, width, generator=g, dtype=torch.float64).to(DEVICE)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(reduce in ("max", "min") or deterministic)
+    try:
+        for offset in (0, 1) if CUDA else (0,):  # an unaligned x takes FastKernel's path, not the bound one
+            x = base[offset:offset + csr.num_src * width].view(-1, width)
+            runs = [_forward_backward(csr, x, weight, reduce, grad) for _ in range(3 if CUDA else 1)]  # binds, bound
+            with monkeypatch.context() as m:
+                m.setattr(_launch, "_ENABLED", False)
+                assert not _launch.BoundLaunches.usable(x)
+                runs.append(_forward_backward(csr, x, weight, reduce, grad))
+            for run in runs[1:]:
+                assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
+        expected = _ref(x, csr, reduce, weight[csr.perm])
+        torch.testing.assert_close(runs[0][0], expected.to(DEVICE), atol=1e-10, rtol=1e-9)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def test_reduce_codes_are_named_and_shared():
+    """The kernels test named compile-time codes (gnnfuse/triton/reduce_codes.py), whose values are
+    the one table's (gnnfuse/reductions.py; csrc/reduce_codes.h is checked in test_reductions.py),
+    never a literal integer."""
+    import inspect
+    import re
+
+    from gnnfuse import reductions
+    from gnnfuse.triton import gather_scatter_bwd_kernels, gather_scatter_fwd_kernels, reduce_codes
+
+    assert {name.lower(): getattr(reduce_codes, name).value for name in
+            ("SUM", "MEAN", "MAX", "MIN", "MUL", "VAR", "STD")} == reductions.CODES
+    for module in (gather_scatter_fwd_kernels, gather_scatter_bwd_kernels):
+        assert not re.findall(r"REDUCE\s*(?:==|!=|<=|>=|<|>)\s*\d", inspect.getsource(module)), module.__name__

@@ -1,4 +1,10 @@
-"""Launching compiled Triton kernels without re-binding their arguments on every call.
+"""The one launch path of gnnfuse's Triton kernels: device guard, then a fenced fast launch or
+Triton's plain one.
+
+Every launch runs with the GPU of its first argument current (a device guard,
+``torch.cuda.device(t.device)``): Triton compiles for, launches on and takes the stream of the
+current device, so a tensor on another GPU would otherwise be read on the wrong one. When that GPU
+is already current (the usual case) the guard costs two integer reads and a comparison.
 
 ``kernel[grid](*args, **meta)`` re-derives Triton's specialisation of every argument (dtype and
 16-byte alignment of pointers; width, ``== 1`` and divisibility by 16 of ints) and its cache key
@@ -8,8 +14,9 @@ compiled kernel by the same properties (a superset of what Triton specialises on
 only find a kernel compiled for equal specialisations) and calls Triton's C launcher directly.
 
 :class:`BoundLaunches` goes one step further for callers with a fixed configuration (a cached
-per-graph setup, see gather_scatter._ForwardSetup): each step's compiled kernel, grid and
-constexprs are kept, and a later launch checks only the varying tensors' alignment.
+per-graph setup: gather_scatter.py's forward and backward setups both launch through one): each
+step's compiled kernel, grid and constexprs are kept, and a later launch checks only the varying
+tensors' alignment.
 
 The first call per key goes through ``kernel[grid]`` (compiling if needed). The plain path is
 always taken under ``TRITON_INTERPRET=1``, while Triton launch hooks are set (profilers), for a
@@ -17,8 +24,9 @@ compiled kernel that lacks the attributes used here, when ``GNNFUSE_TRITON_FAST_
 a Triton outside ``TESTED_TRITON``: the fast path reads Triton internals (the JIT function's
 ``params``, the compiled kernel's ``run``/``function``/``packed_metadata`` and the argument list of
 its C launcher), which change between releases. Widen the range only after
-tests/test_triton_gather_scatter.py::test_fast_launch_matches_the_jit_launch (both paths, bitwise)
-passes on a GPU with that Triton.
+tests/test_triton_gather_scatter.py's test_fast_launch_matches_the_jit_launch (one kernel) and
+test_fast_and_plain_launch_paths_agree_bitwise (forward and backward of every reduction) pass on a
+GPU with that Triton: both compare the two paths bitwise.
 """
 from __future__ import annotations
 
@@ -72,6 +80,7 @@ class FastKernel:
 
     def __init__(self, kernel):
         self.kernel = kernel
+        # (the interpreter's functions are no JITFunction; off the tested Tritons no internal is read)
         self._fast = _ENABLED and isinstance(kernel, triton.runtime.jit.JITFunction)
         self._compiled: dict[tuple, tuple | None] = {}
         if self._fast:
@@ -89,12 +98,18 @@ class FastKernel:
         return lambda *args, **meta: self._launch(grid, args, meta)
 
     def _takes_fast_path(self, args: tuple) -> bool:
-        return self._fast and len(args) == self._num_runtime and not _hooks_set()
+        return _ENABLED and self._fast and len(args) == self._num_runtime and not _hooks_set()
 
     def _launch(self, grid, args: tuple, meta: dict):
+        first = args[0] if args else None
+        if not (isinstance(first, torch.Tensor) and first.is_cuda):  # the interpreter's CPU tensors
+            return self.kernel[grid](*args, **meta)
+        device = first.get_device()
+        if device != torch.cuda.current_device():  # the device guard
+            with torch.cuda.device(device):
+                return self._launch(grid, args, meta)
         if not self._takes_fast_path(args):
             return self.kernel[grid](*args, **meta)
-        device = torch.cuda.current_device()
         key = (device, tuple(map(_spec, args)), tuple(meta.items()))
         hit = self._compiled.get(key, False)
         if hit is False:  # first call with these specialisations: Triton binds, compiles, launches
@@ -114,7 +129,7 @@ class FastKernel:
         if not self._takes_fast_path(args):
             return None
         entry = self._entry(compiled, meta)
-        return None if entry is None else _Bound(entry[0], entry[1], grid, torch.cuda.current_device())
+        return None if entry is None else _Bound(entry[0], entry[1], grid, args[0].get_device())
 
     def _entry(self, compiled, meta: dict) -> tuple | None:
         if not all(name in meta for name in self._constexpr_names):
@@ -172,7 +187,14 @@ class BoundLaunches:
         return True
 
     def __call__(self, step: str, kernel: FastKernel, grid: tuple, args: tuple, meta: dict, fast: bool) -> None:
+        """Launches step ``step``: ``kernel[grid](*args, **meta)`` on the GPU of ``args[0]``, through
+        the step's bound launch when ``fast`` (the first call binds it), else through FastKernel
+        (whose own device guard and version fence apply)."""
         if not fast:
+            kernel[grid](*args, **meta)
+            return
+        device = args[0].get_device()
+        if device != torch.cuda.current_device():  # FastKernel's launch switches device first
             kernel[grid](*args, **meta)
             return
         bound = self._bound.get(step)
@@ -180,7 +202,7 @@ class BoundLaunches:
             bound = kernel.bind(grid, args, meta)  # launches
             if bound is not None:
                 self._bound[step] = bound
-        elif bound.device == torch.cuda.current_device():
+        elif bound.device == device:
             bound.launch(args)
-        else:  # another current device than the one bound on: Triton's own path
+        else:  # bound on another GPU (not expected: a setup belongs to one GPU's graph)
             kernel[grid](*args, **meta)

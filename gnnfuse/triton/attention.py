@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..reductions import SUM
 from ._grid import cdiv, next_power_of_2
 from .attention_kernels import (
     NEG_INF,
@@ -33,7 +34,7 @@ from .attention_kernels import (
     _merge_pieces_kernel,
 )
 from .gather_scatter import work_list
-from .gather_scatter_fwd_kernels import _COMBINE_K, SUM, _combine_kernel
+from .gather_scatter_fwd_kernels import _COMBINE_K, _combine_kernel
 
 # Longest row piece one program walks. Rows up to this length (nearly all rows of realistic
 # graphs) keep one program; a hub row of 100K edges becomes ~400 programs. A multiple of every BE.

@@ -1,9 +1,13 @@
 """Triton kernels of ``gnnfuse::gather_scatter`` (forward) and ``gather_scatter_backward``.
 
-This module is the host side: work lists, plans and launchers ("check, allocate, launch") that
-gnnfuse/ops/gather_scatter.py calls (through the torch.library op or its eager shortcut). The
-@triton.jit kernels live in gather_scatter_fwd_kernels.py and gather_scatter_bwd_kernels.py; tile
-choice in gather_scatter_dispatch.py, the row schedule in schedule.py.
+This module is the host side ("check, allocate, launch") that gnnfuse/ops/gather_scatter.py calls
+(through the torch.library op or its eager route): per-graph setups, cached, for the forward
+(_ForwardSetup, here) and the backward (gather_scatter_backward.py, reached as ``backward``), both
+planned by the dispatch module's plan builder on the graph each kernel walks, and both launching
+through one path (each setup's _launch.BoundLaunches: device guard, then the version-fenced fast
+launch or Triton's own). The @triton.jit kernels live in gather_scatter_fwd_kernels.py and
+gather_scatter_bwd_kernels.py; tile choice in gather_scatter_dispatch.py, the row schedule in
+schedule.py, work lists in work_lists.py.
 
 Forward kernels (see the dispatch module for when each runs):
   * ``_rowgroup_kernel`` (the default "hybrid" plan's short rows): rows of at most short_max
@@ -21,13 +25,14 @@ Forward kernels (see the dispatch module for when each runs):
     fully inside the block is stored, a run touching the block edge is added with a relaxed
     atomic (about one atomic per row per block). ``SEGMENTED=False`` is the fully-atomic
     baseline.
-Backward (no E x F tensor): for sum/mean, x's gradient is a sum forward over the cached
-transpose (same kernels and plan); for max/min, ``_winner_scatter_kernel`` adds each winner's
-gradient to its source row with atomics (under torch.use_deterministic_algorithms(True), and
-for mul, ``_csr_bwd_x_kernel`` walks the transpose instead with the same work-list splitting:
-dm = d out / d message; grad_x[j] += dm * w); ``_grad_w_kernel`` is a per-edge dot over
-features in CSR order; ``_mul_stats_kernel`` precomputes, for reduce="mul", the product of
-non-zero messages and the zero count per (row, feature).
+Backward (no E x F tensor). x's gradient takes one of three routes: for sum/mean, a sum forward
+over the cached transpose (the forward's kernels, setup and plan, on the transpose); for max/min,
+``_winner_scatter_kernel`` adds each winner's gradient to its source row with relaxed atomics;
+under torch.use_deterministic_algorithms(True), and for mul, ``_csr_bwd_x_kernel`` walks the
+transpose instead (its own work list: dm = d out / d message; grad_x[j] += dm * w).
+``_grad_w_kernel`` is a per-edge dot over features in CSR order; ``_mul_stats_kernel``
+precomputes, for reduce="mul", the product of non-zero messages and the zero count per
+(row, feature), on the CSR's work list.
 """
 from __future__ import annotations
 
@@ -36,15 +41,12 @@ import torch
 from .. import config
 from .._tensor_cache import cached
 from ..fresh_graph import NoPieces, fresh_plan, fresh_rows, is_fresh
-from ._grid import cdiv, next_power_of_2
+from ..reductions import CODES
+from ._grid import cdiv
 from ._launch import BoundLaunches
-from .gather_scatter_bwd_kernels import _csr_bwd_x_kernel, _grad_w_kernel, _mul_stats_kernel, _winner_scatter_kernel
 from .gather_scatter_dispatch import Plan, choose, coo_configs, csr_configs, hybrid_configs
 from .gather_scatter_fwd_kernels import (
-    _CODES,
     _COMBINE_K,
-    MUL,
-    SUM,
     _coo_kernel,
     _combine_kernel,
     _csr_fwd_kernel,
@@ -52,61 +54,11 @@ from .gather_scatter_fwd_kernels import (
     _rowgroup_kernel,
 )
 from .schedule import choose_window, short_rows, task_list
-
-
-# work lists (cached per rowptr tensor object)
-# =============================================================================================
-class _WorkList:
-    """Rows split into pieces of at most ``seg`` edges.
-
-    seg_row[s]: row of piece s; seg_ptr[r]: first piece of row r; slot[r]: first partial slot
-    of row r if it is split (more than one piece), else -1; split_rows: the split rows.
-    With ``short_max`` >= 0, rows of at most that many edges get no piece (the hybrid plan's
-    row-group kernel covers them, empty rows included).
-    """
-
-    def __init__(self, rowptr: torch.Tensor, seg: int, short_max: int = -1):
-        n = rowptr.numel() - 1
-        dev = rowptr.device
-        deg = (rowptr[1:] - rowptr[:-1]).long()
-        pieces = ((deg + seg - 1) // seg).clamp_(min=1)
-        if short_max >= 0:
-            pieces = torch.where(deg <= short_max, 0, pieces)
-        self.seg_ptr = torch.zeros(n + 1, dtype=torch.long, device=dev)
-        torch.cumsum(pieces, 0, out=self.seg_ptr[1:])
-        split = pieces > 1
-        split_pieces = torch.where(split, pieces, 0)
-        slot_end = torch.cumsum(split_pieces, 0)
-        self.slot = torch.where(split, slot_end - split_pieces, -1)
-        self.split_rows = torch.nonzero(split).flatten()
-        totals = torch.stack([self.seg_ptr[-1], slot_end[-1] if n else self.seg_ptr[-1] * 0]).tolist()  # 1 sync
-        self.num_pieces, self.num_partials = int(totals[0]), int(totals[1])
-        self.seg_row = torch.repeat_interleave(torch.arange(n, device=dev), pieces, output_size=self.num_pieces)
-        self.max_degree = None
-
-
-def work_list(rowptr: torch.Tensor, seg: int, short_max: int = -1) -> _WorkList:
-    return cached("work", (rowptr,), (seg, short_max), lambda: _WorkList(rowptr, seg, short_max))
-
-
-def expanded_rows(rowptr: torch.Tensor, num_edges: int) -> torch.Tensor:
-    """Target of each CSR position (what CSR.row() holds), cached on rowptr."""
-    def build():
-        n = rowptr.numel() - 1
-        deg = rowptr[1:] - rowptr[:-1]
-        return torch.repeat_interleave(torch.arange(n, device=rowptr.device, dtype=rowptr.dtype), deg,
-                                       output_size=num_edges)
-    return cached("rows", (rowptr,), (num_edges,), build)
-
-
-def _mean_divisor(rowptr: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[N_dst, 1] in-degrees clamped to 1 (empty rows stay 0), cached on rowptr: one kernel per mean."""
-    return cached("degree", (rowptr,), (dtype,),
-                  lambda: (rowptr[1:] - rowptr[:-1]).clamp(min=1).unsqueeze(1).to(dtype))
+from .work_lists import WorkList, expanded_rows, work_list  # noqa: F401  (work_list: also for other Triton ops)
+from .work_lists import mean_divisor as _mean_divisor
 
 
 # fresh graphs (used once: a sampled mini-batch; see gnnfuse.fresh_graph)
-# =============================================================================================
 def _fresh_setup(rowptr, E, F, dtype, reduce, has_w, tracks) -> _ForwardSetup:
     """The setup of a graph used once: the default plan's row-group tiles for every row (rows longer
     than the plan's short_max included), no work list, no locality statistic, no host sync."""
@@ -164,8 +116,7 @@ def _tuned(x, rowptr, col, weight, reduce, plan: Plan, track_arg: bool = True) -
         for cfg in cands:
             p = Plan(**{**plan.__dict__, **cfg})
             ms = do_bench(lambda p=p: forward(x, rowptr, col, weight, reduce, track_arg=track_arg, plan=p),
-                          warmup=5, rep=25,
-                          return_mode="median")
+                          warmup=5, rep=25, return_mode="median")
             if ms < best_ms:
                 best, best_ms = p, ms
         return Plan(**{**best.__dict__, "reason": best.reason + f"; autotuned {len(cands)} configs"})
@@ -186,7 +137,7 @@ class _ForwardSetup:
         self.launches = BoundLaunches()
         nft = cdiv(F, plan.block_f)
         acc64 = dtype == torch.float64
-        code = _CODES[reduce]
+        code = CODES[reduce]
         self.atomic = plan.kernel in ("coo", "atomic") and reduce in ("sum", "mean")
         if self.atomic:
             self.rows = expanded_rows(rowptr, E) if E else None
@@ -196,11 +147,12 @@ class _ForwardSetup:
             return
         hybrid = plan.kernel == "hybrid"
         self.tasks: torch.Tensor | None = None  # the one-launch plan's task list (set below when it applies)
+        self.wl: WorkList  # (or NoPieces, whose counts are 0: then no step reads the lists)
         if rows is not None:  # every row in row groups (a fresh graph): no work list
-            self.wl, self.short = NoPieces(), rows
+            self.wl, self.short = NoPieces(), rows  # type: ignore[assignment]
         else:
             self.wl = work_list(rowptr, plan.seg, plan.short_max if hybrid else -1)
-            self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None
+            self.short = short_rows(rowptr, plan.short_max, plan.window) if hybrid else None  # type: ignore[assignment]
         if self.short is not None and self.short.numel():
             group_block_f = plan.group_block_f or plan.block_f
             self.rowgroup_grid = (cdiv(self.short.numel(), plan.group_rows), cdiv(F, group_block_f))
@@ -303,107 +255,13 @@ def _forward(x, rowptr, col, weight, reduce, tracks: bool, kernel, plan) -> tupl
     return out, arg
 
 
-def _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce, plan) -> torch.Tensor:
-    """x's gradient for sum/mean: grad_x[j] = sum over the edges e leaving j of w[e] * g[target(e)],
-    with g = grad_out (sum) or grad_out / in-degree (mean). That is a sum gather-scatter over the
-    cached transpose, so it runs the forward's kernels and plan: row groups for the short rows,
-    which most rows of a power-law graph's transpose are (the CSR kernel alone spends a whole
-    edge tile on each). Atomic-free and deterministic; [N_dst, F] and [E] temporaries only."""
-    g = grad_out
-    if reduce == "mean":  # scaled in the accumulation dtype, as the forward divides
-        acc = _acc_dtype(x.dtype)
-        g = grad_out.to(acc) / _mean_divisor(rowptr, acc)
-    w_t = None if weight is None else weight.index_select(0, t_pos).to(g.dtype)  # transpose order
-    out, _ = _forward(g, t_rowptr, t_col, w_t, "sum", False, "hybrid", plan)
-    nt = t_rowptr.numel() - 1
-    if nt == x.shape[0] and out.dtype == x.dtype:
-        return out
-    grad_x = torch.zeros_like(x)
-    grad_x[:nt] = out
-    return grad_x
+def __getattr__(name: str):
+    """``backward`` (the op's Triton backward) lives in gather_scatter_backward.py, which builds on this
+    module: imported on first use (then kept here, so later lookups are plain attribute reads)."""
+    if name == "backward":
+        from .gather_scatter_backward import backward
 
+        globals()["backward"] = backward
+        return backward
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-def _winner_x_grad(grad_out, x, col, weight, arg) -> torch.Tensor:
-    """x's gradient for max/min, each winner's gradient added to its source row with a relaxed
-    atomic: [N_dst, F] reads where walking the transpose gathers arg over every edge ([E, F]
-    int64; products-like F=32: ~16 GB). Several targets a source wins for add in any order, so
-    the result may differ in the last bits from run to run: deterministic algorithms take the
-    transpose walk instead (see backward)."""
-    n, F = grad_out.shape
-    acc = _acc_dtype(x.dtype)
-    grad_x = torch.zeros(x.shape, dtype=acc, device=x.device)
-    rows, block_f = 16, min(max(16, next_power_of_2(F)), 64)
-    w = weight if weight is not None else grad_out  # dummy pointer when HAS_W is False
-    _winner_scatter_kernel[(cdiv(n, rows), cdiv(F, block_f))](
-        grad_out, arg, col, w, grad_x, n, F, HAS_W=weight is not None, ACC64=acc == torch.float64, ROWS=rows,
-        BLOCK_F=block_f, num_warps=4)
-    return grad_x.to(x.dtype)
-
-
-def backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad,
-             *, plan: Plan | None = None):
-    """(grad_x, grad_w) per the op's contract; empty tensors for gradients not asked for."""
-    _check(x, rowptr, col, weight)
-    code = _CODES[reduce]
-    n, F, E = rowptr.numel() - 1, x.shape[1], col.numel()
-    grad_out = grad_out.contiguous()
-    acc64 = x.dtype == torch.float64
-    want_w = need_w_grad and weight is not None
-    grad_x = x.new_empty(0)
-    grad_w = x.new_empty(E) if want_w else x.new_empty(0)
-    if n == 0 or F == 0 or E == 0:
-        return (torch.zeros_like(x) if need_x_grad else grad_x), (grad_w.zero_() if want_w else grad_w)
-    given_plan = plan
-    if plan is None:
-        plan = choose(reduce, t_rowptr.numel() - 1, E, F, x.dtype, deterministic=True)
-    w = weight if weight is not None else x
-    arg_p = arg if arg.numel() else rowptr
-    prod = zc = x  # dummies
-    if reduce == "mul":
-        prod = torch.empty(n, F, dtype=_acc_dtype(x.dtype), device=x.device)
-        zc = torch.empty(n, F, dtype=torch.int32, device=x.device)
-        bf = plan.block_f
-        nft = cdiv(F, bf)
-        wl = work_list(rowptr, plan.seg)
-        pprod = pzc = prod  # partials (float; counts are exact below 2**24) only if rows are split
-        if wl.num_partials:
-            pprod = torch.empty(wl.num_partials, F, dtype=prod.dtype, device=x.device)
-            pzc = torch.empty(wl.num_partials, F, dtype=torch.float32, device=x.device)
-        _mul_stats_kernel[(wl.num_pieces * nft,)](
-            x, rowptr, col, w, prod, zc, pprod, pzc, wl.seg_row, wl.seg_ptr, wl.slot, F, HAS_W=weight is not None,
-            ACC64=acc64, SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=bf, num_warps=plan.num_warps)
-        if wl.split_rows.numel():
-            for part, dst, code_ in ((pprod, prod, MUL), (pzc, zc, SUM)):
-                _combine_kernel[(wl.split_rows.numel() * nft,)](
-                    part, part, dst, rowptr, rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F,
-                    REDUCE=code_, ACC64=acc64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=bf, num_warps=4)
-    if need_x_grad and reduce in ("sum", "mean"):
-        grad_x = _sum_mean_x_grad(grad_out, x, rowptr, weight, t_rowptr, t_col, t_pos, reduce, given_plan)
-    elif need_x_grad and reduce in ("max", "min") and not torch.are_deterministic_algorithms_enabled():
-        grad_x = _winner_x_grad(grad_out, x, col, weight, arg)
-    elif need_x_grad:  # mul, or max/min atomic-free: walk the transpose
-        grad_x = torch.empty_like(x)
-        nt = t_rowptr.numel() - 1
-        if nt < x.shape[0]:
-            grad_x[nt:].zero_()
-        wl = work_list(t_rowptr, plan.seg)
-        nft = cdiv(F, plan.block_f)
-        part = x  # unused unless some rows are split
-        if wl.num_partials:
-            part = torch.empty(wl.num_partials, F, dtype=_acc_dtype(x.dtype), device=x.device)
-        _csr_bwd_x_kernel[(wl.num_pieces * nft,)](
-            grad_out, x, rowptr, w, t_rowptr, t_col, t_pos, arg_p, prod, zc, grad_x, part,
-            wl.seg_row, wl.seg_ptr, wl.slot, F, REDUCE=code, HAS_W=weight is not None, ACC64=acc64,
-            SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
-        if wl.split_rows.numel():
-            _combine_kernel[(wl.split_rows.numel() * nft,)](
-                part, part, grad_x, rowptr, t_rowptr, wl.split_rows, wl.seg_ptr, wl.slot, F,
-                REDUCE=SUM, ACC64=acc64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f, num_warps=4)
-    if want_w:
-        rows = expanded_rows(rowptr, E)
-        be = 32
-        bf = min(plan.block_f, 128)
-        _grad_w_kernel[(cdiv(E, be),)](grad_out, x, rowptr, rows, col, w, arg_p, prod, zc, grad_w, E, F,
-                                       REDUCE=code, ACC64=acc64, BLOCK_E=be, BLOCK_F=bf,
-                                       num_warps=max(1, be * bf // 1024))
-    return grad_x, grad_w

@@ -9,19 +9,20 @@ import triton.language as tl
 
 from ._launch import fast_kernel
 from .gather_scatter_fwd_kernels import _mul_combine, _work_piece
+from .reduce_codes import MAX, MEAN, MIN, MUL
 
 
 @triton.jit
 def _dm(g, i, p, rowptr_ptr, arg_ptr, prod_ptr, zc_ptr, m, emask, m2, offs_f, F,
         REDUCE: tl.constexpr, ACC: tl.constexpr):
     """d out[i, f] / d message * grad_out[i, f] for a [BLOCK_E, BLOCK_F] tile of edges."""
-    if REDUCE == 1:
+    if REDUCE == MEAN:
         deg = tl.load(rowptr_ptr + i + 1, mask=emask, other=1) - tl.load(rowptr_ptr + i, mask=emask, other=0)
         g = g / tl.maximum(deg, 1).to(ACC)[:, None]
-    if REDUCE == 2 or REDUCE == 3:
+    if REDUCE == MAX or REDUCE == MIN:
         a = tl.load(arg_ptr + i[:, None] * F + offs_f[None, :], mask=m2, other=-1).to(tl.int64)
         g = tl.where(a == p[:, None], g, 0.0)
-    if REDUCE == 4:
+    if REDUCE == MUL:
         prod = tl.load(prod_ptr + i[:, None] * F + offs_f[None, :], mask=m2, other=0.0).to(ACC)
         zc = tl.load(zc_ptr + i[:, None] * F + offs_f[None, :], mask=m2, other=2)
         safe = tl.where(m == 0, 1.0, m)
@@ -41,7 +42,7 @@ def _csr_bwd_x_kernel(go_ptr, x_ptr, rowptr_ptr, w_ptr, t_rowptr_ptr, t_col_ptr,
     j, k, q0, q1, start, end, offs_f, fmask = _work_piece(seg_row_ptr, seg_ptr_ptr, t_rowptr_ptr, F, SEG, BLOCK_F)
     acc2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
     xj = tl.zeros([BLOCK_F], ACC)
-    if REDUCE == 4:
+    if REDUCE == MUL:
         xj = tl.load(x_ptr + j * F + offs_f, mask=fmask, other=0.0).to(ACC)
     for e0 in range(start, end, BLOCK_E):
         offs_q = e0 + tl.arange(0, BLOCK_E)

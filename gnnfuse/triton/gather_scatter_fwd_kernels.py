@@ -2,16 +2,17 @@
 backward kernels (reductions, NaN-propagating max/min, winner tracking, the work-list piece prologue).
 Host code (plans, work lists, launches) lives in gather_scatter.py, which describes each kernel.
 
-Reduce codes (``REDUCE: tl.constexpr``): sum 0, mean 1, max 2, min 3, mul 4 (gnnfuse/reductions.py).
+Reduce codes (``REDUCE: tl.constexpr``): the names of reduce_codes.py (SUM, MEAN, MAX, MIN, MUL), from the
+one table in gnnfuse/reductions.py.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ..reductions import CODES as _CODES
-from ..reductions import MAX, MEAN, MIN, MUL, SUM  # noqa: F401  (the kernels' REDUCE constants)
+from ..reductions import CODES as _CODES  # noqa: F401  (tests/test_reductions.py checks it)
 from ._launch import fast_kernel
+from .reduce_codes import MAX, MEAN, MIN, MUL, SUM
 
 _BIG = tl.constexpr(2**62)
 _COMBINE_K = 32  # partials folded per step by the second pass
@@ -34,9 +35,9 @@ def _nan_min(a, b):
 
 @triton.jit
 def _nan_max_min(acc, v, REDUCE: tl.constexpr):
-    """One step of max (REDUCE 2) or min: a NaN wins and sticks. One NaN-propagating min/max
+    """One step of max (REDUCE == MAX) or min: a NaN wins and sticks. One NaN-propagating min/max
     instruction where the compare-or-NaN select took four (reddit-like F=32: max was 1.9x sum)."""
-    if REDUCE == 2:
+    if REDUCE == MAX:
         return _nan_max(acc, v)
     return _nan_min(acc, v)
 
@@ -50,11 +51,11 @@ def _seg_add(v1, h1, v2, h2):
 @triton.jit
 def _identity_tile(ROWS: tl.constexpr, COLS: tl.constexpr, REDUCE: tl.constexpr, ACC: tl.constexpr):
     """A [ROWS, COLS] accumulator holding the reduction's identity: 1 (mul), -inf (max), +inf (min), 0."""
-    if REDUCE == 4:
+    if REDUCE == MUL:
         acc = tl.full([ROWS, COLS], 1.0, ACC)
-    elif REDUCE == 2:
+    elif REDUCE == MAX:
         acc = tl.full([ROWS, COLS], float("-inf"), ACC)
-    elif REDUCE == 3:
+    elif REDUCE == MIN:
         acc = tl.full([ROWS, COLS], float("inf"), ACC)
     else:
         acc = tl.zeros([ROWS, COLS], ACC)
@@ -66,7 +67,7 @@ def _tile_winner(v, m2, pos, REDUCE: tl.constexpr):
     """Per feature: the winning value of the tile and its lowest position (first NaN wins)."""
     isnan = (v != v) & m2
     nan_pos = tl.min(tl.where(isnan, pos, _BIG), axis=0)
-    if REDUCE == 2:
+    if REDUCE == MAX:
         clean = tl.where(isnan | (m2 == 0), float("-inf"), v)
         best = tl.max(clean, axis=0)
     else:
@@ -81,9 +82,9 @@ def _tile_winner(v, m2, pos, REDUCE: tl.constexpr):
 
 @triton.jit
 def _winner_step(acc, arg, v, pos, m2, REDUCE: tl.constexpr):
-    """One edge of max (REDUCE 2) or min with winners, edges in CSR order: the edge at ``pos`` wins
+    """One edge of max (REDUCE == MAX) or min with winners, edges in CSR order: the edge at ``pos`` wins
     if strictly better, or the first NaN, or the row's first edge (arg -1); masked lanes never."""
-    if REDUCE == 2:
+    if REDUCE == MAX:
         better = v > acc
     else:
         better = v < acc
@@ -94,7 +95,7 @@ def _winner_step(acc, arg, v, pos, m2, REDUCE: tl.constexpr):
 @triton.jit
 def _merge_winner(acc, arg, val, at, REDUCE: tl.constexpr):
     """Folds a later winner (val, at) into (acc, arg): strict comparison, NaN sticks, -1 = none."""
-    if REDUCE == 2:
+    if REDUCE == MAX:
         better = val > acc
     else:
         better = val < acc
@@ -104,7 +105,7 @@ def _merge_winner(acc, arg, val, at, REDUCE: tl.constexpr):
 
 @triton.jit
 def _piece_at(s, ft, seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG: tl.constexpr, BLOCK_F: tl.constexpr):
-    """Piece ``s`` of a work list (see _WorkList), feature tile ``ft``: the row, the piece's index
+    """Piece ``s`` of a work list (see work_lists.WorkList), feature tile ``ft``: the row, the piece's index
     k within it, the row's CSR range [r0, r1), the piece's edges [start, end), features."""
     row = tl.load(seg_row_ptr + s)
     k = s - tl.load(seg_ptr_ptr + row)
@@ -150,13 +151,13 @@ def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
         c = c_next.to(tl.int64)
         c_next = tl.load(col_ptr + offs_e + BLOCK_E, mask=offs_e + BLOCK_E < end, other=0)
         m2 = emask[:, None] & fmask[None, :]
-        if REDUCE == 4:
+        if REDUCE == MUL:
             v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=1.0,
                         eviction_policy=X_EVICT).to(ACC)
-        elif REDUCE == 2 and not TRACK:
+        elif REDUCE == MAX and not TRACK:
             v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=float("-inf"),
                         eviction_policy=X_EVICT).to(ACC)
-        elif REDUCE == 3 and not TRACK:
+        elif REDUCE == MIN and not TRACK:
             v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=float("inf"),
                         eviction_policy=X_EVICT).to(ACC)
         else:
@@ -165,9 +166,9 @@ def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
         if HAS_W:
             w = tl.load(w_ptr + offs_e, mask=emask, other=1.0).to(ACC)
             v = v * w[:, None]
-        if REDUCE <= 1:
+        if REDUCE == SUM or REDUCE == MEAN:
             acc2 += v
-        elif REDUCE == 4:
+        elif REDUCE == MUL:
             acc2 = acc2 * v
         elif not TRACK:  # values only: masked lanes hold -inf/+inf; a NaN wins and sticks
             acc2 = _nan_max_min(acc2, v, REDUCE)
@@ -176,12 +177,12 @@ def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
             acc2, arg2 = _winner_step(acc2, arg2, v, rel[:, None] + tl.zeros([BLOCK_E, BLOCK_F], tl.int32), m2,
                                       REDUCE)
     arg = tl.full([BLOCK_F], -1, tl.int64)
-    if REDUCE <= 1:
+    if REDUCE == SUM or REDUCE == MEAN:
         acc = tl.sum(acc2, axis=0)
-    elif REDUCE == 4:
+    elif REDUCE == MUL:
         acc = tl.reduce(acc2, 0, _mul_combine)
     elif not TRACK:
-        if REDUCE == 2:
+        if REDUCE == MAX:
             acc = tl.reduce(acc2, 0, _nan_max)
         else:
             acc = tl.reduce(acc2, 0, _nan_min)
@@ -192,16 +193,16 @@ def _csr_piece(s, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_
     if slot < 0:  # the whole row is ours: finish and write
         count = r1 - r0
         res = acc
-        if REDUCE == 1:
+        if REDUCE == MEAN:
             res = acc / tl.maximum(count, 1).to(ACC)
-        if REDUCE >= 2:
+        if REDUCE == MAX or REDUCE == MIN or REDUCE == MUL:
             res = tl.where(count > 0, acc, 0.0)
-        if (REDUCE == 2 or REDUCE == 3) and TRACK:
+        if (REDUCE == MAX or REDUCE == MIN) and TRACK:
             tl.store(arg_ptr + row * F + offs_f, arg.to(arg_ptr.dtype.element_ty), mask=fmask)
         tl.store(out_ptr + row * F + offs_f, res.to(out_ptr.dtype.element_ty), mask=fmask)
     else:  # a piece of a split row: partial, folded by _combine_kernel
         tl.store(part_ptr + (slot + k) * F + offs_f, acc.to(part_ptr.dtype.element_ty), mask=fmask)
-        if (REDUCE == 2 or REDUCE == 3) and TRACK:
+        if (REDUCE == MAX or REDUCE == MIN) and TRACK:
             tl.store(parg_ptr + (slot + k) * F + offs_f, arg, mask=fmask)
 
 
@@ -234,7 +235,7 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
     slot = tl.load(slot_ptr + row)
     offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = offs_f < F
-    if REDUCE == 4:
+    if REDUCE == MUL:
         acc = tl.full([BLOCK_F], 1.0, ACC)
     else:
         acc = tl.zeros([BLOCK_F], ACC)
@@ -244,10 +245,10 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
         kmask = offs_k < npieces
         m2 = kmask[:, None] & fmask[None, :]
         ptrs = (slot + offs_k)[:, None] * F + offs_f[None, :]
-        if REDUCE == 4:
+        if REDUCE == MUL:
             v = tl.load(part_ptr + ptrs, mask=m2, other=1.0).to(ACC)
             acc = acc * tl.reduce(v, 0, _mul_combine)
-        elif REDUCE <= 1:
+        elif REDUCE == SUM or REDUCE == MEAN:
             v = tl.load(part_ptr + ptrs, mask=m2, other=0.0).to(ACC)
             acc += tl.sum(v, axis=0)
         else:
@@ -260,10 +261,10 @@ def _combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, split_rows
             val, at = _tile_winner(v, m2, a, REDUCE)
             acc, arg = _merge_winner(acc, arg, val, at, REDUCE)
     res = acc
-    if REDUCE == 1:
+    if REDUCE == MEAN:
         count = (tl.load(rowptr_ptr + row + 1) - tl.load(rowptr_ptr + row)).to(ACC)
         res = acc / count
-    if (REDUCE == 2 or REDUCE == 3) and TRACK:
+    if (REDUCE == MAX or REDUCE == MIN) and TRACK:
         tl.store(arg_ptr + row * F + offs_f, arg.to(arg_ptr.dtype.element_ty), mask=fmask)
     tl.store(out_ptr + row * F + offs_f, res.to(out_ptr.dtype.element_ty), mask=fmask)
 
@@ -294,9 +295,9 @@ def _row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, 
         v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0, eviction_policy=X_EVICT).to(ACC)
         if HAS_W:
             v = v * tl.load(w_ptr + start + j, mask=emask, other=1.0).to(ACC)[:, None]
-        if REDUCE <= 1:
+        if REDUCE == SUM or REDUCE == MEAN:
             acc += v
-        elif REDUCE == 4:
+        elif REDUCE == MUL:
             acc = tl.where(m2, acc * v, acc)
         elif TRACK:
             acc, arg = _winner_step(acc, arg, v, (start + j)[:, None] + tl.zeros([ROWS, BLOCK_F], tl.int64), m2,
@@ -304,13 +305,13 @@ def _row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, 
         else:  # max/min: a NaN wins and sticks, as in the CSR kernel
             acc = tl.where(m2, _nan_max_min(acc, v, REDUCE), acc)
     res = acc
-    if REDUCE == 1:
+    if REDUCE == MEAN:
         res = acc / tl.maximum(deg, 1).to(ACC)[:, None]
-    if REDUCE >= 2:
+    if REDUCE == MAX or REDUCE == MIN or REDUCE == MUL:
         res = tl.where((deg > 0)[:, None], acc, 0.0)
     dst = rows[:, None] * F + offs_f[None, :]
     tl.store(out_ptr + dst, res.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & fmask[None, :])
-    if (REDUCE == 2 or REDUCE == 3) and TRACK:
+    if (REDUCE == MAX or REDUCE == MIN) and TRACK:
         tl.store(arg_ptr + dst, arg.to(arg_ptr.dtype.element_ty), mask=rmask[:, None] & fmask[None, :])
 
 

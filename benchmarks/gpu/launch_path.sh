@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The Triton launch path's GPU check in one device call: the gather-scatter Triton tests and the op
+# parity tests on CUDA (in parallel, with the C++ graph extension building beside them), then
+# bench_gpu_overhead on a baseline tree and on this one (this tree's benchmark script, each tree's
+# gnnfuse), one after the other on a quiet machine. From this tree's root on a CUDA machine:
+#   BASE=/path/to/baseline/tree OUT=/some/dir bash benchmarks/gpu/launch_path.sh
+# Everything lands in $OUT/launch_path.tgz, with $OUT/summary.txt.
+set -uo pipefail
+: "${OUT:?set OUT to the output directory}"
+PY="${PYTHON:-python}"
+HERE="$PWD"
+W="$(mktemp -d)"
+export PYTHONPATH="$HERE" MAX_JOBS="${MAX_JOBS:-16}"
+step() {  # step NAME LIMIT_S CMD...: log to $W/NAME.log, rc and seconds to the summary
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  timeout "$limit" "$@" > "$W/$name.log" 2>&1
+  echo "$name rc=$? $((SECONDS - start))s (limit ${limit}s)" >> "$W/summary.txt"
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$W/summary.txt"
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$W/summary.txt"
+step build "${BUILD_LIMIT_S:-150}" "$PY" -c "from gnnfuse._build import load_extension; load_extension('graph')" &
+step tests_triton "${TESTS_LIMIT_S:-170}" "$PY" -m pytest -q -p no:cacheprovider -rfE --durations=8 \
+  tests/test_triton_gather_scatter.py &
+step tests_parity "${TESTS_LIMIT_S:-170}" "$PY" -m pytest -q -p no:cacheprovider -rfE --durations=8 tests/test_op_parity.py &
+wait
+if [ -n "${BASE:-}" ]; then
+  (cd "$BASE" && export PYTHONPATH="$BASE" && step bench_base 90 "$PY" "$HERE/benchmarks/bench_gpu_overhead.py" \
+     --widths "${WIDTHS:-32,128}" --out "$W/base")
+fi
+step bench_this 90 "$PY" benchmarks/bench_gpu_overhead.py --widths "${WIDTHS:-32,128}" --out "$W/this"
+for f in "$W"/tests_*.log; do echo "$(basename "$f"): $(tail -n 1 "$f")" >> "$W/summary.txt"; done
+mkdir -p "$OUT"
+cp "$W/summary.txt" "$OUT/summary.txt"
+tar czf "$OUT/launch_path.tgz" -C "$W" .

@@ -451,6 +451,7 @@ def test_reduce_codes_are_named_and_shared():
     the one table's (gnnfuse/reductions.py; csrc/reduce_codes.h is checked in test_reductions.py),
     never a literal integer."""
     import inspect
+    from pathlib import Path
     import re
 
     from gnnfuse import reductions
@@ -460,3 +461,6 @@ def test_reduce_codes_are_named_and_shared():
             ("SUM", "MEAN", "MAX", "MIN", "MUL", "VAR", "STD")} == reductions.CODES
     for module in (gather_scatter_fwd_kernels, gather_scatter_bwd_kernels):
         assert not re.findall(r"REDUCE\s*(?:==|!=|<=|>=|<|>)\s*\d", inspect.getsource(module)), module.__name__
+    # every Triton module, including those not imported here (read as text: no GPU-only import)
+    for path in Path(reduce_codes.__file__).parent.glob("*.py"):
+        assert not re.findall(r"REDUCE\s*(?:==|!=|<=|>=|<|>)\s*\d", path.read_text()), path.name

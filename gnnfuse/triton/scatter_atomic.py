@@ -25,8 +25,9 @@ import triton.language as tl
 
 from ._grid import cdiv, next_power_of_2
 from ._launch import fast_kernel
+from ..reductions import CODES
+from .reduce_codes import MAX, MEAN
 
-SUM, MEAN, MAX, MIN = 0, 1, 2, 3  # the route's own codes (the reductions it serves)
 _KEY = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
@@ -41,7 +42,7 @@ def _ordered_key(v, REDUCE: tl.constexpr, IS64: tl.constexpr):
         bits = v.to(tl.int32, bitcast=True)
         key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
         top = 0x7FFFFFFF
-    if REDUCE == 2:
+    if REDUCE == MAX:
         key = tl.where(v != v, top, key)
     else:
         key = tl.where(v != v, -top - 1, key)
@@ -62,17 +63,17 @@ def _scatter_kernel(x_ptr, t_ptr, out_ptr, cnt_ptr, S, F, REDUCE: tl.constexpr, 
     t = tl.load(t_ptr + offs_s, mask=smask, other=0).to(tl.int64)
     v = tl.load(x_ptr + offs_s[:, None] * F + offs_f[None, :], mask=m2, other=0.0)
     dst = out_ptr + t[:, None] * F + offs_f[None, :]
-    if REDUCE <= 1:
+    if REDUCE <= MEAN:
         tl.atomic_add(dst, v, mask=m2, sem="relaxed")
-        if REDUCE == 1:
+        if REDUCE == MEAN:
             if tl.program_id(1) == 0:
                 tl.atomic_add(cnt_ptr + t, tl.full([BLOCK_S], 1.0, v.dtype), mask=smask, sem="relaxed")
     else:
         key = _ordered_key(v, REDUCE, IS64)
         if SKIP_LOSERS:  # a key that cannot win against what is already there needs no atomic
             cur = tl.load(dst, mask=m2, other=0)
-            m2 = m2 & ((key > cur) if REDUCE == 2 else (key < cur))
-        if REDUCE == 2:
+            m2 = m2 & ((key > cur) if REDUCE == MAX else (key < cur))
+        if REDUCE == MAX:
             tl.atomic_max(dst, key, mask=m2, sem="relaxed")
         else:
             tl.atomic_min(dst, key, mask=m2, sem="relaxed")
@@ -93,7 +94,7 @@ def _decode_kernel(key_ptr, out_ptr, n, REDUCE: tl.constexpr, IS64: tl.constexpr
         top = 0x7FFFFFFF
         bits = key ^ ((key >> 31) & top)
         val = bits.to(tl.float32, bitcast=True)
-    if REDUCE == 2:
+    if REDUCE == MAX:
         empty = key == -top - 1
     else:
         empty = key == top
@@ -111,23 +112,25 @@ def scatter(x: torch.Tensor, targets: torch.Tensor, num_targets: int, reduce: st
     contiguous ``x [S, F]`` by ``targets [S]`` (int32/int64, in range: the caller checks), 0 where empty.
     ``rows_per_program`` (0: 4096 elements a program) and ``skip_losers`` are for tile sweeps."""
     S, F = x.shape
-    code = {"sum": SUM, "mean": MEAN, "max": MAX, "min": MIN}[reduce]
+    if reduce not in ("sum", "mean", "max", "min"):
+        raise ValueError(f"scatter_atomic: reduce must be sum, mean, max or min; got {reduce!r}")
+    code = CODES[reduce]
     is64 = x.dtype == torch.float64
-    if code <= MEAN:
+    if reduce in ("sum", "mean"):
         out = torch.zeros(num_targets, F, dtype=x.dtype, device=x.device)
     else:
         info = torch.iinfo(_KEY[x.dtype])
-        out = torch.full((num_targets, F), info.min if code == MAX else info.max, dtype=_KEY[x.dtype], device=x.device)
-    cnt = torch.zeros(num_targets, dtype=x.dtype, device=x.device) if code == MEAN else out
+        out = torch.full((num_targets, F), info.min if reduce == "max" else info.max, dtype=_KEY[x.dtype], device=x.device)
+    cnt = torch.zeros(num_targets, dtype=x.dtype, device=x.device) if reduce == "mean" else out
     if S and F and num_targets:
         block_f = max(16, min(next_power_of_2(F), 128))
         block_s = rows_per_program or max(1, 4096 // block_f)
         _scatter_kernel[(cdiv(S, block_s), cdiv(F, block_f))](x, targets, out, cnt, S, F, REDUCE=code, IS64=is64,
                                                              SKIP_LOSERS=skip_losers, BLOCK_S=block_s,
                                                              BLOCK_F=block_f, num_warps=4)
-    if code == MEAN:
+    if reduce == "mean":
         return out.div_(cnt.clamp_(min=1).unsqueeze(1))
-    if code <= MEAN:
+    if reduce == "sum":
         return out
     values = torch.empty(num_targets, F, dtype=x.dtype, device=x.device)
     n = values.numel()

@@ -108,6 +108,16 @@ def _absolute(rel, start):
 
 
 @triton.jit
+def _fresh_statistics(R: tl.constexpr, C: tl.constexpr, ACC64: tl.constexpr):
+    """[R, C] accumulators of every statistic before the first edge: sum, sum of squares, product,
+    max, min (in the accumulate dtype) and the int32 winner offsets of max and min (-1: none)."""
+    ACC = tl.float64 if ACC64 else tl.float32
+    return (tl.zeros([R, C], ACC), tl.zeros([R, C], ACC), tl.full([R, C], 1.0, ACC),
+            tl.full([R, C], float("-inf"), ACC), tl.full([R, C], float("inf"), ACC),
+            tl.full([R, C], -1, tl.int32), tl.full([R, C], -1, tl.int32))
+
+
+@triton.jit
 def _multi_row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_short, num_rows, F,
                      HAS_W: tl.constexpr, ACC64: tl.constexpr, TRACK: tl.constexpr, NEED_S: tl.constexpr,
                      NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr, NEED_MUL: tl.constexpr,
@@ -125,13 +135,7 @@ def _multi_row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out
     deg = tl.load(rowptr_ptr + rows + 1, mask=rmask, other=0).to(tl.int64) - start
     offs_f = ft * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = offs_f < F
-    s = tl.zeros([ROWS, BLOCK_F], ACC)
-    q = tl.zeros([ROWS, BLOCK_F], ACC)
-    p = tl.full([ROWS, BLOCK_F], 1.0, ACC)
-    mx = tl.full([ROWS, BLOCK_F], float("-inf"), ACC)
-    mn = tl.full([ROWS, BLOCK_F], float("inf"), ACC)
-    amax = tl.full([ROWS, BLOCK_F], -1, tl.int32)
-    amin = tl.full([ROWS, BLOCK_F], -1, tl.int32)
+    s, q, p, mx, mn, amax, amin = _fresh_statistics(ROWS, BLOCK_F, ACC64)
     # the next step's column indices load before this step's gathers (as in the sum kernels)
     c_next = tl.load(col_ptr + start, mask=rmask & (deg > 0), other=0)
     for j in range(0, tl.max(deg, axis=0).to(tl.int32)):  # int32 j: the tracked offsets stay int32
@@ -165,13 +169,7 @@ def _multi_csr_piece(s_id, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_p
     row, k, r0, r1, start, end, offs_f, fmask = _piece_at(s_id, ft, seg_row_ptr, seg_ptr_ptr, rowptr_ptr, F, SEG,
                                                           BLOCK_F)
     lane = tl.arange(0, BLOCK_E)
-    s2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
-    q2 = tl.zeros([BLOCK_E, BLOCK_F], ACC)
-    p2 = tl.full([BLOCK_E, BLOCK_F], 1.0, ACC)
-    mx2 = tl.full([BLOCK_E, BLOCK_F], float("-inf"), ACC)
-    mn2 = tl.full([BLOCK_E, BLOCK_F], float("inf"), ACC)
-    amax2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int32)
-    amin2 = tl.full([BLOCK_E, BLOCK_F], -1, tl.int32)
+    s2, q2, p2, mx2, mn2, amax2, amin2 = _fresh_statistics(BLOCK_E, BLOCK_F, ACC64)
     c_next = tl.load(col_ptr + start + lane, mask=start + lane < end, other=0)
     for e0 in range(start, end, BLOCK_E):
         offs_e = e0 + lane

@@ -46,6 +46,31 @@ def _gather_scatter(reduce):
     return make, call
 
 
+def _multi_aggregate(aggrs):
+    def make(g, device=DEVICE):
+        ei = random_graph(7, 6, 20, seed=6).to(device)
+        return [torch.randn(7, 3, dtype=torch.float64, generator=g).to(device),
+                torch.rand(20, dtype=torch.float64, generator=g).to(device)], dict(ei=ei)
+
+    def call(x, w, *, ei, backend):
+        return gnnfuse.fused_gather_scatter(x, ei, aggrs, edge_weight=w, num_nodes=6, backend=backend)
+
+    return make, call
+
+
+def _head_gather_scatter(reduce):
+    """[E, H] edge weights with x of shape [N, H, F]: the multi-head route of fused_gather_scatter."""
+    def make(g, device=DEVICE):
+        ei = random_graph(7, 6, 20, seed=7).to(device)
+        return [torch.randn(7, 2, 3, dtype=torch.float64, generator=g).to(device),
+                torch.rand(20, 2, dtype=torch.float64, generator=g).to(device)], dict(ei=ei)
+
+    def call(x, w, *, ei, backend):
+        return gnnfuse.fused_gather_scatter(x, ei, reduce, edge_weight=w, num_nodes=6, backend=backend)
+
+    return make, call
+
+
 def _planarity():
     def make(g, device=DEVICE):
         xyz = torch.randn(12, 3, dtype=torch.float64, generator=g).to(device)
@@ -120,6 +145,11 @@ OPS = {
     "gather_scatter_sum": _gather_scatter("sum"),
     "gather_scatter_max": _gather_scatter("max"),
     "gather_scatter_mean": _gather_scatter("mean"),
+    "gather_scatter_min": _gather_scatter("min"),
+    "gather_scatter_mul": _gather_scatter("mul"),
+    "multi_aggregate": _multi_aggregate(["sum", "mean", "min", "max", "mul", "var", "std"]),
+    "head_gather_scatter_sum": _head_gather_scatter("sum"),
+    "head_gather_scatter_mean": _head_gather_scatter("mean"),
     "planarity_nll": _planarity(),
     "structured_scatter_add": _structured_scatter(),
     "edge_softmax": _edge_softmax(),

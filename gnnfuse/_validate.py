@@ -9,9 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-INDEX_DTYPES = (torch.int32, torch.int64)
-VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-INT32_MAX = 2**31 - 1
+from .constants import INDEX_DTYPES, INT32_MAX, VALUE_DTYPES  # noqa: F401  (still importable from here)
 
 
 class IndexOutOfRange(IndexError, ValueError):

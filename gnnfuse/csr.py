@@ -21,7 +21,8 @@ import torch
 
 from . import csr_checks
 from ._tensor_cache import cached, clear
-from ._validate import INDEX_DTYPES, INT32_MAX, device_assert, require_fits_index, require_node_count
+from ._validate import device_assert, require_fits_index, require_node_count
+from .constants import INDEX_DTYPES, INT32_MAX
 from .csr_checks import check as _check
 from .csr_checks import check_edge_index, check_sorted_by_target
 from .fresh_graph import is_fresh, mark_fresh, unchecked_transpose

@@ -29,14 +29,13 @@ import torch
 from . import reference
 from ._tensor_cache import SAME_OBJECT, cpp_stamp, take
 from ._validate import (
-    INDEX_DTYPES,
-    INT32_MAX,
     device_assert,
     require_fits_index,
     require_index,
     require_shape,
     require_tensor,
 )
+from .constants import INDEX_DTYPES, INT32_MAX
 from .ops.coo_to_csr import check_perm_and_stamp, check_structure_and_stamp, validate_csr, validate_perm
 
 if TYPE_CHECKING:

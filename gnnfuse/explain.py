@@ -9,6 +9,7 @@ import torch
 
 from . import _build
 from .config import current as environment_settings
+from .constants import HALF_DTYPES
 from .locality import locality_stats
 from .ops.gather_scatter import check_call
 
@@ -54,7 +55,7 @@ def explain(x: torch.Tensor, edge_index_or_csr, reduce: str = "sum", *, edge_wei
         print(gnnfuse.explain(x, edge_index, "max"))   # backend, kernel, deterministic?, dtypes, notes
     """
     csr, chosen = check_call(x, edge_index_or_csr, reduce, edge_weight, num_nodes, backend)
-    half = x.dtype in (torch.float16, torch.bfloat16)
+    half = x.dtype in HALF_DTYPES
     notes = []
     if reduce in ("max", "min"):
         notes.append("gradient goes to one winning edge per (row, feature): the lowest CSR position among ties")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ._validate import IndexOutOfRange, device_assert
+from .constants import HALF_DTYPES, STD_CUT, STD_FLOOR
 from .reductions import TORCH_NAME as _SCATTER_REDUCE
 
 
@@ -95,7 +96,7 @@ def gather_scatter(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_ds
     msg = x.reshape(x.shape[0], -1)[src]
     if edge_weight is not None:
         msg = msg * edge_weight.to(x.dtype).unsqueeze(-1)
-    work_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    work_dtype = torch.float32 if x.dtype in HALF_DTYPES else x.dtype
     msg = msg.to(work_dtype)
     index = dst.unsqueeze(-1).expand_as(msg)
     zeros = msg.new_zeros(num_dst, msg.shape[1])
@@ -126,8 +127,8 @@ def multi_aggregate(x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, num_d
             w2 = None if edge_weight is None else edge_weight.to(x.dtype) ** 2
             var = gather_scatter(x * x, src, dst, num_dst, "mean", w2) - mean * mean
             if name == "std":
-                var = var.clamp(min=1e-5).sqrt()
-                var = var.masked_fill(var <= 1e-5 ** 0.5, 0.0)
+                var = var.clamp(min=STD_FLOOR).sqrt()
+                var = var.masked_fill(var <= STD_CUT, 0.0)
             blocks.append(var)
         else:
             blocks.append(gather_scatter(x, src, dst, num_dst, name, edge_weight))
@@ -153,7 +154,7 @@ def structured_scatter_add(density_cube: torch.Tensor, wa: torch.Tensor, wbwc: t
             raise IndexOutOfRange(f"structured_scatter_add: flat index {int(flat[bad][0])} (wa + wbwc) is outside "
                              f"[0, map_size={map_size})")
         flat, values = flat[~bad], values[~bad]
-    work_dtype = torch.float32 if density_cube.dtype in (torch.float16, torch.bfloat16) else density_cube.dtype
+    work_dtype = torch.float32 if density_cube.dtype in HALF_DTYPES else density_cube.dtype
     out = torch.zeros(map_size, dtype=work_dtype, device=density_cube.device)
     return out.index_add(0, flat, values.to(work_dtype)).to(density_cube.dtype)
 

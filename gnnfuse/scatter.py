@@ -36,6 +36,7 @@ import torch
 
 from ._tensor_cache import cached
 from ._validate import device_assert, require_tensor
+from .constants import INDEX_DTYPES, VALUE_DTYPES
 from .ops._library import resolve_backend
 from .ops.gather_scatter import FORWARD
 from .reductions import ARG, SINGLE, TORCH_NAME, canonical_reduce
@@ -43,7 +44,6 @@ from .reductions import ARG, SINGLE, TORCH_NAME, canonical_reduce
 __all__ = ["scatter", "scatter_sum", "scatter_add", "scatter_mean", "scatter_mul", "scatter_min", "scatter_max",
            "segment_csr", "segment_coo"]
 
-_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _ATOMIC_REDUCES = ("sum", "mean", "max", "min")  # what the one-off atomic route serves
 
 
@@ -74,7 +74,7 @@ def _reduce_rows_torch(x, targets, num_targets, reduce):
 def _segment_reduce(x, rowptr, col, transpose, targets, num_targets, reduce, backend):
     """Dispatches one [S, F] -> [T, F] reduction; returns (out, arg as source rows, counts)."""
     counts = rowptr[1:] - rowptr[:-1]
-    if x.dtype not in _FLOATING:
+    if x.dtype not in VALUE_DTYPES:
         out, arg = _reduce_rows_torch(x, targets, num_targets, reduce)
     else:
         backend = resolve_backend(backend, x.device)
@@ -132,7 +132,7 @@ def _broadcast_index(index: torch.Tensor, src: torch.Tensor, dim: int) -> torch.
 def _check(src, index, reduce):
     require_tensor("src", src)
     require_tensor("index", index)
-    if index.dtype not in (torch.int32, torch.int64):
+    if index.dtype not in INDEX_DTYPES:
         raise TypeError(f"index must be an int32 or int64 tensor; got {index.dtype}")
     if index.device != src.device:
         raise ValueError(f"src and index must be on one device; got src on {src.device}, index on {index.device}")
@@ -339,7 +339,7 @@ def segment_csr(src: torch.Tensor, indptr: torch.Tensor, out: torch.Tensor | Non
     row_of = None
     transpose: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | tuple[None, None, None] = (None, None, None)
     backend = resolve_backend(backend, src.device)
-    if _wants_transpose(src, reduce, True) or src.dtype not in _FLOATING or backend == "reference":
+    if _wants_transpose(src, reduce, True) or src.dtype not in VALUE_DTYPES or backend == "reference":
         row_of = torch.searchsorted(rowptr, positions, right=True) - 1  # every position lies in one row
         transpose = (torch.arange(S + 1, device=src.device), row_of, positions)
     x = src.reshape(S, inner)

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import INDEX_DTYPES  # noqa: F401  (re-exported for tests)
+from .constants import INDEX_DTYPES  # noqa: F401  (re-exported for tests)
 from .datasets import data_root  # noqa: F401  (re-exported for tests)
 from .graphs import hub_graph, random_graph  # noqa: F401  (the graph generators live in gnnfuse.graphs)
 
-# the value dtypes the ops accept (gnnfuse._validate.VALUE_DTYPES, a test checks), in the tests' order
+# the value dtypes the ops accept (gnnfuse.constants.VALUE_DTYPES, a test checks), in the tests' order
 VALUE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 # (atol, rtol) against a float64 reference, per value dtype

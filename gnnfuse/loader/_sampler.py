@@ -17,6 +17,7 @@ import torch
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
 from .._build import BuildError, load_extension
+from ..constants import INT32_MAX, SEED_BOUND
 from ..csr import _check
 from ..ops.coo_to_csr import coo_to_csr
 from . import _torch_sampling
@@ -89,14 +90,14 @@ class NeighborSampler(BaseSampler):
         self.replace, self.disjoint, self.subgraph_type = bool(replace), bool(disjoint), subgraph_type
         self.device = torch.device(device)
         edge_index = edge_index.as_subclass(torch.Tensor).to(self.device)  # sorted by target where it will live
-        index_dtype = torch.int32 if max(self.num_nodes, edge_index.shape[1]) < 2**31 - 1 else torch.int64
+        index_dtype = torch.int32 if max(self.num_nodes, edge_index.shape[1]) < INT32_MAX else torch.int64
         colptr, row, perm = coo_to_csr(edge_index[1], edge_index[0], self.num_nodes, self.num_nodes, index_dtype)
         self.colptr, self.row = colptr.long(), row
         self.perm = perm.long()  # CSC position -> original edge id
         self.generator = torch.Generator(self.device)
         # no seed: fresh entropy, leaving torch's global generator untouched
         self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") % 2**62)
-        self._kernel_seed, self._calls = int(self.generator.initial_seed()) % (2**31 - 1), 0
+        self._kernel_seed, self._calls = int(self.generator.initial_seed()) % (SEED_BOUND - 1), 0
         self._lock = threading.Lock()  # the scratch maps below serve one call at a time
         self._local = torch.full((self.num_nodes + 1,), -1, dtype=torch.long, device=self.device)  # + a sink
         self._first = torch.full((self.num_nodes + 1,), _torch_sampling.UNSEEN, dtype=torch.long, device=self.device)
@@ -110,7 +111,7 @@ class NeighborSampler(BaseSampler):
         moved.colptr, moved.row = self.colptr.to(moved.device), self.row.to(moved.device)
         moved.generator = torch.Generator(moved.device)
         moved.generator.manual_seed(int(torch.randint(2**62, (1,), generator=self.generator, device=self.device)))
-        moved._kernel_seed, moved._calls = int(moved.generator.initial_seed()) % (2**31 - 1), 0
+        moved._kernel_seed, moved._calls = int(moved.generator.initial_seed()) % (SEED_BOUND - 1), 0
         moved._lock = threading.Lock()
         moved._local = torch.full_like(self._local, -1, device=moved.device)
         moved._first = torch.full_like(self._first, _torch_sampling.UNSEEN, device=moved.device)
@@ -143,7 +144,7 @@ class NeighborSampler(BaseSampler):
                 kernel_seed = None
                 if self.picks == "triton" or (self.picks == "auto" and self.device.type == "cuda"):
                     self._calls += 1
-                    kernel_seed = (self._kernel_seed + self._calls * 104_729) % (2**31 - 1)
+                    kernel_seed = (self._kernel_seed + self._calls * 104_729) % (SEED_BOUND - 1)
                 out = self._sample_torch(seeds, kernel_seed)
         node, row, col, edge, per_hop_nodes, per_hop_edges = out
         return SamplerOutput(node=node, row=row, col=col, edge=edge, batch=batch,

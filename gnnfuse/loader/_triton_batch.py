@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .._validate import device_assert
+from ..constants import INT32_MAX
 from ..csr import CSR
 from ..fresh_graph import ids, is_fresh, mark_fresh
 from ..triton._grid import cdiv
@@ -110,7 +111,7 @@ def nested_transposes(layers: Sequence[CSR]) -> None:
     device, dtype = largest.col.device, largest.col.dtype
     total_edges = sum(csr.num_edges for csr in layers)
     total_src = sum(csr.num_src for csr in layers)
-    key_dtype = torch.int32 if total_src < 2**31 - 1 else torch.int64
+    key_dtype = torch.int32 if total_src < INT32_MAX else torch.int64
     keys = torch.empty(total_edges, dtype=key_dtype, device=device)
     base = off = 0
     segments = []

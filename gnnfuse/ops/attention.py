@@ -30,6 +30,7 @@ import torch
 
 from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
+from ..constants import SEED_BOUND
 from ..csr import CSR, transpose_parts_of
 from ._library import resolve_backend, triton_kernel
 from ._opdef import OpDef
@@ -238,8 +239,8 @@ def gat_attention(
     if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be a float in [0, 1); got {dropout!r}")
     if seed is None:
-        seed = int(torch.randint(0, 2**31 - 1, ())) if dropout > 0 else 0
-    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+        seed = int(torch.randint(0, SEED_BOUND - 1, ())) if dropout > 0 else 0
+    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_BOUND:
         raise ValueError(f"seed must be an int in [0, 2**31); got {seed!r}")
     require_same_device(x=x, alpha_src=alpha_src, alpha_dst=alpha_dst, alpha_edge=alpha_edge, alpha_loop=alpha_loop,
                         edge_index=csr.col)

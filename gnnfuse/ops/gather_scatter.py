@@ -18,13 +18,13 @@ import torch
 from .. import reference
 from .._tensor_cache import cached
 from .._validate import (
-    VALUE_DTYPES,
     require_floating,
     require_node_count,
     require_same_device,
     require_shape,
     require_tensor,
 )
+from ..constants import VALUE_DTYPES
 from ..csr import CSR, check_edge_index, csr_for_edge_index, transpose_parts_of
 from ..reductions import ARG as ARG_REDUCTIONS  # reductions whose forward records the winning edge
 from ..reductions import ALIASES

@@ -23,9 +23,7 @@ from .. import reference
 from .._build import load_extension
 from .._tensor_cache import cached
 from .._validate import (
-    INDEX_DTYPES,
     IndexOutOfRange,
-    VALUE_DTYPES,
     device_assert,
     require_floating,
     require_index,
@@ -33,6 +31,7 @@ from .._validate import (
     require_shape,
     require_tensor,
 )
+from ..constants import INDEX_DTYPES, VALUE_DTYPES
 from ._library import resolve_backend
 from ._opdef import OpDef
 

@@ -23,7 +23,6 @@ import torch
 from .. import reference
 from .._build import load_extension
 from .._validate import (
-    INT32_MAX,
     IndexOutOfRange,
     require_floating,
     require_index,
@@ -32,6 +31,7 @@ from .._validate import (
     require_shape,
     require_tensor,
 )
+from ..constants import INT32_MAX
 from ._library import resolve_backend
 from ._opdef import OpDef
 

@@ -40,6 +40,7 @@ import torch
 
 from .. import config
 from .._tensor_cache import cached
+from ..constants import HALF_DTYPES
 from ..fresh_graph import NoPieces, fresh_plan, fresh_rows, is_fresh
 from ..reductions import CODES
 from ._grid import cdiv
@@ -222,7 +223,7 @@ def _forward(x, rowptr, col, weight, reduce, tracks: bool, kernel, plan) -> tupl
     launch = setup.launches
     fast = x.is_cuda and launch.usable(x, col, w)
     if setup.atomic:
-        half = x.dtype in (torch.float16, torch.bfloat16)
+        half = x.dtype in HALF_DTYPES
         out = torch.zeros(n, F, dtype=torch.float32 if half else x.dtype, device=x.device)
         if E:
             launch("coo", _coo_kernel, setup.coo_grid, (x, setup.rows, col, w, out, E, F), setup.coo_meta, fast)

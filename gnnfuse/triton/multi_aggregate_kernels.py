@@ -26,6 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..constants import STD_CUT, STD_FLOOR
 from ._launch import fast_kernel
 from .gather_scatter_fwd_kernels import (
     _BIG,
@@ -39,6 +40,8 @@ from .gather_scatter_fwd_kernels import (
 )
 
 NSTAT = 5  # partial statistics per split-row piece: sum, sum of squares, max, min, product
+_STD_FLOOR = tl.constexpr(STD_FLOOR)  # a jit function may read only constexpr globals
+_STD_CUT = tl.constexpr(STD_CUT)
 
 
 @triton.jit
@@ -73,8 +76,8 @@ def _write_reductions(out_ptr, arg_ptr, row, offs_f, mask, count, s, q, mx, mn, 
         if VAR_AT >= 0:
             tl.store(base + VAR_AT * F, var.to(OUT), mask=mask)
         if STD_AT >= 0:
-            sd = tl.sqrt(tl.maximum(var, 1e-5))
-            sd = tl.where(sd <= 0.0031622776601683794, 0.0, sd)  # sqrt(1e-5), as PyG's StdAggregation
+            sd = tl.sqrt(tl.maximum(var, _STD_FLOOR))
+            sd = tl.where(sd <= _STD_CUT, 0.0, sd)  # as PyG's StdAggregation
             tl.store(base + STD_AT * F, sd.to(OUT), mask=mask)
 
 

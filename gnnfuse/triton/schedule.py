@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import torch
 
 from .._tensor_cache import cached
+from ..constants import DEFAULT_L2_BYTES  # where the device's own size cannot be read
 
-DEFAULT_L2_BYTES = 50 * 2**20  # H100; the device's own value is used where it can be read
 L2_SHARE = 0.5  # of L2 for the source rows (the rest: outputs, indices, other streams)
 # Rows per window. Swept on an H100 (benchmarks/results/archive/gpu-locality_h100_2026-11-22.md,
 # community-products, F=64-256): windows of 1024-4096 ids were 5-20% faster than L2-sized ones

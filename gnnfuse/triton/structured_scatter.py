@@ -43,6 +43,7 @@ import triton.language as tl
 
 from .._tensor_cache import cached
 from .._validate import IndexOutOfRange
+from ..constants import DEFAULT_L2_BYTES, HALF_DTYPES
 from ._grid import cdiv, next_power_of_2
 from ._launch import fast_kernel
 
@@ -150,13 +151,13 @@ def atom_order(wa: torch.Tensor, wbwc: torch.Tensor, map_bytes: int) -> torch.Te
 def _l2_bytes(device: torch.device) -> int:
     if device.type != "cuda":
         return 0  # the interpreter on CPU tensors: no L2 (ORDER_MIN_ELEMENTS alone decides)
-    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20))
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", DEFAULT_L2_BYTES))
 
 
 def scatter(density_cube: torch.Tensor, wa: torch.Tensor, wbwc: torch.Tensor, map_size: int,
             check: bool = True) -> torch.Tensor:
     """out [map_size] = structured scatter-add of contiguous density_cube [C, nx, ny, nz]."""
-    half = density_cube.dtype in (torch.float16, torch.bfloat16)
+    half = density_cube.dtype in HALF_DTYPES
     out = torch.zeros(map_size, dtype=torch.float32 if half else density_cube.dtype, device=density_cube.device)
     if density_cube.numel():
         _launch(_scatter_kernel, "structured_scatter_add", density_cube, out, wa, wbwc, out, check)

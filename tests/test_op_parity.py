@@ -234,6 +234,20 @@ def test_the_gate_follows_the_tested_torch_range(monkeypatch):
     assert not _opdef.eager_route_ok([x])
 
 
+def test_the_device_guards_reader_follows_the_tested_torch_range(monkeypatch):
+    """The device guards read the current GPU through torch's private reader only on the tested
+    torch versions (elsewhere torch.cuda.current_device); on a GPU both give the same device."""
+    if _opdef.TESTED_TORCH[0] <= _opdef._torch_version() <= _opdef.TESTED_TORCH[1]:
+        assert _opdef._current_device_reader() is getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+    monkeypatch.setattr(_opdef, "TESTED_TORCH", ((1, 0), (1, 99)))
+    assert _opdef._current_device_reader() is torch.cuda.current_device
+    if torch.cuda.is_available():
+        torch.empty(1, device="cuda")  # (the guards run once a CUDA tensor exists)
+        for device in range(torch.cuda.device_count()):
+            with torch.cuda.device(device):
+                assert _opdef.current_cuda_device() == torch.cuda.current_device() == device
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("op", list(OPS))
 def test_tensors_on_a_non_current_gpu(op, monkeypatch):
@@ -265,6 +279,26 @@ def test_fast_triton_launch_is_fenced_by_version():
     assert not _launch.tested_triton("nightly")
     if not _launch.tested_triton():
         assert not _launch._ENABLED and not _launch.BoundLaunches.usable()
+
+
+def test_triton_pin_covers_the_fast_launch_fence():
+    """pyproject pins Triton to the tested versions, and the fast launch's fence lies inside the pin."""
+    tomllib = pytest.importorskip("tomllib")  # (Python 3.11+)
+
+    from packaging.requirements import Requirement
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    pins = {str(Requirement(r).specifier) for name in ("triton", "gpu") for r in extras[name]}
+    assert len(pins) == 1, pins
+    pin = Requirement("triton" + pins.pop()).specifier
+    assert "3.6.0" in pin and "3.9.0" in pin and "3.5.0" not in pin and "3.10.0" not in pin  # tested: 3.6, 3.9
+    pytest.importorskip("triton")
+    from gnnfuse.triton import _launch
+
+    low, high = _launch.TESTED_TRITON
+    assert f"{low[0]}.{low[1]}.0" in pin and f"{high[0]}.{high[1]}.99" in pin
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])

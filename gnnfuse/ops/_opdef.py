@@ -92,6 +92,21 @@ def _private_gate() -> tuple[Callable, Callable, Callable] | None:
 
 
 _gate = _private_gate()
+
+
+def _current_device_reader() -> Callable[[], int]:
+    """What the device guards read the current GPU with. ``torch.cuda.current_device()`` first
+    runs CUDA's lazy-init check (a few Python calls, about 0.3 us); a guard runs only once a CUDA
+    tensor exists, so CUDA is initialised and torch's own reader of the current device suffices.
+    That reader is private: used on the tested torch versions only, the public call elsewhere."""
+    if TESTED_TORCH[0] <= _torch_version() <= TESTED_TORCH[1]:
+        reader = getattr(torch._C, "_cuda_getDevice", None)
+        if reader is not None:
+            return reader
+    return torch.cuda.current_device
+
+
+current_cuda_device = _current_device_reader()  # (for a guard: a CUDA tensor is at hand)
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling  # (bound once: the attribute walk costs 0.03 us a call)
 _scan_args: Callable | None = None  # the C++ twin of _scan's loop, once the graph kernels are loaded
 
@@ -388,7 +403,7 @@ def _on_tensor_device(kernel: Callable) -> Callable:
 
     def run(*args):
         first = args[0]
-        if isinstance(first, torch.Tensor) and first.is_cuda and first.get_device() != torch.cuda.current_device():
+        if isinstance(first, torch.Tensor) and first.is_cuda and first.get_device() != current_cuda_device():
             with torch.cuda.device(first.device):
                 return kernel(*args)
         return kernel(*args)

@@ -4,7 +4,8 @@ Triton's plain one.
 Every launch runs with the GPU of its first argument current (a device guard,
 ``torch.cuda.device(t.device)``): Triton compiles for, launches on and takes the stream of the
 current device, so a tensor on another GPU would otherwise be read on the wrong one. When that GPU
-is already current (the usual case) the guard costs two integer reads and a comparison.
+is already current (the usual case) the guard costs two integer reads and a comparison (the current
+device read without CUDA's lazy-init check: ops._opdef.current_cuda_device).
 
 ``kernel[grid](*args, **meta)`` re-derives Triton's specialisation of every argument (dtype and
 16-byte alignment of pointers; width, ``== 1`` and divisibility by 16 of ints) and its cache key
@@ -34,6 +35,7 @@ import torch
 import triton
 
 from .. import config
+from ..ops._opdef import current_cuda_device  # (the public torch.cuda.current_device off the tested torch)
 
 TESTED_TRITON = ((3, 6), (3, 6))  # inclusive (major, minor) range the fast path was tested on
 
@@ -105,7 +107,7 @@ class FastKernel:
         if not (isinstance(first, torch.Tensor) and first.is_cuda):  # the interpreter's CPU tensors
             return self.kernel[grid](*args, **meta)
         device = first.get_device()
-        if device != torch.cuda.current_device():  # the device guard
+        if device != current_cuda_device():  # the device guard
             with torch.cuda.device(device):
                 return self._launch(grid, args, meta)
         if not self._takes_fast_path(args):
@@ -194,7 +196,7 @@ class BoundLaunches:
             kernel[grid](*args, **meta)
             return
         device = args[0].get_device()
-        if device != torch.cuda.current_device():  # FastKernel's launch switches device first
+        if device != current_cuda_device():  # FastKernel's launch switches device first
             kernel[grid](*args, **meta)
             return
         bound = self._bound.get(step)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import csr_checks
+from . import csr_checks, range_check
 from ._tensor_cache import cached, clear
 from ._validate import device_assert, require_fits_index, require_node_count
 from .constants import INDEX_DTYPES, INT32_MAX
@@ -27,6 +27,7 @@ from .csr_checks import check as _check
 from .csr_checks import check_edge_index, check_sorted_by_target
 from .fresh_graph import is_fresh, mark_fresh, unchecked_transpose
 from .ops.coo_to_csr import coo_to_csr
+from .range_check import PENDING as RANGE_CHECKS_PENDING
 
 
 class CSR:
@@ -171,6 +172,7 @@ class CSR:
             rowptr = self.rowptr[: num_dst + 1]
             prefixes.append(CSR._built(rowptr, self.col[:num_edges], self.perm[:num_edges], num_src))
             mark_fresh(rowptr)  # a layer of a sampled batch: see gnnfuse.fresh_graph
+            range_check.inherit(self.rowptr, rowptr)  # (a GPU build's check, if still pending)
         return prefixes
 
     @classmethod
@@ -241,6 +243,13 @@ class CSR:
         """Target of each CSR position (the expanded rowptr), built once."""
         return self.checked()._row()
 
+    def _settled(self) -> CSR:
+        """This CSR once the GPU build's range check of its ids was read (gnnfuse.range_check): for
+        host code that reads the graph without a kernel of an op (the reference backend, row())."""
+        if RANGE_CHECKS_PENDING:
+            range_check.resolve(self.rowptr)
+        return self
+
     def to_edge_index(self) -> torch.Tensor:
         """[2, E] edge_index in CSR order (original order: index with ``perm``)."""
         return torch.stack([self.col, self.row()])
@@ -253,6 +262,9 @@ class CSR:
             require_fits_index("CSR.to(torch.int32)", torch.int32, edges=self.num_edges,
                                nodes=max(self.num_src, self.num_dst))
         self.checked()
+        if moved[0].is_cpu:  # the copy waited for the device anyway: read a GPU build's pending check now
+            self._settled()
+        range_check.inherit(self.rowptr, moved[0])
         return CSR._built(moved[0], moved[1], moved[2], self.num_src)
 
     # ---- transpose ----------------------------------------------------------------------
@@ -269,6 +281,7 @@ class CSR:
     def _row(self) -> torch.Tensor:
         row = self._derived.get("row")
         if row is None:
+            self._settled()
             row = expand_rowptr(self.rowptr, self.num_edges)
             if self._stamps is not None or torch.compiler.is_compiling():
                 self._derived["row"] = row
@@ -279,8 +292,9 @@ class CSR:
         if parts is None:
             if self.col.is_cpu or not self._trusted:  # the C++ counting sort checks ids in the same pass
                 parts = coo_to_csr(self.col, self._row(), self.num_src, self.num_dst)
-            else:  # ids known in range: no range check, which would read them back to the host
-                parts = unchecked_transpose(self.rowptr, self.col, self.num_src)
+            else:  # ids known in range (or, from a GPU build, clamped into it with the check pending):
+                parts = unchecked_transpose(self.rowptr, self.col, self.num_src)  # no host read
+                range_check.inherit(self.rowptr, parts[0])
             if is_fresh(self.rowptr):
                 mark_fresh(parts[0])
             if self._stamps is not None or torch.compiler.is_compiling():

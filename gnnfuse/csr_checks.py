@@ -64,6 +64,7 @@ def validate(csr: CSR) -> CSR:
     starts at 0, is non-decreasing and ends at len(col); col in ``[0, num_src)``
     (:class:`gnnfuse.IndexOutOfRange` otherwise, quoting the id); perm a permutation of
     ``[0, E)``. Returns the CSR, so ``CSR(...).validate()`` chains."""
+    csr._settled()  # a GPU-built CSR's range check, if still pending (gnnfuse.range_check)
     check_structure(csr)
     _check_perm(csr, layout_checked=True)
     csr._trusted = True

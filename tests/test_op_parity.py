@@ -17,7 +17,7 @@ import torch
 
 import gnnfuse
 from gnnfuse import reference
-from gnnfuse.ops import _opdef
+from gnnfuse.ops import _opdef, _torch_private
 from gnnfuse.ops.coo_to_csr import coo_to_csr
 from gnnfuse.testing import random_graph, through_registered_op
 
@@ -226,9 +226,9 @@ def test_coo_to_csr_routes_agree():
 
 def test_the_gate_follows_the_tested_torch_range(monkeypatch):
     """Outside the tested torch versions the eager route is off (every call takes the op)."""
-    assert _opdef._private_gate() is not None  # this torch is in the tested range
-    monkeypatch.setattr(_opdef, "TESTED_TORCH", ((1, 0), (1, 99)))
-    assert _opdef._private_gate() is None
+    assert _torch_private.private_gate() is not None  # this torch is in the tested range
+    monkeypatch.setattr(_torch_private, "TESTED_TORCH", ((1, 0), (1, 99)))
+    assert _torch_private.private_gate() is None
     x = torch.randn(3, 2)
     monkeypatch.setattr(_opdef, "_gate", None)
     assert not _opdef.eager_route_ok([x])
@@ -237,15 +237,16 @@ def test_the_gate_follows_the_tested_torch_range(monkeypatch):
 def test_the_device_guards_reader_follows_the_tested_torch_range(monkeypatch):
     """The device guards read the current GPU through torch's private reader only on the tested
     torch versions (elsewhere torch.cuda.current_device); on a GPU both give the same device."""
-    if _opdef.TESTED_TORCH[0] <= _opdef._torch_version() <= _opdef.TESTED_TORCH[1]:
-        assert _opdef._current_device_reader() is getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-    monkeypatch.setattr(_opdef, "TESTED_TORCH", ((1, 0), (1, 99)))
-    assert _opdef._current_device_reader() is torch.cuda.current_device
+    if _torch_private.tested_torch():
+        private = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+        assert _torch_private.current_device_reader() is private is _torch_private.current_cuda_device
+    monkeypatch.setattr(_torch_private, "TESTED_TORCH", ((1, 0), (1, 99)))
+    assert _torch_private.current_device_reader() is torch.cuda.current_device
     if torch.cuda.is_available():
         torch.empty(1, device="cuda")  # (the guards run once a CUDA tensor exists)
         for device in range(torch.cuda.device_count()):
             with torch.cuda.device(device):
-                assert _opdef.current_cuda_device() == torch.cuda.current_device() == device
+                assert _torch_private.current_cuda_device() == torch.cuda.current_device() == device
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -304,7 +305,8 @@ def test_triton_pin_covers_the_fast_launch_fence():
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_gpu_csr_build_matches_the_reference(index_dtype):
     """The CUDA CSR build (device-side sort and binary search; written in torch ops, so it runs on
-    any device) gives the reference's (rowptr, col, perm), and names an out-of-range id."""
+    any device) gives the reference's (rowptr, col, perm), with nothing left pending for valid ids."""
+    from gnnfuse import range_check
     from gnnfuse.ops.coo_to_csr import _coo_to_csr_cuda
 
     g = torch.Generator().manual_seed(5)
@@ -315,9 +317,78 @@ def test_gpu_csr_build_matches_the_reference(index_dtype):
             got = _coo_to_csr_cuda(key, other, n, n + 3, out_dtype)
             want = reference.coo_to_csr(key, other, n, n + 3, out_dtype)
             assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(got, want))
-    bad = torch.tensor([0, 9], dtype=index_dtype, device=DEVICE)
+            range_check.resolve(got[0])  # valid ids: the pending check settles without an error
+    assert not range_check.PENDING
+
+
+def _bad_gpu_built_csr(index_dtype=torch.int64):
+    """A CSR from the GPU build (run on CPU tensors) of an edge_index with source id 9 of 7 nodes."""
+    from gnnfuse.ops.coo_to_csr import _coo_to_csr_cuda
+
+    ei = random_graph(7, 6, 20, seed=1).to(index_dtype)
+    ei[0, 5] = 9
+    return gnnfuse.CSR._built(*_coo_to_csr_cuda(ei[1], ei[0], 6, 7), 7), ei
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gpu_csr_build_defers_its_range_check_to_the_graphs_first_use(index_dtype):
+    """The build reads nothing back: an out-of-range id leaves a well-formed (clamped) CSR with a
+    pending device flag, which raises IndexOutOfRange naming the id when first read."""
+    from gnnfuse import range_check
+    from gnnfuse.fresh_graph import unchecked_transpose
+    from gnnfuse.ops.coo_to_csr import _coo_to_csr_cuda
+
+    csr, ei = _bad_gpu_built_csr(index_dtype)
+    assert range_check.flag(csr.rowptr) is not None and bool(range_check.flag(csr.rowptr))
+    assert int(csr.rowptr[-1]) == 20 and int(csr.col.max()) < 7  # in bounds for every kernel
+    t_rowptr = unchecked_transpose(csr.rowptr, csr.col, 7)[0]  # (the CUDA transpose of a gnnfuse-built CSR)
+    range_check.inherit(csr.rowptr, t_rowptr)  # a derived graph shares the pending check
+    assert range_check.flag(t_rowptr) is range_check.flag(csr.rowptr)
+    with pytest.raises(gnnfuse.IndexOutOfRange, match=r"edge_index\[0\] \(sources\) contains node id 9"):
+        csr.validate()
+    assert range_check.flag(csr.rowptr) is None and range_check.flag(t_rowptr) is None  # read once, for both
+    bad = torch.tensor([0, 9], dtype=index_dtype)
+    with pytest.raises(gnnfuse.IndexOutOfRange, match=r"edge_index\[1\] \(targets\) contains node id 0"):
+        _coo_to_csr_cuda(bad, bad, 0, 10)  # no rows: every id is out of range, known from the sizes
     with pytest.raises(gnnfuse.IndexOutOfRange, match="node id 9"):
-        _coo_to_csr_cuda(bad, bad, 5, 10)
+        range_check.resolve(_coo_to_csr_cuda(bad, bad, 5, 10)[0])
+    assert not range_check.PENDING
+
+
+def test_a_pending_range_check_is_read_with_the_work_lists_sizes():
+    """The Triton setup's one host read (the work list's sizes) takes the pending flag along."""
+    from gnnfuse import range_check
+    from gnnfuse.ops.coo_to_csr import _coo_to_csr_cuda
+    from gnnfuse.triton.work_lists import WorkList
+
+    csr, _ = _bad_gpu_built_csr()
+    with pytest.raises(gnnfuse.IndexOutOfRange, match="node id 9"):
+        WorkList(csr.rowptr, 4)
+    assert not range_check.PENDING
+    ei = random_graph(7, 6, 20, seed=1)
+    rowptr = _coo_to_csr_cuda(ei[1], ei[0], 6, 7)[0]
+    assert WorkList(rowptr, 4).num_pieces == int(((rowptr[1:] - rowptr[:-1] + 3) // 4).clamp(min=1).sum())
+    assert not range_check.PENDING
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("kernel", ["hybrid", "coo"])
+def test_an_op_on_a_gpu_built_csr_with_a_bad_id_raises(backend, kernel, monkeypatch):
+    """An op's first use of a GPU-built CSR reads its pending range check before it returns: with the
+    Triton setup's own read (hybrid plan), after the kernels where the route reads nothing back (the
+    atomic plan), on the host for the reference backend."""
+    from gnnfuse import range_check
+
+    if backend == "triton" and not INTERPRETED:
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
+    if backend == "reference" and kernel == "coo":
+        pytest.skip("one reference case")
+    monkeypatch.setenv("GNNFUSE_TRITON_KERNEL", kernel)
+    csr, _ = _bad_gpu_built_csr()
+    x = torch.randn(7, 3)
+    with pytest.raises(gnnfuse.IndexOutOfRange, match="node id 9"):
+        gnnfuse.fused_gather_scatter(x, csr, "sum", backend=backend)
+    assert not range_check.PENDING
 
 
 _FRESH_PROCESS = """

@@ -42,7 +42,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from .. import range_check
 from .._build import load_extension
+from ..range_check import PENDING as RANGE_CHECKS_PENDING
+from ._torch_private import current_cuda_device, private_gate
 from ._library import NAMESPACE, lib
 
 # backend -> the device its registered kernel serves ("cuda": a CUDA kernel written in plain torch)
@@ -68,45 +71,11 @@ class CppKernel:
 
 
 # ---- the eager route's gate -------------------------------------------------------------------------
-# The gate reads dispatcher state that torch exposes only privately (torch._C). It is used on the
-# torch versions it was tested on; outside them every call takes the registered op, which is
-# always correct, only slower on small inputs (tests/test_op_parity.py runs both routes).
-TESTED_TORCH = ((2, 11), (2, 13))  # inclusive (major, minor) range: the GPU hosts' 2.11 to CI's 2.13
+# The gate reads dispatcher state that torch exposes only privately (torch._C), on the tested torch
+# versions only (gnnfuse/ops/_torch_private.py); outside them every call takes the registered op,
+# which is always correct, only slower on small inputs (tests/test_op_parity.py runs both routes).
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-
-
-def _torch_version() -> tuple[int, int]:
-    major, minor = torch.__version__.split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
-def _private_gate() -> tuple[Callable, Callable, Callable] | None:
-    """The three dispatcher-state readers of the gate, on the tested torch versions only."""
-    if not TESTED_TORCH[0] <= _torch_version() <= TESTED_TORCH[1]:
-        return None
-    C = torch._C
-    try:
-        return C._len_torch_dispatch_stack, C._is_torch_function_mode_enabled, C._functorch.maybe_current_level
-    except AttributeError:
-        return None
-
-
-_gate = _private_gate()
-
-
-def _current_device_reader() -> Callable[[], int]:
-    """What the device guards read the current GPU with. ``torch.cuda.current_device()`` first
-    runs CUDA's lazy-init check (a few Python calls, about 0.3 us); a guard runs only once a CUDA
-    tensor exists, so CUDA is initialised and torch's own reader of the current device suffices.
-    That reader is private: used on the tested torch versions only, the public call elsewhere."""
-    if TESTED_TORCH[0] <= _torch_version() <= TESTED_TORCH[1]:
-        reader = getattr(torch._C, "_cuda_getDevice", None)
-        if reader is not None:
-            return reader
-    return torch.cuda.current_device
-
-
-current_cuda_device = _current_device_reader()  # (for a guard: a CUDA tensor is at hand)
+_gate = private_gate()
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling  # (bound once: the attribute walk costs 0.03 us a call)
 _scan_args: Callable | None = None  # the C++ twin of _scan's loop, once the graph kernels are loaded
 
@@ -405,8 +374,12 @@ def _on_tensor_device(kernel: Callable) -> Callable:
         first = args[0]
         if isinstance(first, torch.Tensor) and first.is_cuda and first.get_device() != current_cuda_device():
             with torch.cuda.device(first.device):
-                return kernel(*args)
-        return kernel(*args)
+                out = kernel(*args)
+        else:
+            out = kernel(*args)
+        if RANGE_CHECKS_PENDING:  # a graph built on the GPU whose range check no host read took yet
+            range_check.resolve(*args)
+        return out
 
     run.__wrapped__ = kernel  # type: ignore[attr-defined]
     return run

@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from .. import _tensor_cache, config, reference
+from .. import _tensor_cache, config, range_check, reference
 from .._build import BuildError, load_extension
 from .._validate import IndexOutOfRange
 from ._opdef import OpDef, use_native_scan
@@ -47,22 +47,28 @@ def _coo_to_csr_fake(key, other, num_rows, num_other, out_dtype=None):
 
 
 def _coo_to_csr_cuda(key, other, num_rows, num_other, out_dtype=None):
-    """The CSR build on the GPU, in device-side torch ops: torch's stable radix sort, row pointers by
-    binary search of the sorted keys (bincount would read its maximum back to the host). The range
-    check costs one host read of four numbers (both ids' min and max) before any narrowing: an
-    error must name the bad id, as on CPU, and a device-side assertion would leave the CUDA context
-    unusable. A graph is built once and cached, so this is one sync per graph, not per call."""
-    if key.numel():
-        low_key, high_key = torch.aminmax(key)
-        low_other, high_other = torch.aminmax(other)
-        lk, hk, lo, ho = torch.stack([low_key, high_key, low_other, high_other]).tolist()
-        if lk < 0 or hk >= num_rows or lo < 0 or ho >= num_other:
-            return reference.coo_to_csr(key, other, num_rows, num_other, out_dtype)  # raises, naming the id
+    """The CSR build on the GPU, in device-side torch ops and without a host sync: torch's stable
+    radix sort, row pointers by binary search of the sorted keys (bincount would read its maximum
+    back to the host). The range check runs on the device, before any narrowing: the ids are sorted
+    clamped into range, so the CSR is well formed whatever the input, and whether one was out of
+    range stays a device flag, pending on the returned rowptr until the graph's first use reads it
+    (gnnfuse.range_check: with a host read that use makes anyway where it can). Then an
+    out-of-range id raises, naming the argument and the id, as on CPU. (A device-side assertion
+    would report no id and leave the CUDA context unusable.)"""
     dtype = out_dtype or key.dtype
-    sorted_key, perm = torch.sort(key, stable=True)
+    in_key, in_other, bad = key, other, None
+    if key.numel():
+        if not num_rows or not num_other:  # every id is out of range: known from the sizes alone
+            return reference.coo_to_csr(key, other, num_rows, num_other, out_dtype)  # raises, naming the id
+        in_key = key.clamp(0, min(num_rows, torch.iinfo(key.dtype).max) - 1)  # (int32 ids, int64 sizes)
+        in_other = other.clamp(0, min(num_other, torch.iinfo(other.dtype).max) - 1)
+        bad = (in_key != key).any() | (in_other != other).any()
+    sorted_key, perm = torch.sort(in_key, stable=True)
     rows = torch.arange(num_rows + 1, dtype=sorted_key.dtype, device=key.device)
-    rowptr = torch.searchsorted(sorted_key, rows)
-    return rowptr.to(dtype), other[perm].to(dtype), perm.to(dtype)
+    rowptr = torch.searchsorted(sorted_key, rows).to(dtype)
+    if bad is not None:  # (the failure path re-runs the reference build, which names the id)
+        range_check.defer(rowptr, bad, lambda: reference.coo_to_csr(key, other, num_rows, num_other, out_dtype))
+    return rowptr, in_other[perm].to(dtype), perm.to(dtype)
 
 
 COO_TO_CSR = OpDef(

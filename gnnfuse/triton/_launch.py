@@ -5,7 +5,7 @@ Every launch runs with the GPU of its first argument current (a device guard,
 ``torch.cuda.device(t.device)``): Triton compiles for, launches on and takes the stream of the
 current device, so a tensor on another GPU would otherwise be read on the wrong one. When that GPU
 is already current (the usual case) the guard costs two integer reads and a comparison (the current
-device read without CUDA's lazy-init check: ops._opdef.current_cuda_device).
+device read without CUDA's lazy-init check: ops._torch_private.current_cuda_device).
 
 ``kernel[grid](*args, **meta)`` re-derives Triton's specialisation of every argument (dtype and
 16-byte alignment of pointers; width, ``== 1`` and divisibility by 16 of ints) and its cache key
@@ -35,7 +35,7 @@ import torch
 import triton
 
 from .. import config
-from ..ops._opdef import current_cuda_device  # (the public torch.cuda.current_device off the tested torch)
+from ..ops._torch_private import current_cuda_device  # (the public torch.cuda.current_device off the tested torch)
 
 TESTED_TRITON = ((3, 6), (3, 6))  # inclusive (major, minor) range the fast path was tested on
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import range_check
 from .._tensor_cache import cached
 
 
@@ -32,7 +33,11 @@ class WorkList:
         slot_end = torch.cumsum(split_pieces, 0)
         self.slot = torch.where(split, slot_end - split_pieces, -1)
         self.split_rows = torch.nonzero(split).flatten()
-        totals = torch.stack([self.seg_ptr[-1], slot_end[-1] if n else self.seg_ptr[-1] * 0]).tolist()  # 1 sync
+        sizes = [self.seg_ptr[-1], slot_end[-1] if n else self.seg_ptr[-1] * 0]
+        bad = range_check.flag(rowptr)  # a fresh build's range check is read with them (no sync of its own)
+        totals = torch.stack(sizes if bad is None else [*sizes, bad.long()]).tolist()  # 1 sync
+        if bad is not None:
+            range_check.settle(rowptr, bool(totals[2]))  # raises for an out-of-range id, before any launch
         self.num_pieces, self.num_partials = int(totals[0]), int(totals[1])
         self.seg_row = torch.repeat_interleave(torch.arange(n, device=dev), pieces, output_size=self.num_pieces)
 

@@ -322,10 +322,10 @@ def test_gpu_csr_build_matches_the_reference(index_dtype):
 
 
 def _bad_gpu_built_csr(index_dtype=torch.int64):
-    """A CSR from the GPU build (run on CPU tensors) of an edge_index with source id 9 of 7 nodes."""
+    """A CSR from the GPU build (on CPU tensors without a GPU) of an edge_index with source id 9 of 7 nodes."""
     from gnnfuse.ops.coo_to_csr import _coo_to_csr_cuda
 
-    ei = random_graph(7, 6, 20, seed=1).to(index_dtype)
+    ei = random_graph(7, 6, 20, seed=1).to(index_dtype).to(DEVICE)
     ei[0, 5] = 9
     return gnnfuse.CSR._built(*_coo_to_csr_cuda(ei[1], ei[0], 6, 7), 7), ei
 
@@ -347,7 +347,7 @@ def test_gpu_csr_build_defers_its_range_check_to_the_graphs_first_use(index_dtyp
     with pytest.raises(gnnfuse.IndexOutOfRange, match=r"edge_index\[0\] \(sources\) contains node id 9"):
         csr.validate()
     assert range_check.flag(csr.rowptr) is None and range_check.flag(t_rowptr) is None  # read once, for both
-    bad = torch.tensor([0, 9], dtype=index_dtype)
+    bad = torch.tensor([0, 9], dtype=index_dtype, device=DEVICE)
     with pytest.raises(gnnfuse.IndexOutOfRange, match=r"edge_index\[1\] \(targets\) contains node id 0"):
         _coo_to_csr_cuda(bad, bad, 0, 10)  # no rows: every id is out of range, known from the sizes
     with pytest.raises(gnnfuse.IndexOutOfRange, match="node id 9"):
@@ -365,7 +365,7 @@ def test_a_pending_range_check_is_read_with_the_work_lists_sizes():
     with pytest.raises(gnnfuse.IndexOutOfRange, match="node id 9"):
         WorkList(csr.rowptr, 4)
     assert not range_check.PENDING
-    ei = random_graph(7, 6, 20, seed=1)
+    ei = random_graph(7, 6, 20, seed=1).to(DEVICE)
     rowptr = _coo_to_csr_cuda(ei[1], ei[0], 6, 7)[0]
     assert WorkList(rowptr, 4).num_pieces == int(((rowptr[1:] - rowptr[:-1] + 3) // 4).clamp(min=1).sum())
     assert not range_check.PENDING
@@ -379,13 +379,13 @@ def test_an_op_on_a_gpu_built_csr_with_a_bad_id_raises(backend, kernel, monkeypa
     atomic plan), on the host for the reference backend."""
     from gnnfuse import range_check
 
-    if backend == "triton" and not INTERPRETED:
+    if backend == "triton" and DEVICE == "cpu" and not INTERPRETED:
         pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
     if backend == "reference" and kernel == "coo":
         pytest.skip("one reference case")
     monkeypatch.setenv("GNNFUSE_TRITON_KERNEL", kernel)
     csr, _ = _bad_gpu_built_csr()
-    x = torch.randn(7, 3)
+    x = torch.randn(7, 3, device=DEVICE)
     with pytest.raises(gnnfuse.IndexOutOfRange, match="node id 9"):
         gnnfuse.fused_gather_scatter(x, csr, "sum", backend=backend)
     assert not range_check.PENDING

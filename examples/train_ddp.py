@@ -424,7 +424,8 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
                 dist.all_reduce(mean_losses)
                 losses += (mean_losses / world).tolist()
             timelines = [None] * world
-            dist.all_gather_object(timelines, timeline.medians())  # per rank
+            if timeline.on:
+                dist.all_gather_object(timelines, timeline.medians())  # per rank
             epochs.append(dict(epoch=epoch, steps=steps, seconds=seconds,
                                seeds_per_s=steps * args.batch_size / seconds,
                                sampler="graph" if graph_sampling else "eager",

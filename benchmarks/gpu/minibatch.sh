@@ -29,7 +29,7 @@ run() {  # run STEP TIMEOUT_S CMD...: log to $OUT/STEP.log, rc and seconds to $O
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
 tests() {
-  run tests "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest ${TEST_FILES:-tests/test_loader.py} -q -p no:cacheprovider -rs \
+  run tests "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest ${TEST_FILES:-tests/test_loader.py} ${PYTEST_FLAGS:--q} -p no:cacheprovider -rs \
     -k "${TESTS_K:-cuda or fresh}"
 }
 if [ "${TESTS:-1}" != 0 ] && [ -z "${DDP_BESIDE_TESTS:-}" ]; then tests; fi

@@ -181,9 +181,11 @@ def padded_hops(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, fa
         rank = torch.cumsum(is_first, 0) - 1
         fresh = torch.where(is_first, u, N)
         local[fresh] = num_nodes + rank
-        first[fresh] = UNSEEN
-        first[N] = UNSEEN
-        local[N] = -1
+        # scalars written by fill kernels (an assignment of a Python number copies a host tensor,
+        # which a CUDA graph cannot capture)
+        first.index_fill_(0, fresh, UNSEEN)
+        first[N:].fill_(UNSEEN)
+        local[N:].fill_(-1)
         target = frontier_begin + torch.arange(T, device=device).unsqueeze(1).expand(T, fanout).reshape(-1)
         edge_parts.append((local[u], target, edge, valid))
         edge_counts.append(valid.sum())

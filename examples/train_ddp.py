@@ -41,6 +41,11 @@ and replayed (gnnfuse.loader.CapturedStep; the first 11 steps run eagerly, as DD
 asks, and a batch that outgrows the sizes grows them and is captured again). The host then issues
 one replay per step instead of some hundred launches, so sampling in a thread (``--prefetch``)
 can overlap it. Same batches and losses as without (up to GEMM rounding; dropout draws differ).
+Warm-up and capture run on the stream DDP was built on (PyTorch's recipe for capturing a whole DDP
+step). ``--sampler-graph`` replays the sampler's hops from a CUDA graph too
+(gnnfuse.loader.CapturedSampler; the same batches): its ~100 launches per batch were the critical
+path at 512 seeds per GPU. ``--timeline`` records each rank's step split without syncs (host clocks,
+CUDA events; see :class:`Timeline`).
 Reported by rank 0 (JSON and markdown under ``--out``): seeds/s, epoch time, the split, test accuracy
 after the fixed number of epochs (test seeds sampled like training ones, shared out over ranks),
 peak GPU memory per rank. Rank 0 saves a checkpoint (``--checkpoint``).

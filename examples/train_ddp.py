@@ -45,7 +45,7 @@ Warm-up and capture run on the stream DDP was built on (PyTorch's recipe for cap
 step). ``--sampler-graph`` replays the sampler's hops from a CUDA graph too
 (gnnfuse.loader.CapturedSampler; the same batches): its ~100 launches per batch were the critical
 path at 512 seeds per GPU. ``--timeline`` records each rank's step split without syncs (host clocks,
-CUDA events; see :class:`Timeline`).
+CUDA events; see :class:`Timeline`). ``--sampler-graph`` is on by default with ``--cuda-graph``.
 Reported by rank 0 (JSON and markdown under ``--out``): seeds/s, epoch time, the split, test accuracy
 after the fixed number of epochs (test seeds sampled like training ones, shared out over ranks),
 peak GPU memory per rank. Rank 0 saves a checkpoint (``--checkpoint``).
@@ -371,7 +371,8 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
         train = task["train"].to(device)
         per_rank = args.batch_size // world
         sampler_graph = None
-        if args.sampler_graph != "off" and cuda:  # the hops replayed from a CUDA graph: same batches
+        if cuda and (args.sampler_graph in ("on", "alternate") or (args.sampler_graph == "auto" and graphed)):
+            # the hops replayed from a CUDA graph (same batches)
             from gnnfuse.loader import CapturedSampler
 
             sampler_graph = CapturedSampler(sampler, per_rank)
@@ -388,7 +389,7 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
             ddp.train()
             epoch_losses = []
             # "alternate": the captured sampler in epoch 0 (its capture with the step's) and even epochs
-            graph_sampling = sampler_graph is not None and (args.sampler_graph == "on" or epoch % 2 == 0)
+            graph_sampling = sampler_graph is not None and (args.sampler_graph != "alternate" or epoch % 2 == 0)
             sample = sampler_graph.sample if graph_sampling else sampler.sample
             if cuda:
                 torch.cuda.synchronize(device)
@@ -433,7 +434,7 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
                 dist.all_gather_object(timelines, timeline.medians())  # per rank
             epochs.append(dict(epoch=epoch, steps=steps, seconds=seconds,
                                seeds_per_s=steps * args.batch_size / seconds,
-                               sampler="graph" if graph_sampling else "eager",
+                               sampler="graph" if graph_sampling and sampler_graph.capture else "eager",
                                split_ms={k: 1000 * v / max(steps, 1) for k, v in clock.totals.items()}
                                if args.split else {},
                                timeline_ms_per_rank=timelines if timeline.on else []))
@@ -526,9 +527,10 @@ def parse_args(argv=None):
     ap.add_argument("--prefetch", action="store_true", help="sample the next batches in a background thread")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="CUDA: pad each batch to fixed per-hop sizes and replay the captured training step")
-    ap.add_argument("--sampler-graph", choices=["off", "on", "alternate"], default="off",
+    ap.add_argument("--sampler-graph", choices=["auto", "off", "on", "alternate"], default="auto",
                     help="CUDA: replay the sampler's hops from a CUDA graph (gnnfuse.loader.CapturedSampler); "
-                         "alternate: in epoch 0 and even epochs, eager sampling in odd ones (both in one run)")
+                         "alternate: in epoch 0 and even epochs, eager sampling in odd ones (both in one run); "
+                         "auto: on with --cuda-graph")
     ap.add_argument("--timeline", action="store_true",
                     help="with --cuda-graph: per-rank per-step timings without syncs (host clocks, CUDA events)")
     ap.add_argument("--checkpoint", help="rank 0 saves the model's state_dict here")
@@ -576,8 +578,8 @@ def report(result: dict, out: str | None) -> None:
              "", f"{result['date']}, torch {result['torch']}, backend {result['backend']}, fan-outs "
              f"{result['fanouts']}, global batch {result['global_batch']}; timing: {result['timing']}", "",
              "| epoch | sampler | steps | seconds | seeds/s |", "|---|---|---|---|---|"]
-    lines += [f"| {e['epoch']} | {e.get('sampler', 'eager')} | {e['steps']} | {e['seconds']:.2f} | {e['seeds_per_s']:.0f} |"
-              for e in result["epochs"]]
+    lines += [f"| {e['epoch']} | {e.get('sampler', 'eager')} | {e['steps']} | {e['seconds']:.2f} "
+              f"| {e['seeds_per_s']:.0f} |" for e in result["epochs"]]
     timed = [e for e in result["epochs"] if e.get("timeline_ms_per_rank")]
     if timed:
         keys = sorted({k for e in timed for r in e["timeline_ms_per_rank"] for k in r})

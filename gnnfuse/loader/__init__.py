@@ -36,8 +36,8 @@ from ._captured_sampler import CapturedSampler
 from ._padded import HopPadding
 from ._sampler import NeighborSampler
 
-__all__ = ["CapturedSampler", "CapturedStep", "HopPadding", "NeighborLoader", "NeighborSampler", "layer_csrs", "layer_sizes",
-           "sorted_edge_index"]
+__all__ = ["CapturedSampler", "CapturedStep", "HopPadding", "NeighborLoader", "NeighborSampler", "layer_csrs",
+           "layer_sizes", "sorted_edge_index"]
 
 
 def layer_sizes(num_sampled_nodes: Sequence[int], num_sampled_edges: Sequence[int]) -> list[tuple[int, int, int]]:

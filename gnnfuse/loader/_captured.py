@@ -99,7 +99,8 @@ class CapturedStep:
         if self.capture and self._eager_left <= 0:
             try:
                 graph = torch.cuda.CUDAGraph()
-                # the warm-up's stream; thread_local: a sampler thread (train_ddp --prefetch) may read sizes back meanwhile
+                # on the warm-up's stream; thread_local: a sampler thread (train_ddp --prefetch) may
+                # read sizes back meanwhile
                 with torch.cuda.graph(graph, stream=self._side, capture_error_mode="thread_local"):
                     loss = self.step(x, labels, ei, nodes, edges)
             except Exception as exc:  # noqa: BLE001  (whatever the step cannot do under capture: run it eagerly)

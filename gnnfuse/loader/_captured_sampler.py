@@ -1,9 +1,10 @@
 """The GPU sampler's hops captured once as a CUDA graph and replayed for every batch of one size.
 
 A [15, 10, 5] batch on the GPU issues about a hundred small launches before its one host sync (the
-hop sizes, gnnfuse.loader._torch_sampling): some 1-2 ms of host time per batch whatever the batch
-size, so with 512 seeds per GPU the sampler's host time -- not the GPUs -- set the pace of
-data-parallel training at a fixed global batch. Up to that sync every shape depends only on the
+hop sizes, gnnfuse.loader._torch_sampling): 2.5-3.6 ms per batch in a sampler thread beside the
+training step (H200 host, benchmarks/results/minibatch-ddp_*), nearly whatever the batch size, so
+with 512 seeds per GPU the sampler -- not the GPUs -- set the pace of data-parallel training at a
+fixed global batch. Up to that sync every shape depends only on the
 number of seeds and the fan-outs (the hops work on padded [targets x fan-out] buffers), so the
 hops are captured once (``torch.cuda.CUDAGraph``, public API) and replayed: one launch, then the
 sync, then the compaction (a dozen launches) as before.

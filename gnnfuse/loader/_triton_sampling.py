@@ -66,7 +66,8 @@ def _pick_kernel(frontier_ptr, count_ptr, colptr_ptr, row_ptr, u_ptr, edge_ptr, 
 
 
 def pick_sources(frontier: torch.Tensor, count: torch.Tensor | None, colptr: torch.Tensor, row: torch.Tensor,
-                 fanout: int, replace: bool, seed: int | torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 fanout: int, replace: bool, seed: int | torch.Tensor,
+                 num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(u [T * fanout], edge [T * fanout]) of one hop (see the module docstring); ``count``: a
     one-element device tensor, the number of real entries of ``frontier`` (None: all); ``seed``: an
     int, or a one-element int64 tensor on the device holding it (the same picks)."""

@@ -41,6 +41,11 @@ and replayed (gnnfuse.loader.CapturedStep; the first 11 steps run eagerly, as DD
 asks, and a batch that outgrows the sizes grows them and is captured again). The host then issues
 one replay per step instead of some hundred launches, so sampling in a thread (``--prefetch``)
 can overlap it. Same batches and losses as without (up to GEMM rounding; dropout draws differ).
+Warm-up and capture run on the stream DDP was built on (PyTorch's recipe for capturing a whole DDP
+step). ``--sampler-graph`` replays the sampler's hops from a CUDA graph too
+(gnnfuse.loader.CapturedSampler; the same batches): its ~100 launches per batch were the critical
+path at 512 seeds per GPU. ``--timeline`` records each rank's step split without syncs (host clocks,
+CUDA events; see :class:`Timeline`). ``--sampler-graph`` is on by default with ``--cuda-graph``.
 Reported by rank 0 (JSON and markdown under ``--out``): seeds/s, epoch time, the split, test accuracy
 after the fixed number of epochs (test seeds sampled like training ones, shared out over ranks),
 peak GPU memory per rank. Rank 0 saves a checkpoint (``--checkpoint``).
@@ -141,10 +146,10 @@ def graphs_of(backend: str, edge_index, num_sampled_nodes, num_sampled_edges) ->
     return [edge_index[:, :num_edges] for _, _, num_edges in sizes], sizes
 
 
-def captured_step(ddp, optimizer, backend: str, x, warmup: int):
+def captured_step(ddp, optimizer, backend: str, x, warmup: int, stream):
     """The whole training step on padded batches, captured as a CUDA graph and replayed
     (gnnfuse.loader.CapturedStep): graph prep, forward, loss over the real seeds, backward with
-    DDP's all-reduce, optimizer."""
+    DDP's all-reduce, optimizer. Warm-up and capture on ``stream``, the one DDP was built on."""
     from gnnfuse.loader import CapturedStep
 
     def step(xb, yb, edge_index, nodes, edges):
@@ -155,7 +160,7 @@ def captured_step(ddp, optimizer, backend: str, x, warmup: int):
         optimizer.step()
         return loss.detach()
 
-    return CapturedStep(step, x, warmup=warmup)
+    return CapturedStep(step, x, warmup=warmup, stream=stream)
 
 
 # ---- one rank -------------------------------------------------------------------------------------
@@ -195,19 +200,88 @@ def timed_allreduce_hook(clock: Clock):
     return hook
 
 
+class Timeline:
+    """Per-step timings of the captured step's loop without synchronising anything: host clocks
+    around each part of the main thread's work, CUDA events on the main stream around the input
+    loading and the replay, and the sampler's own (host seconds, events) from :class:`Prefetcher`.
+    Read once the epoch is over and the device synchronised: :meth:`medians` (ms per step).
+    ``off``: records nothing."""
+
+    def __init__(self, on: bool):
+        self.on = on
+        self.steps: list[tuple] = []
+        self._t = time.perf_counter()
+
+    def start_epoch(self) -> None:
+        self.steps = []
+        self._t = time.perf_counter()
+
+    def mark(self) -> tuple[float, torch.cuda.Event | None]:
+        if not self.on:
+            return 0.0, None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return time.perf_counter(), event
+
+    def step(self, marks: list, sampling) -> None:
+        if self.on:
+            self.steps.append((self._t, marks, sampling))
+            self._t = time.perf_counter()
+
+    def medians(self) -> dict:
+        """Median ms per step: waiting for the next batch (host), loading it (host / device),
+        replaying the step (host / device, which includes DDP's all-reduce and so any wait for the
+        other ranks), the main stream idle between steps, and sampling (host / device) in the thread."""
+        if not self.steps:
+            return {}
+        rows = []
+        previous_end = None
+        for before, ((t0, e0), (t1, e1), (t2, e2)), sampling in self.steps:
+            row = dict(wait_host=t0 - before, load_host=t1 - t0, replay_host=t2 - t1,
+                       load_device=e0.elapsed_time(e1) / 1e3, replay_device=e1.elapsed_time(e2) / 1e3)
+            if previous_end is not None:
+                row["main_stream_idle"] = previous_end.elapsed_time(e0) / 1e3
+            if sampling is not None:
+                row["sample_host"] = sampling[0]
+                if len(sampling) == 3:
+                    row["sample_device"] = sampling[1].elapsed_time(sampling[2]) / 1e3
+            rows.append(row)
+            previous_end = e2
+        keys = {k for row in rows for k in row}
+        return {k: 1000 * statistics.median(row[k] for row in rows if k in row) for k in sorted(keys)}
+
+
 class Prefetcher:
     """Samples upcoming batches in a background thread on its own CUDA stream while the main thread
     runs the current step: the sampler's host work (kernel launches, its one read of the hop sizes)
     overlaps the step's, and its kernels the step's kernels. In line on CPU or when ``on`` is False.
-    Each batch's tensors are recorded on the main stream, so the allocator keeps them until it is done."""
+    Each batch's tensors are recorded on the main stream, so the allocator keeps them until it is done.
+    The stream has high priority: the sampler's small kernels are on the host's critical path (it
+    waits for the hop sizes), the step's large ones are not. With ``timed``, each batch comes with
+    (host seconds of its sampling, CUDA events before and after it on the sampler's stream)."""
 
-    def __init__(self, sample, device, on: bool = True, depth: int = 2):
-        self.sample, self.device, self.depth = sample, device, depth
+    def __init__(self, sample, device, on: bool = True, depth: int = 2, timed: bool = False):
+        self.sample, self.device, self.depth, self.timed = sample, device, depth, timed
         self.on = on and device.type == "cuda"
 
-    def __call__(self, seed_batches):
+    def _sample_timed(self, sample, seeds, stream=None):
+        if not self.timed:
+            return sample(seeds), None
+        start = time.perf_counter()
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.device.type == "cuda" else []
+        if events:
+            events[0].record(stream)
+        out = sample(seeds)
+        if events:
+            events[1].record(stream)
+        return out, (time.perf_counter() - start, *events)
+
+    def __call__(self, seed_batches, sample=None):
+        """Yields (seeds, batch, timing or None) for each of ``seed_batches``; ``sample``: instead of
+        the sampler given at construction."""
+        sample = sample or self.sample
         if not self.on:
-            yield from ((seeds, self.sample(seeds)) for seeds in seed_batches)
+            yield from ((seeds, *self._sample_timed(sample, seeds)) for seeds in seed_batches)
             return
         import queue
         import threading
@@ -221,16 +295,16 @@ class Prefetcher:
         def work():
             try:
                 torch.cuda.set_device(self.device)
-                stream = torch.cuda.Stream(self.device)
+                stream = torch.cuda.Stream(self.device, priority=-1)  # high (lower is higher)
                 stream.wait_event(made)
                 with torch.cuda.stream(stream):
                     for seeds in seed_batches:
                         if stop.is_set():
                             return
-                        out = self.sample(seeds)
+                        out, timing = self._sample_timed(sample, seeds, stream)
                         done = torch.cuda.Event()
                         done.record(stream)
-                        ready.put((seeds, out, done))
+                        ready.put((seeds, out, done, timing))
                 ready.put(None)
             except BaseException as exc:  # noqa: BLE001  (handed to the main thread, raised there)
                 ready.put(exc)
@@ -241,11 +315,11 @@ class Prefetcher:
             while (item := ready.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
-                seeds, out, done = item
+                seeds, out, done, timing = item
                 main.wait_event(done)
                 for t in (out.node, out.row, out.col, out.edge):
                     t.record_stream(main)
-                yield seeds, out
+                yield seeds, out, timing
         finally:
             stop.set()
             while thread.is_alive():  # unblock a producer waiting on a full queue
@@ -289,12 +363,19 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
         clock = Clock(device, on=args.split)
         if args.split and not args.overlap:
             ddp.register_comm_hook(None, timed_allreduce_hook(clock))
-        prefetch = Prefetcher(sampler.sample, device, on=args.prefetch and not args.split)
+        timeline = Timeline(on=args.timeline and graphed)
+        prefetch = Prefetcher(sampler.sample, device, on=args.prefetch and not args.split, timed=timeline.on)
         # fused: one launch per step; capturable: its step count stays on the device (a captured step)
         optimizer = torch.optim.Adam(ddp.parameters(), lr=args.lr, fused=cuda, capturable=graphed)
-        graph_step = captured_step(ddp, optimizer, args.backend, x, warmup=11) if graphed else None
+        graph_step = captured_step(ddp, optimizer, args.backend, x, warmup=11, stream=side) if graphed else None
         train = task["train"].to(device)
         per_rank = args.batch_size // world
+        sampler_graph = None
+        if cuda and (args.sampler_graph in ("on", "alternate") or (args.sampler_graph == "auto" and graphed)):
+            # the hops replayed from a CUDA graph (same batches)
+            from gnnfuse.loader import CapturedSampler
+
+            sampler_graph = CapturedSampler(sampler, per_rank)
         epochs, losses = [], []
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -307,15 +388,23 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
             clock.totals = dict.fromkeys(PHASES, 0.0)
             ddp.train()
             epoch_losses = []
+            # "alternate": the captured sampler in epoch 0 (its capture with the step's) and even epochs
+            graph_sampling = sampler_graph is not None and (args.sampler_graph != "alternate" or epoch % 2 == 0)
+            sample = sampler_graph.sample if graph_sampling else sampler.sample
             if cuda:
                 torch.cuda.synchronize(device)
             start = clock.t = time.perf_counter()
+            timeline.start_epoch()
             batches = (order[step * args.batch_size + rank * per_rank:][:per_rank] for step in range(steps))
-            for seeds, out in prefetch(batches):
+            for seeds, out, sampling in prefetch(batches, sample):
                 if graph_step is not None:  # padded, copied into the static inputs, replayed
+                    marks = [timeline.mark()]
                     edge_index = torch.stack([out.row, out.col])
-                    epoch_losses.append(graph_step(out.node, edge_index, out.num_sampled_nodes,
-                                                   out.num_sampled_edges, y[seeds]))
+                    graph_step.load(out.node, edge_index, out.num_sampled_nodes, out.num_sampled_edges, y[seeds])
+                    marks.append(timeline.mark())
+                    epoch_losses.append(graph_step.run())
+                    marks.append(timeline.mark())
+                    timeline.step(marks, sampling)
                     continue
                 clock.lap("sampling")
                 xb, yb = x[out.node], y[seeds]
@@ -340,10 +429,15 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
                 mean_losses = torch.stack(epoch_losses)
                 dist.all_reduce(mean_losses)
                 losses += (mean_losses / world).tolist()
+            timelines = [None] * world
+            if timeline.on:
+                dist.all_gather_object(timelines, timeline.medians())  # per rank
             epochs.append(dict(epoch=epoch, steps=steps, seconds=seconds,
                                seeds_per_s=steps * args.batch_size / seconds,
+                               sampler="graph" if graph_sampling and sampler_graph.capture else "eager",
                                split_ms={k: 1000 * v / max(steps, 1) for k, v in clock.totals.items()}
-                               if args.split else {}))
+                               if args.split else {},
+                               timeline_ms_per_rank=timelines if timeline.on else []))
         accuracy = evaluate(ddp.module, sampler, x, y, task["test"].to(device), args, rank, world, device)
         memory = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
         memories = [None] * world
@@ -359,7 +453,8 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
         dist.barrier()
         prefetched = prefetch.on
         captures = graph_step.captures if graph_step is not None else None
-        del ddp, optimizer, prefetch, graph_step
+        sampler_captures = sampler_graph.captures if sampler_graph is not None else None
+        del ddp, optimizer, prefetch, graph_step, sampler_graph
         gc.collect()
         dist.barrier()
         if rank != 0:
@@ -372,7 +467,9 @@ def worker(rank: int, world: int, args, task: dict | None) -> dict | None:
                     timing="split (synchronised phases)" if args.split else
                     ("throughput" + (", sampling prefetched in a thread on a side stream" if prefetched else "")
                      + (f", step captured as a CUDA graph (padded batches; {captures} captures)"
-                        if captures is not None else "")),
+                        if captures is not None else "")
+                     + (f", sampler hops replayed from a CUDA graph ({args.sampler_graph}; "
+                        f"{sampler_captures} captures)" if sampler_captures is not None else "")),
                     torch=torch.__version__,
                     date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     finally:
@@ -430,6 +527,12 @@ def parse_args(argv=None):
     ap.add_argument("--prefetch", action="store_true", help="sample the next batches in a background thread")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="CUDA: pad each batch to fixed per-hop sizes and replay the captured training step")
+    ap.add_argument("--sampler-graph", choices=["auto", "off", "on", "alternate"], default="auto",
+                    help="CUDA: replay the sampler's hops from a CUDA graph (gnnfuse.loader.CapturedSampler); "
+                         "alternate: in epoch 0 and even epochs, eager sampling in odd ones (both in one run); "
+                         "auto: on with --cuda-graph")
+    ap.add_argument("--timeline", action="store_true",
+                    help="with --cuda-graph: per-rank per-step timings without syncs (host clocks, CUDA events)")
     ap.add_argument("--checkpoint", help="rank 0 saves the model's state_dict here")
     ap.add_argument("--out", help="directory for the JSON and markdown results")
     args = ap.parse_args(argv)
@@ -474,8 +577,16 @@ def report(result: dict, out: str | None) -> None:
     lines = [f"# DDP mini-batch SAGE: {result['graph']}, {result['world_size']} x {result['gpu'] or 'CPU'}",
              "", f"{result['date']}, torch {result['torch']}, backend {result['backend']}, fan-outs "
              f"{result['fanouts']}, global batch {result['global_batch']}; timing: {result['timing']}", "",
-             "| epoch | steps | seconds | seeds/s |", "|---|---|---|---|"]
-    lines += [f"| {e['epoch']} | {e['steps']} | {e['seconds']:.2f} | {e['seeds_per_s']:.0f} |" for e in result["epochs"]]
+             "| epoch | sampler | steps | seconds | seeds/s |", "|---|---|---|---|---|"]
+    lines += [f"| {e['epoch']} | {e.get('sampler', 'eager')} | {e['steps']} | {e['seconds']:.2f} "
+              f"| {e['seeds_per_s']:.0f} |" for e in result["epochs"]]
+    timed = [e for e in result["epochs"] if e.get("timeline_ms_per_rank")]
+    if timed:
+        keys = sorted({k for e in timed for r in e["timeline_ms_per_rank"] for k in r})
+        lines += ["", "Per-step timeline, median ms (no syncs; device = CUDA events; replay includes DDP's "
+                  "all-reduce):", "", "| epoch | rank | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+        lines += [f"| {e['epoch']} | {rank} | " + " | ".join(f"{r[k]:.3f}" if k in r else "" for k in keys) + " |"
+                  for e in timed for rank, r in enumerate(e["timeline_ms_per_rank"])]
     if last["split_ms"]:
         lines += ["", "Step split (ms, last epoch): " + ", ".join(f"{k} {v:.2f}" for k, v in last["split_ms"].items())]
     lines += ["", f"Test accuracy after {len(result['epochs'])} epochs of {last['steps']} steps: "

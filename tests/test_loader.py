@@ -614,3 +614,79 @@ def test_padding_kernels_match_the_torch_ops():
     layers = layer_csrs(edge_index=want_ei, num_sampled_nodes=nodes, num_sampled_edges=edges)  # checks the layout
     assert [c.num_edges for c in layers] == [s[2] for s in layer_sizes(nodes, edges)]
     assert max(int(c.in_degree().max()) for c in layers) <= 4 + 3  # padding spread: no hub rows
+
+
+# ---- the captured sampler and the captured step's dropout ---------------------------------------------
+def test_sampler_hops_with_the_seed_on_the_device_draw_the_same_batches():
+    """What CapturedSampler replays -- the hops with the picks' seed read from a device tensor (here on
+    CPU tensors under the interpreter, or on the GPU) -- draws the eager sampler's batch for that call."""
+    from gnnfuse.loader import CapturedSampler
+    from gnnfuse.loader._torch_sampling import finish_padded
+
+    if torch.cuda.is_available():
+        dev = "cuda"
+    else:
+        dev = "cpu"
+    data = graph(n=400, e=5000)
+    kwargs = dict(num_nodes=400, seed=5, device=dev)
+    eager = NeighborSampler(data.edge_index.to(dev), [4, 3], **kwargs)
+    static = NeighborSampler(data.edge_index.to(dev), [4, 3], **kwargs)
+    for s in (eager, static):
+        s._ext, s.picks = None, "triton"
+    wrapped = CapturedSampler(static, 16, capture=False)
+    seeds = torch.randperm(400, generator=torch.Generator().manual_seed(0))[:16].to(dev)
+    for call in (1, 2):
+        want = eager.sample(seeds)
+        wrapped._seeds, wrapped._call = seeds.clone(), torch.tensor(call, device=dev)
+        wrapped._hops_from_static()
+        node, row, col, edge, nodes, edges = finish_padded(wrapped._hops, wrapped._sizes.tolist(), static._local)
+        assert nodes == want.num_sampled_nodes and edges == want.num_sampled_edges
+        for a, b in ((node, want.node), (row, want.row), (col, want.col), (edge, want.edge)):
+            assert torch.equal(a, b)
+    assert (static._local == -1).all()  # scratch map left as it came
+    assert wrapped.sample(seeds).node.shape[0] > 16  # capture=False: the eager sampler
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_sampler_replays_the_eager_batches_on_cuda():
+    from gnnfuse.loader import CapturedSampler
+
+    data = graph(n=3000, e=60_000)
+    eager = NeighborSampler(data.edge_index.cuda(), [6, 4, 2], num_nodes=3000, seed=3, device="cuda")
+    captured = CapturedSampler(NeighborSampler(data.edge_index.cuda(), [6, 4, 2], num_nodes=3000, seed=3,
+                                               device="cuda"), 64)
+    g = torch.Generator().manual_seed(0)
+    for size in (64, 64, 64, 40, 64):  # a batch of another size samples eagerly, in turn
+        seeds = torch.randperm(3000, generator=g)[:size].cuda()
+        want, got = eager.sample(seeds), captured.sample(seeds)
+        assert got.num_sampled_nodes == want.num_sampled_nodes and got.num_sampled_edges == want.num_sampled_edges
+        for a, b in ((got.node, want.node), (got.row, want.row), (got.col, want.col), (got.edge, want.edge)):
+            assert torch.equal(a, b)
+    assert captured.capture and captured.captures == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_step_draws_new_dropout_masks_each_replay():
+    """A replayed step draws fresh dropout masks (the graph advances the CUDA generator's offset):
+    with the parameters frozen (lr 0), replays of one batch give different losses with dropout and
+    equal ones without."""
+    from gnnfuse.loader import CapturedStep, HopPadding
+
+    data = graph(n=400, e=4000)
+    x, y = data.x.cuda(), data.y.cuda()
+    out = NeighborSampler(data.edge_index.cuda(), [4, 3, 2], num_nodes=400, seed=0, device="cuda").sample(
+        torch.arange(32, device="cuda"))
+    edge_index = torch.stack([out.row, out.col])
+    for dropout in (0.5, 0.0):
+        (model, _), (optimizer, _) = _sage_pair("cuda")
+        for group in optimizer.param_groups:
+            group["lr"] = 0.0
+        step = CapturedStep(_sage_step(model, optimizer, dropout=dropout), x, warmup=2, padding=HopPadding())
+        losses = [float(step(out.node, edge_index, out.num_sampled_nodes, out.num_sampled_edges, y[:32]))
+                  for _ in range(6)]
+        assert step.captures == 1
+        replays = losses[2:]  # the capture's own run and three replays
+        if dropout:
+            assert len(set(replays)) == len(replays), losses
+        else:
+            assert max(replays) - min(replays) < 1e-5 * abs(replays[0]), losses

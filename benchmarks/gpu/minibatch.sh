@@ -4,8 +4,10 @@
 #   PYTHONPATH=. OUT=/some/dir bash benchmarks/gpu/minibatch.sh
 # BENCH_ARGS goes to benchmarks.bench_minibatch (BENCH=0 skips it), DDP_ARGS to examples/train_ddp.py,
 # TESTS=0 skips the tests. DDP_RUNS: "GPUS:GLOBAL_BATCH[:MODE]" runs one after the other (MODE: prefetch,
-# graph = --cuda-graph, graph+prefetch); DDP_PAIRS: "A/B" specs of two 1-GPU runs run at once on GPUs 0 and 1. Nothing here needs the C++ extensions (the GPU path is Triton and torch
-# ops), so nothing is built. Everything is packed into $OUT/results.tgz (the device tool brings back
+# graph = --cuda-graph, graph+prefetch); DDP_PAIRS: "A/B" specs of two 1-GPU runs run at once on GPUs 0 and 1;
+# DDP_BESIDE_TESTS: 1-GPU specs run one after the other on GPU 0 while the tests run on the last GPU
+# (saves device time on a machine of several GPUs). Nothing here needs the C++ extensions (the GPU path is Triton and torch
+# ops), so nothing is built. TEST_FILES: the test files (default tests/test_loader.py). Everything is packed into $OUT/results.tgz (the device tool brings back
 # only a few files) next to $OUT/summary.txt; the Triton kernel cache goes to $OUT/triton_cache.tgz,
 # which a later call can unpack into TRITON_CACHE_DIR (TRITON_CACHE_TGZ) to skip the compiles.
 set -uo pipefail
@@ -26,7 +28,11 @@ run() {  # run STEP TIMEOUT_S CMD...: log to $OUT/STEP.log, rc and seconds to $O
   echo "$step rc=$? $((SECONDS - start))s" | tee -a "$OUT/summary.txt"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
-[ "${TESTS:-1}" != 0 ] && run tests 120 "$PY" -m pytest tests/test_loader.py -q -p no:cacheprovider -k "${TESTS_K:-cuda or fresh}"
+tests() {
+  run tests "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest ${TEST_FILES:-tests/test_loader.py} ${PYTEST_FLAGS:--q} -p no:cacheprovider -rs \
+    -k "${TESTS_K:-cuda or fresh}"
+}
+if [ "${TESTS:-1}" != 0 ] && [ -z "${DDP_BESIDE_TESTS:-}" ]; then tests; fi
 [ "${BENCH:-1}" != 0 ] && run bench "${BENCH_TIMEOUT_S:-240}" "$PY" -m benchmarks.bench_minibatch --device cuda \
   --out "$OUT/bench" --profile "$OUT/profile" ${BENCH_ARGS:-}
 ddp() {  # ddp GPUS:GLOBAL_BATCH[:MODE] [CUDA_VISIBLE_DEVICES]; MODE: prefetch, graph (--cuda-graph) or graph+prefetch
@@ -41,6 +47,11 @@ ddp() {  # ddp GPUS:GLOBAL_BATCH[:MODE] [CUDA_VISIBLE_DEVICES]; MODE: prefetch, 
     examples/train_ddp.py --batch-size "$batch" --out "$OUT/$name" $flags ${DDP_ARGS:-}
 }
 CUDA_VISIBLE_DEVICES_ALL="$(seq -s, 0 $((NGPU - 1)))"
+if [ -n "${DDP_BESIDE_TESTS:-}" ]; then  # 1-GPU runs on GPU 0, the tests on the last GPU, at once
+  ( for spec in $DDP_BESIDE_TESTS; do ddp "$spec" 0; done ) &
+  if [ "${TESTS:-1}" != 0 ]; then CUDA_VISIBLE_DEVICES=$((NGPU - 1)) tests; fi
+  wait
+fi
 for spec in ${DDP_PAIRS:-}; do  # A/B: two 1-GPU runs at once, A on GPU 0 and B on GPU 1 (saves device time)
   ddp "${spec%%/*}" 0 & ddp "${spec##*/}" 1 & wait
 done
@@ -48,11 +59,11 @@ for spec in ${DDP_RUNS:-1:1024 $NGPU:1024}; do  # GPUS:GLOBAL_BATCH[:MODE], one 
   ddp "$spec"
 done
 grep -hE "^\| (train step|graph prep|fused step split|sampling)" "$OUT"/bench/*.md 2>/dev/null
-for f in "$OUT"/ddp_*/*.md; do [ -f "$f" ] && { echo "== $f"; tail -n 8 "$f"; }; done
+for f in "$OUT"/ddp_*/*.md; do [ -f "$f" ] && { echo "== $f"; tail -n "${DDP_TAIL:-8}" "$f"; }; done
 tail -n 3 "$OUT/tests.log" 2>/dev/null
 mkdir -p "$FINAL"
 cp "$OUT/summary.txt" "$FINAL/summary.txt"
 cp "$OUT"/bench/*.md "$FINAL/" 2>/dev/null
 tar czf "$FINAL/results.tgz" -C "$OUT" .
-tar czf "$FINAL/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
+[ "${SAVE_TRITON_CACHE:-1}" != 0 ] && tar czf "$FINAL/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
 exit 0

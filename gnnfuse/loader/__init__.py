@@ -7,7 +7,9 @@
 * :func:`layer_csrs` - one bipartite :class:`gnnfuse.CSR` per GNN layer, views of one O(E) build;
 * :class:`HopPadding` and :class:`CapturedStep` - batches padded to fixed per-hop sizes, and a
   training step captured once as a CUDA graph and replayed for every batch (host time per step
-  then no longer grows with the launches).
+  then no longer grows with the launches);
+* :class:`CapturedSampler` - the GPU sampler's hops replayed from a CUDA graph (the same batches,
+  a fraction of the host time).
 
 Example::
 
@@ -30,11 +32,12 @@ from torch_geometric.loader import NodeLoader
 
 from ..csr import CSR, check_edge_index
 from ._captured import CapturedStep
+from ._captured_sampler import CapturedSampler
 from ._padded import HopPadding
 from ._sampler import NeighborSampler
 
-__all__ = ["CapturedStep", "HopPadding", "NeighborLoader", "NeighborSampler", "layer_csrs", "layer_sizes",
-           "sorted_edge_index"]
+__all__ = ["CapturedSampler", "CapturedStep", "HopPadding", "NeighborLoader", "NeighborSampler", "layer_csrs",
+           "layer_sizes", "sorted_edge_index"]
 
 
 def layer_sizes(num_sampled_nodes: Sequence[int], num_sampled_edges: Sequence[int]) -> list[tuple[int, int, int]]:

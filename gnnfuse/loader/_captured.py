@@ -9,7 +9,11 @@ sizes (:class:`gnnfuse.loader.HopPadding`) and copied into static input buffers;
 graph, and nothing in the step reads the device back.
 
 Sequence: the first ``warmup`` batches run eagerly on a side stream (Triton compiles, the
-optimizer builds its state, DDP sets up its buckets), the next is captured and replayed. A batch
+optimizer builds its state, DDP sets up its buckets), the next is captured on that same stream and
+replayed. Under DistributedDataParallel that stream must be the one DDP was built on (PyTorch's
+recipe for capturing a whole DDP step): DDP keeps each parameter's gradient accumulator, which
+remembers the stream it was created on, and a backward on another stream makes autograd warn of
+an "AccumulateGrad stream mismatch" and add cross-stream waits. A batch
 that does not fit the capacities grows them: one eager step at the new shapes, then a new capture.
 Every call is a real training step on its batch. Without CUDA (or with ``capture=False``) the
 padded step runs eagerly: the same padding, for tests on CPU.
@@ -43,12 +47,14 @@ class CapturedStep:
         warmup: eager steps before the first capture (11 under DistributedDataParallel, as its
             documentation asks).
         padding: a :class:`HopPadding` (default ``HopPadding()``).
+        stream: the side stream for the eager warm-up and the capture; under DDP the stream the
+            ``DistributedDataParallel`` wrapper was constructed on (default: a new stream).
 
     Returns each step's loss (a fresh device tensor). ``captures`` counts the captures so far.
     """
 
     def __init__(self, step: Callable, features: torch.Tensor, *, capture: bool = True, warmup: int = 3,
-                 padding: HopPadding | None = None):
+                 padding: HopPadding | None = None, stream: torch.cuda.Stream | None = None):
         self.step, self.features = step, features
         self.padding = padding or HopPadding()
         self.capture = bool(capture) and features.is_cuda
@@ -58,10 +64,19 @@ class CapturedStep:
         self._graph: torch.cuda.CUDAGraph | None = None
         self._loss: torch.Tensor | None = None
         self._static: tuple | None = None
-        self._side = torch.cuda.Stream(features.device) if self.capture else None
+        self._side = (stream or torch.cuda.Stream(features.device)) if self.capture else None
 
     def __call__(self, node: torch.Tensor, edge_index: torch.Tensor, num_sampled_nodes: Sequence[int],
                  num_sampled_edges: Sequence[int], y: torch.Tensor) -> torch.Tensor:
+        """One training step on this batch: :meth:`load`, then :meth:`run`."""
+        self.load(node, edge_index, num_sampled_nodes, num_sampled_edges, y)
+        return self.run()
+
+    def load(self, node: torch.Tensor, edge_index: torch.Tensor, num_sampled_nodes: Sequence[int],
+             num_sampled_edges: Sequence[int], y: torch.Tensor) -> None:
+        """Pads the batch into the static inputs and gathers its features there (a few launches, no
+        host sync); grows the capacities first if it does not fit (the next :meth:`run` then runs
+        eagerly and captures again)."""
         if not self.padding.fits(num_sampled_nodes, num_sampled_edges):
             self.padding.grow(num_sampled_nodes, num_sampled_edges)
             self._graph = self._loss = self._static = None  # new shapes: capture again after an eager step
@@ -73,6 +88,10 @@ class CapturedStep:
         torch.index_select(self.features, 0, slots, out=x)
         labels.fill_(IGNORE)
         labels[: y.shape[0]].copy_(y)
+
+    def run(self) -> torch.Tensor:
+        """The training step on the loaded batch: replayed, or eager (warm-up), or captured and replayed."""
+        x, labels, ei, _ = self._static
         nodes, edges = self.padding.padded_sizes()
         if self._graph is not None:
             self._graph.replay()
@@ -80,8 +99,9 @@ class CapturedStep:
         if self.capture and self._eager_left <= 0:
             try:
                 graph = torch.cuda.CUDAGraph()
-                # thread_local: a sampler thread (train_ddp --prefetch) may read sizes back meanwhile
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                # on the warm-up's stream; thread_local: a sampler thread (train_ddp --prefetch) may
+                # read sizes back meanwhile
+                with torch.cuda.graph(graph, stream=self._side, capture_error_mode="thread_local"):
                     loss = self.step(x, labels, ei, nodes, edges)
             except Exception as exc:  # noqa: BLE001  (whatever the step cannot do under capture: run it eagerly)
                 warnings.warn(f"gnnfuse CapturedStep: capturing the step failed ({type(exc).__name__}: {exc}); "

@@ -15,6 +15,8 @@ reads it back per hop.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 UNSEEN = torch.iinfo(torch.int64).max
@@ -81,8 +83,9 @@ def sample(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, fanouts
 MAX_PADDED = 2**25  # padded entries per hop above which the exact (per-hop sync) path runs instead
 
 
-def hop_seed(seed: int, hop: int) -> int:
-    """The Philox key of one hop of one batch (a positive int32)."""
+def hop_seed(seed: int | torch.Tensor, hop: int) -> int | torch.Tensor:
+    """The Philox key of one hop of one batch (a positive int32; an int64 device tensor of it for a
+    device tensor ``seed``)."""
     return (seed * 1_000_003 + hop * 7_919 + 1) % (2**31 - 1)
 
 
@@ -121,8 +124,29 @@ def _compact(values: torch.Tensor, valid: torch.Tensor, total: int) -> torch.Ten
 
 def sample_padded(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, fanouts: list[int], replace: bool,
                   generator: torch.Generator | None, local: torch.Tensor, first: torch.Tensor,
-                  kernel_seed: int | None = None):
-    """:func:`sample` for fan-outs >= 0 with one host sync per batch (see the module docstring).
+                  kernel_seed: int | torch.Tensor | None = None):
+    """:func:`sample` for fan-outs >= 0 with one host sync per batch (see the module docstring):
+    :func:`padded_hops`, the sync, :func:`finish_padded`."""
+    hops = padded_hops(colptr, row, seeds, fanouts, replace, generator, local, first, kernel_seed)
+    sizes = torch.stack(hops.counts).tolist() if fanouts else []  # the one host sync
+    return finish_padded(hops, sizes, local)
+
+
+class PaddedHops(NamedTuple):
+    """What :func:`padded_hops` leaves on the device: the seeds, each hop's new nodes (a padded
+    buffer, the first ``count`` real) and edges (padded, with a validity mask), and the counts
+    (the hops' new nodes, then their edges: one-element tensors, read back by the caller)."""
+    seeds: torch.Tensor
+    new_nodes: list[torch.Tensor]
+    edge_parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+    counts: list[torch.Tensor]
+
+
+def padded_hops(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, fanouts: list[int], replace: bool,
+                generator: torch.Generator | None, local: torch.Tensor, first: torch.Tensor,
+                kernel_seed: int | torch.Tensor | None = None) -> PaddedHops:
+    """The hops of :func:`sample_padded` up to the host sync: device work of shapes the host knows
+    in advance, no read-back (so a CUDA graph can capture it; ``kernel_seed`` then a device tensor).
     Hop h's frontier is a buffer of the previous hop's capacity whose first ``count`` entries are
     the nodes it added; padded targets have degree 0 and padded slots are masked."""
     device = seeds.device
@@ -157,10 +181,12 @@ def sample_padded(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, 
         rank = torch.cumsum(is_first, 0) - 1
         fresh = torch.where(is_first, u, N)
         local[fresh] = num_nodes + rank
-        first[fresh] = UNSEEN
-        first[N] = UNSEEN
-        local[N] = -1
-        target = frontier_begin + torch.arange(T, device=device).repeat_interleave(fanout)
+        # scalars written by fill kernels (an assignment of a Python number copies a host tensor,
+        # which a CUDA graph cannot capture)
+        first.index_fill_(0, fresh, UNSEEN)
+        first[N:].fill_(UNSEEN)
+        local[N:].fill_(-1)
+        target = frontier_begin + torch.arange(T, device=device).unsqueeze(1).expand(T, fanout).reshape(-1)
         edge_parts.append((local[u], target, edge, valid))
         edge_counts.append(valid.sum())
         count = is_first.sum()
@@ -172,17 +198,24 @@ def sample_padded(colptr: torch.Tensor, row: torch.Tensor, seeds: torch.Tensor, 
         new_counts.append(count)
         frontier_begin = num_nodes
         num_nodes = num_nodes + count
-    sizes = torch.stack(new_counts + edge_counts).tolist() if fanouts else []  # the one host sync
-    nodes_per_hop = [B] + sizes[: len(fanouts)]
-    edges_per_hop = sizes[len(fanouts):]
-    node = torch.cat([seeds] + [nodes[:c] for nodes, c in zip(new_nodes, nodes_per_hop[1:])])
+    return PaddedHops(seeds, new_nodes, edge_parts, new_counts + edge_counts)
+
+
+def finish_padded(hops: PaddedHops, sizes: list[int], local: torch.Tensor):
+    """The batch of :func:`padded_hops` once its ``sizes`` (the counts, read back) are known: nodes
+    and edges compacted in order, the scratch map ``local`` reset. Returns :func:`sample`'s tuple."""
+    seeds = hops.seeds
+    num_hops = len(hops.new_nodes)
+    nodes_per_hop = [seeds.shape[0]] + [int(c) for c in sizes[:num_hops]]
+    edges_per_hop = [int(c) for c in sizes[num_hops:]]
+    node = torch.cat([seeds] + [nodes[:c] for nodes, c in zip(hops.new_nodes, nodes_per_hop[1:])])
     local[node] = -1
-    if not fanouts:
+    if not num_hops:
         empty = seeds.new_empty(0)
         return node, empty, empty, empty, nodes_per_hop, edges_per_hop
-    valid = torch.cat([part[3] for part in edge_parts])
+    valid = torch.cat([part[3] for part in hops.edge_parts])
     total = sum(edges_per_hop)
-    rows, cols, edges = (_compact(torch.cat([part[i] for part in edge_parts]), valid, total) for i in range(3))
+    rows, cols, edges = (_compact(torch.cat([part[i] for part in hops.edge_parts]), valid, total) for i in range(3))
     return node, rows, cols, edges, nodes_per_hop, edges_per_hop
 
 

@@ -6,7 +6,9 @@ spent ~240 launches (and the host time to issue them) on picks alone. Here one p
 block of targets' picks in registers and runs every round, and the sampled sources are gathered in
 the same kernel: one launch per hop. Random numbers are Philox draws (``tl.randint``) keyed by a
 per-hop seed and the (target, round) position, so the picks do not depend on the launch grid; a
-draw ``r`` in [0, j] is ``randint mod (j + 1)`` (bias below (j + 1) / 2**32).
+draw ``r`` in [0, j] is ``randint mod (j + 1)`` (bias below (j + 1) / 2**32). The seed is a Python
+int, or a one-element device tensor the kernel reads (a captured sampler: the launch then replays
+with a new seed each batch; gnnfuse.loader._captured_sampler).
 
 Output layout (the padded [targets x fan-out] of ``_torch_sampling.sample_padded``): ``u[t, s]`` is
 the s-th sampled source of target t, or ``N`` (the sink) for a slot past the target's degree, a
@@ -27,7 +29,9 @@ BLOCK_T = 64  # targets per program
 @triton.jit(do_not_specialize=["seed"])  # a new seed every batch: no recompile when it happens to be 1 or 16k
 def _pick_kernel(frontier_ptr, count_ptr, colptr_ptr, row_ptr, u_ptr, edge_ptr, T, N, seed,
                  FANOUT: tl.constexpr, KP: tl.constexpr, REPLACE: tl.constexpr, HAS_COUNT: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 SEED_IN_MEMORY: tl.constexpr, BLOCK: tl.constexpr):
+    if SEED_IN_MEMORY:  # seed is a pointer to the hop's seed (int64, in [1, 2**31 - 1))
+        seed = tl.load(seed).to(tl.int32)
     offs_t = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_grid = offs_t < T
     live = in_grid
@@ -62,15 +66,18 @@ def _pick_kernel(frontier_ptr, count_ptr, colptr_ptr, row_ptr, u_ptr, edge_ptr, 
 
 
 def pick_sources(frontier: torch.Tensor, count: torch.Tensor | None, colptr: torch.Tensor, row: torch.Tensor,
-                 fanout: int, replace: bool, seed: int, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 fanout: int, replace: bool, seed: int | torch.Tensor,
+                 num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(u [T * fanout], edge [T * fanout]) of one hop (see the module docstring); ``count``: a
-    one-element device tensor, the number of real entries of ``frontier`` (None: all)."""
+    one-element device tensor, the number of real entries of ``frontier`` (None: all); ``seed``: an
+    int, or a one-element int64 tensor on the device holding it (the same picks)."""
+    in_memory = isinstance(seed, torch.Tensor)
     T = frontier.shape[0]
     u = torch.empty(T * fanout, dtype=torch.long, device=frontier.device)
     edge = torch.empty_like(u)
     if T and fanout:
         _pick_kernel[(cdiv(T, BLOCK_T),)](
             frontier, count if count is not None else frontier, colptr, row, u, edge, T, num_nodes, seed,
-            FANOUT=fanout, KP=next_power_of_2(fanout), REPLACE=replace, HAS_COUNT=count is not None, BLOCK=BLOCK_T,
-            num_warps=4)
+            FANOUT=fanout, KP=next_power_of_2(fanout), REPLACE=replace, HAS_COUNT=count is not None,
+            SEED_IN_MEMORY=in_memory, BLOCK=BLOCK_T, num_warps=4)
     return u, edge

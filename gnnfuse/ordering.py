@@ -232,7 +232,7 @@ def _vote_torch(csr: CSR, votes: int):
     rowptr = csr.rowptr.long()
     k = torch.arange(votes, device=rowptr.device)
     pos = (rowptr[:-1, None] + k).clamp_(max=csr.num_edges - 1)
-    src = torch.where(k < (rowptr[1:] - rowptr[:-1])[:, None], csr.col.long()[pos], n)  # n: the sentinel
+    src = torch.where(k < (rowptr[1:] - rowptr[:-1])[:, None], csr.col[pos].long(), n)  # n: the sentinel
 
     def vote(label: torch.Tensor) -> torch.Tensor:
         labels = int(label.max()) + 1

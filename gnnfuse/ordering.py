@@ -188,7 +188,8 @@ def refine_blocks(csr: CSR, perm: torch.Tensor, *, block: int = REFINE_BLOCK, ro
     positions; each round every node takes the label most of its first ``votes`` in-neighbours (in
     CSR order) carry (ties: the highest label; nodes without in-edges keep theirs). The result
     orders nodes by final label, keeping ``perm``'s order within a label. Deterministic, and the
-    same labels on CPU (a C++ pass over the rows) and GPU (:func:`_vote_torch`): no sort of the edges."""
+    same labels on CPU (a C++ pass over the rows), on GPU (a Triton kernel, gnnfuse/triton/vote.py) and
+    in torch ops (:func:`_vote_torch`, the fallback): no sort of the edges."""
     n = csr.num_dst
     if n == 0 or csr.num_edges == 0:
         return perm
@@ -196,19 +197,22 @@ def refine_blocks(csr: CSR, perm: torch.Tensor, *, block: int = REFINE_BLOCK, ro
         raise ValueError(f"votes must be in 1..{MAX_VOTES}; got {votes}")
     rank = inverse(perm)
     label = rank // block
-    vote = _vote_function(csr, votes)
+    vote = _vote_function(csr, votes, labels=-(-n // block))
     for _ in range(rounds):
         label = vote(label)
     return torch.sort(label * n + rank).indices
 
 
-def _vote_function(csr: CSR, votes: int):
-    """label -> the next round's label (see :func:`refine_blocks`)."""
-    if csr.device.type == "cpu":
-        ext = _reorder_extension()
-        if ext is not None:
-            rowptr, col = csr.rowptr.contiguous(), csr.col.contiguous()
-            return lambda label: ext.majority_vote(rowptr, col, label, votes)
+def _vote_function(csr: CSR, votes: int, labels: int):
+    """label -> the next round's label (see :func:`refine_blocks`); labels lie in ``[0, labels)``."""
+    rowptr, col = csr.rowptr.contiguous(), csr.col.contiguous()
+    if csr.device.type == "cuda":
+        from .triton.vote import majority_vote
+
+        return lambda label: majority_vote(rowptr, col, label, votes, labels)
+    ext = _reorder_extension()
+    if ext is not None:
+        return lambda label: ext.majority_vote(rowptr, col, label, votes)
     return _vote_torch(csr, votes)
 
 
@@ -225,7 +229,7 @@ def _reorder_extension():
 
 
 def _vote_torch(csr: CSR, votes: int):
-    """The majority vote in torch ops (GPU; CPU without the C++ helper): each row's first ``votes``
+    """The majority vote in torch ops (CPU without the C++ helper; the reference of the tests): each row's first ``votes``
     in-neighbours as a [rows, votes] matrix (padding: the sentinel label -1), every label's count
     from a [rows, votes, votes] comparison, the best by ``count * labels + label``."""
     n = csr.num_dst

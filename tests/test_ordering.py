@@ -276,3 +276,19 @@ def test_majority_vote_cpp_matches_torch(index_dtype, votes):
         assert got[r] == int((counts == counts.max()).nonzero().max())
     with pytest.raises(RuntimeError, match="max_votes"):
         ext.majority_vote(csr.rowptr, csr.col, label, 65)
+
+
+@pytest.mark.parametrize("votes", [1, 5, 16])
+def test_majority_vote_triton_matches_torch(votes):
+    """The GPU vote kernel (under TRITON_INTERPRET=1 in CI) gives the torch-ops labels, int32 and int64 CSRs."""
+    pytest.importorskip("triton")
+    from gnnfuse.ordering import _vote_torch
+    from gnnfuse.triton.vote import majority_vote
+
+    ei = random_graph(150, 150, 900, seed=13, power_law=True)
+    label = torch.randint(0, 6, (150,), generator=torch.Generator().manual_seed(14))
+    for index_dtype in (torch.int32, torch.int64):
+        csr = CSR.from_edge_index(ei, 150, index_dtype=index_dtype)
+        csr = csr.to("cuda") if torch.cuda.is_available() else csr
+        got = majority_vote(csr.rowptr, csr.col, label.to(csr.device), votes, 6)
+        assert torch.equal(got.cpu(), _vote_torch(csr, votes)(label.to(csr.device)).cpu())

@@ -100,9 +100,11 @@ def choose_method(csr: CSR) -> str:
       cache whatever the order) or its order is already local (a window of consecutive targets reads
       fewer than ``AUTO_LOCAL_ENOUGH`` times the distinct rows random ids would:
       :func:`gnnfuse.locality.locality_stats`);
-    - otherwise ``"community-refined"``, on CPU and GPU: it recovers community structure at the cost
-      of about three CSR builds, and its voting rounds (one pass over each row's first in-edges,
-      no sort) cost less than the locality they add saves in the first epoch.
+    - otherwise ``"community-refined"``, on CPU and GPU: its voting rounds (one pass over each row's
+      first in-edges, no sort) cost little next to the propagation steps, and the locality they add
+      pays for them. (H100, community-products F=128: 40 ms against ``"community"``'s 36 ms, forward
+      4.6 against 5.1 ms, break-even after 2.5 GCN epochs against 2.6; 2-core CPU, community-1m: 2.5
+      epochs against 4.2; benchmarks/results/reorder_*_2026-11-23_cost.md.)
     """
     if csr.num_dst < AUTO_MIN_NODES:
         return "identity"

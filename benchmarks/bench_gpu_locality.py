@@ -3,7 +3,7 @@ and the scrambled graph after ``gnnfuse.reorder``), our sum forward against cuSP
 same ordered graph, all variants interleaved in one process.
 
     PYTHONPATH=. python -m benchmarks.bench_gpu_locality [--graphs community-products] [--widths 32,64,128,256]
-        [--stress arxiv-like,products-like,hub-stress] [--reorder community] [--out DIR]
+        [--stress arxiv-like,products-like,hub-stress] [--reorder auto] [--out DIR]
 
 Variants: ``auto`` (the default dispatch: the schedule the locality statistic picks), ``global``
 (short rows in global degree order), ``windowed`` (L2-sized id windows, forced), ``csr`` (the CSR
@@ -138,7 +138,7 @@ def main(argv=None) -> None:
     ap.add_argument("--stress", default="arxiv-like,products-like,hub-stress",
                     help="uniform-source graphs, timed as generated (no locality to recover)")
     ap.add_argument("--widths", default="32,64,128,256")
-    ap.add_argument("--reorder", default="community", help="gnnfuse.reorder method for the third order")
+    ap.add_argument("--reorder", default="auto", help="gnnfuse.reorder method for the third order")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", default=None)

@@ -43,7 +43,7 @@ __all__ = ["BuildError", "EXTENSIONS", "build_all", "cache_root", "build_dir", "
 
 PREBUILT_MANIFEST = "_prebuilt.json"  # written next to the prebuilt modules by setup.py
 # Seconds a build took on a 2-core machine, shown before the first build; later builds show the last one.
-TYPICAL_BUILD_S = {"graph": 70, "planarity": 25, "density": 25, "sampler": 30, "aggregate": 25}
+TYPICAL_BUILD_S = {"graph": 70, "planarity": 25, "density": 25, "sampler": 30, "aggregate": 25, "reorder": 20}
 _lock = threading.Lock()
 _modules: dict[str, ModuleType] = {}
 _errors: dict[str, BuildError] = {}

@@ -55,6 +55,7 @@ EXTENSIONS: dict[str, list[str]] = {
     "edge_message": ["edge_message.cpp"],
     "sampler": ["sampler.cpp"],
     "aggregate": ["multi_aggregate.cpp"],
+    "reorder": ["reorder.cpp"],
 }
 # No -std flag: cpp_extension picks the standard torch was built with (C++20 for torch >= 2.9).
 # Forcing another one mixes inline libstdc++/c10 code compiled under two standards, which

@@ -22,7 +22,8 @@ Methods (``method=``):
 - ``"community-refined"``: ``"community"``, then :data:`REFINE_ROUNDS` rounds of majority voting
   (:func:`refine_blocks`): the order is cut into blocks of :data:`REFINE_BLOCK` nodes and every node
   moves to the block most of its in-neighbours are in, which reunites communities the curve cut in
-  two. Costs a sort of the edges per round.
+  two. Each round is one pass over every row's first :data:`REFINE_VOTES` in-edges (C++ on CPU, torch
+  ops on GPU; no sort).
 - ``"identity"``: ``arange(num_nodes)``.
 - ``"auto"``: see :func:`choose_method`.
 
@@ -43,11 +44,13 @@ PART_NODES = 1024  # METIS part size: a part's rows of F = 128 fp32 features (51
 EMBED_DIM, EMBED_STEPS, ZORDER_BITS = 8, 8, 7  # "community": 8 coordinates, 8 steps, 7 levels (56-bit keys)
 AUTO_MIN_NODES = 65_536  # "auto": below this the whole feature matrix stays in cache, reordering gains nothing
 AUTO_LOCAL_ENOUGH = 0.5  # "auto": keep the order when windows already read < this share of the random case's rows
-# "community-refined": nodes per voting block and rounds of voting. Measured on community-1m (scrambled;
-# distinct rows/edge: generated order 0.36, "community" 0.50): blocks of 512 nodes, 2 rounds 0.415-0.42
-# (one round 0.44; blocks of 2048 0.44, of 256 with 3 rounds 0.64; only 8 votes per node 0.51);
+# "community-refined": nodes per voting block, rounds of voting, votes per node (a row's first in-edges).
+# Measured on community-1m (scrambled; distinct rows/edge: generated order 0.36, "community" 0.50):
+# blocks of 512 nodes, 3 rounds of 16 votes 0.39 (2 rounds: 0.44 with 16 or 32 votes, 0.42 with 64 or
+# all; 3 rounds of 8 votes 0.50, of 32 or 64 0.40; blocks of 2048 0.44, of 256 with 3 rounds 0.64);
 # 12-16 propagation steps instead of 8 gave no gain (0.50).
-REFINE_BLOCK, REFINE_ROUNDS = 512, 2
+REFINE_BLOCK, REFINE_ROUNDS, REFINE_VOTES = 512, 3, 16
+MAX_VOTES = 64  # the C++ vote's per-row buffer
 
 
 def reorder(edge_index: torch.Tensor, num_nodes: int | tuple[int, int] | None = None, method: str = "auto", *,
@@ -97,19 +100,18 @@ def choose_method(csr: CSR) -> str:
       cache whatever the order) or its order is already local (a window of consecutive targets reads
       fewer than ``AUTO_LOCAL_ENOUGH`` times the distinct rows random ids would:
       :func:`gnnfuse.locality.locality_stats`);
-    - otherwise ``"community"`` on a GPU and ``"community-refined"`` on CPU: they recover community
-      structure at a cost of a few CSR builds. A GPU epoch takes tens of milliseconds, so the reorder
-      must too, and the refinement adds two sorts of all edges, each about a CSR build; a CPU epoch
-      takes seconds, and the refined order's better locality pays for its extra seconds. (On an H100,
-      community-products: 64 ms against 41 ms, break-even after 3.9 epochs against 3.0, though the
-      refined order's forward is 10 % faster; benchmarks/results/reorder_*.md.)
+    - otherwise ``"community-refined"``, on CPU and GPU: its voting rounds (one pass over each row's
+      first in-edges, no sort) cost little next to the propagation steps, and the locality they add
+      pays for them. (H100, community-products F=128: 40 ms against ``"community"``'s 36 ms, forward
+      4.6 against 5.1 ms, break-even after 2.5 GCN epochs against 2.6; 2-core CPU, community-1m: 2.5
+      epochs against 4.2; benchmarks/results/reorder_*_2026-11-23_cost.md.)
     """
     if csr.num_dst < AUTO_MIN_NODES:
         return "identity"
     stats = locality_stats(csr)
     if stats.distinct_fraction < AUTO_LOCAL_ENOUGH * stats.random_fraction:
         return "identity"
-    return "community" if csr.device.type == "cuda" else "community-refined"
+    return "community-refined"
 
 
 # ---- applying and undoing a permutation ------------------------------------------------------------
@@ -123,7 +125,8 @@ def inverse(perm: torch.Tensor) -> torch.Tensor:
 def relabel(edge_index: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """edge_index in the new ids (same dtype and edge order): ``inverse(perm)[edge_index]``."""
     check_edge_index(edge_index)
-    return inverse(perm).to(edge_index.dtype)[edge_index.long()]
+    flat = edge_index.as_subclass(torch.Tensor).reshape(-1)  # one index_select: 2-3x faster than [edge_index] on CPU
+    return inverse(perm).to(edge_index.dtype).index_select(0, flat).view(edge_index.shape)
 
 
 def unpermute(out: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
@@ -181,26 +184,70 @@ def _community(csr: CSR, seed: int, refined: bool = False) -> torch.Tensor:
     return refine_blocks(csr, perm) if refined else perm
 
 
-def refine_blocks(csr: CSR, perm: torch.Tensor, *, block: int = REFINE_BLOCK,
-                  rounds: int = REFINE_ROUNDS) -> torch.Tensor:
+def refine_blocks(csr: CSR, perm: torch.Tensor, *, block: int = REFINE_BLOCK, rounds: int = REFINE_ROUNDS,
+                  votes: int = REFINE_VOTES) -> torch.Tensor:
     """``perm`` regrouped by majority vote: nodes are labelled by their block of ``block`` consecutive
-    positions; each round every node takes the label most of its in-neighbours carry (ties: the
-    highest label; nodes without in-edges keep theirs). The result orders nodes by final label,
-    keeping ``perm``'s order within a label. Deterministic: sorts and an ``amax`` scatter."""
+    positions; each round every node takes the label most of its first ``votes`` in-neighbours (in
+    CSR order) carry (ties: the highest label; nodes without in-edges keep theirs). The result
+    orders nodes by final label, keeping ``perm``'s order within a label. Deterministic, and the
+    same labels on CPU (a C++ pass over the rows), on GPU (a Triton kernel, gnnfuse/triton/vote.py) and
+    in torch ops (:func:`_vote_torch`, the fallback): no sort of the edges."""
     n = csr.num_dst
     if n == 0 or csr.num_edges == 0:
         return perm
+    if not 1 <= votes <= MAX_VOTES:
+        raise ValueError(f"votes must be in 1..{MAX_VOTES}; got {votes}")
     rank = inverse(perm)
     label = rank // block
-    labels = int(label.max()) + 1
-    rows, src = csr.row().long(), csr.col.long()
+    vote = _vote_function(csr, votes, labels=-(-n // block))
     for _ in range(rounds):
-        key = torch.sort(rows * labels + label[src]).values
-        pairs, counts = torch.unique_consecutive(key, return_counts=True)
-        best = torch.full((n,), -1, dtype=torch.long, device=perm.device).scatter_reduce_(
-            0, pairs // labels, counts * labels + pairs % labels, "amax")
-        label = torch.where(best >= 0, best % labels, label)
+        label = vote(label)
     return torch.sort(label * n + rank).indices
+
+
+def _vote_function(csr: CSR, votes: int, labels: int):
+    """label -> the next round's label (see :func:`refine_blocks`); labels lie in ``[0, labels)``."""
+    rowptr, col = csr.rowptr.contiguous(), csr.col.contiguous()
+    if csr.device.type == "cuda":
+        from .triton.vote import majority_vote
+
+        return lambda label: majority_vote(rowptr, col, label, votes, labels)
+    ext = _reorder_extension()
+    if ext is not None:
+        return lambda label: ext.majority_vote(rowptr, col, label, votes)
+    return _vote_torch(csr, votes)
+
+
+def _reorder_extension():
+    from ._build import BuildError, load_extension
+
+    try:
+        return load_extension("reorder")
+    except BuildError as exc:
+        import warnings
+
+        warnings.warn(f"gnnfuse: C++ reorder helper unavailable, voting with torch ops instead ({exc})", stacklevel=4)
+        return None
+
+
+def _vote_torch(csr: CSR, votes: int):
+    """The majority vote in torch ops (CPU without the C++ helper; the reference of the tests): each row's first ``votes``
+    in-neighbours as a [rows, votes] matrix (padding: the sentinel label -1), every label's count
+    from a [rows, votes, votes] comparison, the best by ``count * labels + label``."""
+    n = csr.num_dst
+    rowptr = csr.rowptr.long()
+    k = torch.arange(votes, device=rowptr.device)
+    pos = (rowptr[:-1, None] + k).clamp_(max=csr.num_edges - 1)
+    src = torch.where(k < (rowptr[1:] - rowptr[:-1])[:, None], csr.col[pos].long(), n)  # n: the sentinel
+
+    def vote(label: torch.Tensor) -> torch.Tensor:
+        labels = int(label.max()) + 1
+        lab = torch.cat([label, label.new_full((1,), -1)])[src]
+        counts = (lab[:, :, None] == lab[:, None, :]).sum(2)
+        best = torch.where(lab >= 0, counts * labels + lab, -1).amax(1)
+        return torch.where(best >= 0, best % labels, label)
+
+    return vote
 
 
 def cluster_embedding(csr: CSR, *, dim: int = EMBED_DIM, steps: int = EMBED_STEPS, seed: int = 0) -> torch.Tensor:
@@ -226,9 +273,11 @@ def cluster_embedding(csr: CSR, *, dim: int = EMBED_DIM, steps: int = EMBED_STEP
         x = fused_gather_scatter(x, csr, "sum").add_(x).mul_(scale)
     x -= x.mean(0)
     x /= x.std(0).clamp_(min=1e-30)
-    orphans = (csr.in_degree() == 0)[csr.col.long()]  # edges out of nodes without in-edges
-    if bool(orphans.any()):
-        x[csr.col.long()[orphans]] = x[csr.row().long()[orphans]]
+    no_in = csr.in_degree() == 0
+    if bool(no_in.any()):  # (checked on the nodes first: the edge-level gathers below cost a pass over E)
+        col = csr.col.long()
+        orphans = no_in[col]  # edges out of nodes without in-edges
+        x[col[orphans]] = x[csr.row().long()[orphans]]
     return x
 
 

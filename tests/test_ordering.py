@@ -115,7 +115,7 @@ def test_auto_rule():
     ei, n = graphs.suite_graph("community-1m", scale=0.1)  # 100K nodes in community order: already local
     assert choose_method(CSR.from_edge_index(ei, n)) == "identity"
     ei, n = graphs.suite_graph("community-1m", scale=0.1, order="scrambled")
-    assert choose_method(CSR.from_edge_index(ei, n)) == "community-refined"  # on CPU; "community" on a GPU
+    assert choose_method(CSR.from_edge_index(ei, n)) == "community-refined"  # on CPU and GPU alike
 
 
 def test_refined_community_order_is_more_local():
@@ -248,3 +248,47 @@ def test_layers_give_the_same_results_after_unpermuting(conv, kw, weighted):
     torch.testing.assert_close(unpermute(grads_new[0], new.node_perm), grads[0], atol=1e-5, rtol=1e-5)
     for a, b in zip(grads_new[1:], grads[1:]):  # parameter gradients: sums over nodes, any order
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("votes", [1, 3, 16])
+def test_majority_vote_cpp_matches_torch(index_dtype, votes):
+    """The refinement's vote: the C++ pass (CPU) and the torch ops (GPU) give the same labels, with
+    ties to the highest label, only a row's first ``votes`` in-edges counted, rows without in-edges kept."""
+    from gnnfuse.ordering import _reorder_extension, _vote_torch
+
+    ext = _reorder_extension()
+    if ext is None:
+        pytest.skip("no C++ reorder helper")
+    ei = random_graph(400, 400, 3000, seed=11, power_law=True)
+    csr = CSR.from_edge_index(ei, 400, index_dtype=index_dtype)
+    label = torch.randint(0, 7, (400,), generator=torch.Generator().manual_seed(12))
+    got = ext.majority_vote(csr.rowptr, csr.col, label, votes)
+    assert torch.equal(got, _vote_torch(csr, votes)(label))
+    # by hand: row r's first `votes` in-neighbours (CSR order), most common label, highest on ties
+    rowptr = csr.rowptr.tolist()
+    for r in range(400):
+        lo, hi = rowptr[r], min(rowptr[r + 1], rowptr[r] + votes)
+        if lo == hi:
+            assert got[r] == label[r]
+            continue
+        counts = torch.bincount(label[csr.col[lo:hi].long()], minlength=7)
+        assert got[r] == int((counts == counts.max()).nonzero().max())
+    with pytest.raises(RuntimeError, match="max_votes"):
+        ext.majority_vote(csr.rowptr, csr.col, label, 65)
+
+
+@pytest.mark.parametrize("votes", [1, 5, 16])
+def test_majority_vote_triton_matches_torch(votes):
+    """The GPU vote kernel (under TRITON_INTERPRET=1 in CI) gives the torch-ops labels, int32 and int64 CSRs."""
+    pytest.importorskip("triton")
+    from gnnfuse.ordering import _vote_torch
+    from gnnfuse.triton.vote import majority_vote
+
+    ei = random_graph(150, 150, 900, seed=13, power_law=True)
+    label = torch.randint(0, 6, (150,), generator=torch.Generator().manual_seed(14))
+    for index_dtype in (torch.int32, torch.int64):
+        csr = CSR.from_edge_index(ei, 150, index_dtype=index_dtype)
+        csr = csr.to("cuda") if torch.cuda.is_available() else csr
+        got = majority_vote(csr.rowptr, csr.col, label.to(csr.device), votes, 6)
+        assert torch.equal(got.cpu(), _vote_torch(csr, votes)(label.to(csr.device)).cpu())

@@ -12,20 +12,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention_kernels import NEG_INF, _dropout_scale, _piece, _piece_at, _store_row
+from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _group, _online_step, _piece, _piece_at,
+                                _store_row, _store_rows)
 
 
 @triton.jit
-def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, nbr, pos, node_vec, att, edge, perm, N_EDGES,
+def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, pos, node_vec, att, edge, perm, N_EDGES,
                 H, F, slope, qk_scale, seed, threshold, scale, TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr,
                 DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
-    """One block of a row's edges (the virtual self loop at position ``end`` when stop == end + 1).
+    """One block of a row's edges (the virtual self loop at position ``end`` when stop == end + 1),
+    as GAT's _edge_block (``ids``: the other endpoints, ``node_vec``: the row's own vectors [1, HB, FB],
+    [ROWS, HB, FB] in the row-group forward).
     Returns (other endpoint [BE], valid [BE, HB], valid [BE, HB, FB], the other endpoints' vectors
     [BE, HB, FB], logit e [BE, HB] (-inf where invalid), dropout factor [BE, HB], the edge
     features' row [BE] and tile [BE, HB, FB] (zeros without HAS_EDGE))."""
     real = ks < end
-    other = tl.load(nbr + ks, mask=real, other=0).to(tl.int64)
-    other = tl.where(real, other, node)
+    other = tl.where(real, ids.to(tl.int64), node)
     valid = ks < stop
     if SELF_LOOPS:
         valid = valid & ~(real & (other == node))
@@ -47,16 +49,16 @@ def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, nbr, po
         erow = k
         ev = tl.zeros(ov.shape, ACC)
     if GATV2:
-        u = ov + node_vec[None, :, :]
+        u = ov + node_vec
         if HAS_EDGE:
             u += ev
         e = tl.sum(tl.where(u > 0, u, u * slope) * att[None, :, :], 2)
     elif HAS_EDGE and TRANSPOSED:  # the walking row is the key: q_i . (k_j + edge)
-        e = tl.sum(ov * (node_vec[None, :, :] + ev), 2) * qk_scale
+        e = tl.sum(ov * (node_vec + ev), 2) * qk_scale
     elif HAS_EDGE:
-        e = tl.sum((ov + ev) * node_vec[None, :, :], 2) * qk_scale
+        e = tl.sum((ov + ev) * node_vec, 2) * qk_scale
     else:
-        e = tl.sum(ov * node_vec[None, :, :], 2) * qk_scale
+        e = tl.sum(ov * node_vec, 2) * qk_scale
     e = tl.where(v2, e, NEG_INF)
     if DROPOUT:
         keep = _dropout_scale(seed, tl.where(real, k, N_EDGES + node), heads, H, threshold, scale)
@@ -98,9 +100,10 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
     acc = tl.zeros((HB, FB), ACC)
     for k0 in range(start, stop, BE):
         ks = k0 + tl.arange(0, BE)
-        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col, qi,
-                                                      a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
-                                                      scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
+        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
+                                                      _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
+                                                      N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
+                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
         m_new = tl.maximum(m, tl.max(e, 0))
         m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
         rescale = tl.exp(m - m_safe)
@@ -121,6 +124,45 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
         tl.store(p_acc + part * H * F + heads[:, None] * F + feats[None, :], acc, mask=hf)
         tl.store(p_m + part * H + heads, m, mask=hmask)
         tl.store(p_z + part * H + heads, z, mask=hmask)
+
+
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
+                                NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
+                                SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
+                                HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
+                                FB: tl.constexpr, ROWS: tl.constexpr):
+    """The forward over short rows, ROWS per program, one edge of each row per step (as GAT's
+    _forward_groups_kernel): tiles [ROWS, HB, FB]."""
+    rows, rmask, start, end, stop = _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    hf = hmask[:, None] & fmask[None, :]
+    qi = tl.load(q + rows[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                 mask=rmask[:, None, None] & hf[None, :, :], other=0).to(ACC)
+    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
+    m = tl.full((ROWS, HB), NEG_INF, ACC)
+    z = tl.zeros((ROWS, HB), ACC)
+    acc = tl.zeros((ROWS, HB, FB), ACC)
+    ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
+    for t in range(0, tl.max(stop - start, 0)):
+        ids = ids_next
+        ids_next = _endpoints(col, start + t + 1, end)
+        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(start + t, end, stop, rows, heads, hmask, feats, fmask, k, ids,
+                                                      col, qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
+                                                      threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
+                                                      ACC)
+        if KV_SAME:
+            xv = kv
+        else:
+            xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
+                         other=0).to(ACC)
+            if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
+                xv += ev
+        m, z, acc = _online_step(m, z, acc, e, keep, xv)
+    _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc)
 
 
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
@@ -156,10 +198,10 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
             acc_q = tl.zeros((HB, FB), ACC)
             for k0 in range(start, stop, BE):
                 ks = k0 + tl.arange(0, BE)
-                j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col,
-                                                             qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
-                                                             threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2,
-                                                             HAS_EDGE, ACC)
+                j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
+                                                             _endpoints(col, ks, end), col, qi[None, :, :], a, edge,
+                                                             perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
+                                                             scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
                 p = tl.exp(e - mi[None, :]) / zi[None, :]
                 if KV_SAME:
                     xv = kv
@@ -217,10 +259,10 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
     acc_v = tl.zeros((HB, FB), ACC)
     for q0 in range(start, stop, BE):
         qs = q0 + tl.arange(0, BE)
-        i, v2, v3, qv, e, keep, _er, ev = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q, t_col, t_pos,
-                                                      kj, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
-                                                      threshold, scale, True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
-                                                      ACC)
+        i, v2, v3, qv, e, keep, _er, ev = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q,
+                                                      _endpoints(t_col, qs, end), t_pos, kj[None, :, :], a, edge,
+                                                      perm, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
+                                                      True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
         ih = i[:, None] * H + heads[None, :]
         mi = tl.load(m_in + ih, mask=v2, other=0)
         zi = tl.load(z_in + ih, mask=v2, other=1)

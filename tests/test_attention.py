@@ -93,7 +93,7 @@ def force_small_row_groups(monkeypatch, csr, heads, width):
     from gnnfuse.triton import attention as kernels
 
     monkeypatch.setattr(kernels, "GROUP_MAX_DEGREE", 6)
-    monkeypatch.setattr(kernels, "_group_rows", lambda hb, fb: 2)
+    monkeypatch.setattr(kernels, "_group_rows", lambda *tile: 2)
     wl, _be, short, rows = kernels._forward_plan(csr.rowptr, csr.col, csr.num_src, heads, width, 8)
     assert rows == 2 and short.numel() % 2 == 1 and wl.num_pieces > 0
 

@@ -18,6 +18,7 @@ EDGE_GRAPHS="${ATT_EDGE_GRAPHS-arxiv-like}"           # with edge features (empt
 SWEEP_LAYERS="${ATT_SWEEP_LAYERS:-GATConv,GATv2Conv,TransformerConv}" SWEEP="${ATT_SWEEP:-BE4W2,BE4W1,BE8W1}"
 # the C++ graph extension (CPU-side CSR builds in the tests), built while the first steps run
 MAX_JOBS=16 "$PY" -c "from gnnfuse._build import load_extension; load_extension('graph')" > "$W/build.log" 2>&1 &
+BUILD=$!
 step() {  # step NAME TIMEOUT_S CMD...
   local name=$1 limit=$2 start=$SECONDS
   shift 2
@@ -26,12 +27,15 @@ step() {  # step NAME TIMEOUT_S CMD...
   echo "$name rc=$? $((SECONDS - start))s" | tee -a "$W/summary.txt"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$W/summary.txt"
-# the check and the tests side by side (correctness only: nothing is timed until both are done)
+# the check (no C++ extension needed) while the extension builds, then the tests (which need it); nothing
+# is timed until both are done
 step check "${ATT_CHECK_S:-90}" "$PY" benchmarks/gpu/check_attention.py ${ATT_CHECK_CASE:+--case "$ATT_CHECK_CASE"} &
+CHECK=$!
+wait "$BUILD"
 step tests "${ATT_TESTS_S:-120}" "$PY" -m pytest -q -p no:cacheprovider --durations=8 tests/test_attention.py \
   tests/test_attention_head_weights.py tests/test_pair_attention.py tests/test_pair_attention_layers.py \
   -k "${ATT_TEST_K:-triton or hub or edge_features or row_groups}"
-wait
+wait "$CHECK"
 step memory "${ATT_MEMORY_S:-40}" "$PY" benchmarks/gpu/attention_memory.py
 step sweep "${ATT_SWEEP_S:-100}" "$PY" -m benchmarks.bench_attention --device cuda --layers "$SWEEP_LAYERS" \
   --graphs arxiv-like --edge-blocks "$SWEEP" --rounds 5 --out "$W"

@@ -96,11 +96,20 @@ def _forward_warps(be: int, hb: int, fb: int) -> int:
     return 1 if be * hb * fb <= 512 else _warps(be, hb, fb)
 
 
-def _group_rows(hb: int, fb: int) -> int:
-    """Rows per program of the row-group forward (0: no row groups, every row in the per-piece
-    kernel): GROUP_TILE elements, between 2 and 32 rows (16 at 8 heads x 8, 8 at 2 heads x 64 per
-    program). The per-piece kernel walks a row of a sparse graph in one or two 4-edge steps of a
-    one-warp program; a row group keeps ROWS rows' gathers in flight in one program instead."""
+def _group_rows(hb: int, fb: int, average_degree: float) -> int:
+    """Rows per program of the row-group forward, 0 for none (every row in the per-piece kernel):
+    GROUP_TILE elements, between 2 and 32 rows (16 at 8 heads x 8, 8 at 2 heads x 64 per program).
+
+    None for wide heads (F >= WIDE_HEAD) on sparse graphs (average degree <= SPARSE_DEGREE): there a
+    one-warp program walks a row in one or two [4, HB, FB] steps, each with 4 gathers of HB * FB
+    features in flight, and row groups measured slower. On an H100
+    (benchmarks/results/attention_gatconv-gatv2conv-transformerconv_h100_2026-11-23_groups-everywhere.md,
+    forward with / without row groups, interleaved): arxiv-scale graphs (average degree 6.9) at
+    8 x 8 0.37-0.69 vs 0.44-0.73 ms (GAT on arxiv-like: equal), at 4 x 64 GAT 0.86-0.93 vs
+    0.78-0.79 ms and TransformerConv 1.24 vs 1.13 ms (GATv2 equal or faster); products-like
+    (average degree 25) 5.6-13.7 vs 10.4-22.4 ms, 1.5-2.1x faster at both widths."""
+    if fb >= WIDE_HEAD and average_degree <= SPARSE_DEGREE:
+        return 0
     return max(2, min(32, GROUP_TILE // (hb * fb)))
 
 
@@ -116,8 +125,9 @@ def _forward_plan(rowptr, col, num_src, H, F, itemsize):
     locality and the features do not fit in L2 (schedule.choose_window: the sum plan's rule at the
     same width). The per-piece kernel then walks only rows longer than GROUP_MAX_DEGREE: full
     edge blocks, not the ones sized for the graph's average degree."""
-    be, hb, fb = _blocks(H, F, col.shape[0], rowptr.shape[0] - 1)
-    rows = _group_rows(hb, fb)
+    num_rows = rowptr.shape[0] - 1
+    be, hb, fb = _blocks(H, F, col.shape[0], num_rows)
+    rows = _group_rows(hb, fb, col.shape[0] / max(num_rows, 1))
     if not rows:
         return _work(rowptr), be, None, 0
     short_max = min(GROUP_MAX_DEGREE, SPLIT_EDGES)

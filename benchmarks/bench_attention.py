@@ -207,7 +207,7 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
            "avg_degree": round(edge_index.shape[1] / nodes, 1),
            "default_BE": be, "default_warps": default_warps(be, hb, fb),
            "default_fwd_warps": default_fwd_warps(be, hb, fb),
-           "default_group_rows": default_group_rows(hb, fb, edge_index.shape[1] / nodes)}
+           "default_group_rows": default_group_rows(hb, fb, edge_index.shape[1] / nodes, layer == "GATv2Conv")}
     for v in variants:
         row[f"step_{v}_ms"] = steps[v]["median_ms"]
         row[f"fwd_{v}_ms"] = fwds[v]["median_ms"]

@@ -96,19 +96,20 @@ def _forward_warps(be: int, hb: int, fb: int) -> int:
     return 1 if be * hb * fb <= 512 else _warps(be, hb, fb)
 
 
-def _group_rows(hb: int, fb: int, average_degree: float) -> int:
+def _group_rows(hb: int, fb: int, average_degree: float, wide_sparse: bool = False) -> int:
     """Rows per program of the row-group forward, 0 for none (every row in the per-piece kernel):
     GROUP_TILE elements, between 2 and 32 rows (16 at 8 heads x 8, 8 at 2 heads x 64 per program).
 
-    None for wide heads (F >= WIDE_HEAD) on sparse graphs (average degree <= SPARSE_DEGREE): there a
-    one-warp program walks a row in one or two [4, HB, FB] steps, each with 4 gathers of HB * FB
-    features in flight, and row groups measured slower. On an H100
-    (benchmarks/results/attention_gatconv-gatv2conv-transformerconv_h100_2026-11-23_groups-everywhere.md,
-    forward with / without row groups, interleaved): arxiv-scale graphs (average degree 6.9) at
-    8 x 8 0.37-0.69 vs 0.44-0.73 ms (GAT on arxiv-like: equal), at 4 x 64 GAT 0.86-0.93 vs
-    0.78-0.79 ms and TransformerConv 1.24 vs 1.13 ms (GATv2 equal or faster); products-like
-    (average degree 25) 5.6-13.7 vs 10.4-22.4 ms, 1.5-2.1x faster at both widths."""
-    if fb >= WIDE_HEAD and average_degree <= SPARSE_DEGREE:
+    None for wide heads (F >= WIDE_HEAD) on sparse graphs (average degree <= SPARSE_DEGREE) unless
+    ``wide_sparse`` (GATv2): there a one-warp program walks a row in one or two [4, HB, FB] steps,
+    each with 4 gathers of HB * FB features in flight, and row groups measured slower for GAT and
+    TransformerConv. On an H100 (benchmarks/results/attention_gatconv-gatv2conv-transformerconv_h100_
+    2026-11-23_groups-everywhere.md and archive/..._edge-dim8_h100_2026-11-23_groups-everywhere.md,
+    forward with / without row groups, interleaved, time ratio): arxiv-scale graphs (average degree
+    6.9) at 8 x 8 0.84-1.01 (all three); at 4 x 64 GAT 1.10-1.19, TransformerConv 1.01-1.10,
+    GATv2 0.87-1.00 (with edge features 0.87); products-like (average degree 25) 0.48-0.66 at
+    both widths."""
+    if fb >= WIDE_HEAD and average_degree <= SPARSE_DEGREE and not wide_sparse:
         return 0
     return max(2, min(32, GROUP_TILE // (hb * fb)))
 
@@ -118,16 +119,16 @@ def _group_warps(rows: int, hb: int, fb: int) -> int:
     return 4
 
 
-def _forward_plan(rowptr, col, num_src, H, F, itemsize):
+def _forward_plan(rowptr, col, num_src, H, F, itemsize, wide_sparse=False):
     """The forward's split of the target rows: (the per-piece kernel's work list and edge block BE,
     the row-group kernel's rows (None: no row groups) and rows per group). The short rows come
     sorted by decreasing degree, within windows of consecutive ids where the graph's ids carry
     locality and the features do not fit in L2 (schedule.choose_window: the sum plan's rule at the
     same width). The per-piece kernel then walks only rows longer than GROUP_MAX_DEGREE: full
-    edge blocks, not the ones sized for the graph's average degree."""
+    edge blocks, not the ones sized for the graph's average degree. ``wide_sparse``: see _group_rows."""
     num_rows = rowptr.shape[0] - 1
     be, hb, fb = _blocks(H, F, col.shape[0], num_rows)
-    rows = _group_rows(hb, fb, col.shape[0] / max(num_rows, 1))
+    rows = _group_rows(hb, fb, col.shape[0] / max(num_rows, 1), wide_sparse)
     if not rows:
         return _work(rowptr), be, None, 0
     short_max = min(GROUP_MAX_DEGREE, SPLIT_EDGES)

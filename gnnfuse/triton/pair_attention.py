@@ -56,7 +56,7 @@ def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_
     if not (num_dst and H):
         return out, m, z
     hb, fb = flags["HB"], flags["FB"]
-    wl, be, short, rows = gat._forward_plan(rowptr, col, n_src, H, F, k.element_size())
+    wl, be, short, rows = gat._forward_plan(rowptr, col, n_src, H, F, k.element_size(), wide_sparse=flags["GATV2"])
     parts = wl.num_partials
     p_acc = k.new_empty(parts, H, F, dtype=stat) if parts else m
     p_m = k.new_empty(parts, H, dtype=stat) if parts else m

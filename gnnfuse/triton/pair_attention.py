@@ -16,6 +16,7 @@ from .pair_attention_kernels import (
     _pair_backward_sources_kernel,
     _pair_forward_groups_kernel,
     _pair_forward_kernel,
+    _pair_row_term_kernel,
 )
 
 
@@ -98,16 +99,25 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
     att_ = att if att is not None else k
     edge_, perm_ = (edge, perm) if edge is not None else (k, col)
     kv_same = _same(k, v)
+    d_given = out.numel() == 0 and num_dst and H  # the forward did not keep out: D from the saved statistics
     with _device(k):
         if num_dst and H:
             wl = gat._work(rowptr)
+            if d_given:
+                p_d = m.new_empty(wl.num_partials, H) if wl.num_partials else m
+                _pair_row_term_kernel[(wl.num_pieces, cdiv(H, hb))](
+                    grad_out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, p_d, wl.seg_row, wl.seg_ptr, wl.slot,
+                    *scalars, KV_SAME=kv_same, **flags)
+                gat._fold(p_d, D, wl, H)
             p_q = m.new_empty(wl.num_partials, H, F) if need_q and wl.num_partials else m
             programs = min(wl.num_pieces, ATT_SLOTS) if need_att else wl.num_pieces
             p_att = m.new_empty(programs, H, F) if need_att else m
             _pair_backward_rows_kernel[(programs, cdiv(H, hb))](
-                grad_out, out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, g_q if need_q else k, p_q, p_att,
-                g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot, wl.num_pieces, *scalars,
-                KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge, **flags)
+                grad_out, grad_out if d_given else out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D,
+                g_q if need_q else k, p_q, p_att, g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot,
+                wl.num_pieces, *scalars,
+                KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge, D_GIVEN=bool(d_given),
+                **flags)
             if need_q:
                 gat._fold(p_q, g_q, wl, H * F)
             if need_att:

@@ -15,11 +15,13 @@ median and interquartile range over rounds. Peak memory (CUDA only: torch.cuda.m
 one step above what was allocated before it: ``*_peak_MB`` of a step after the first (a training loop's
 steady state), ``*_first_peak_MB`` of the very first step, which for us includes building the graph's CSR,
 transpose and work lists; ``gnnfuse_cache_MB`` is what those caches keep allocated. ``fwd/sum`` is our fused attention forward over our
-sum gather-scatter of the same [N, H*F] features on the same graph (no gradients).
+sum gather-scatter of the same [N, H*F] features on the same graph (no gradients); ``fwd_no_groups_ms`` (CUDA)
+the same forward with the Triton kernels' row groups off (every row in the per-piece kernel), interleaved with it.
 A variant that fails (e.g. PyG out of memory) becomes a row with its error. ``--edge-dim D`` gives
 both layers edge features (edge_attr [E, D]). ``--edge-blocks 4,16,W1,BE8W1,HB4W2`` times our training step and forward
 with the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks), heads per program
-("HB<n>") or warps per program (``_warps`` and ``_forward_warps``; "W<n>") forced to each value or combination,
+("HB<n>"), warps per program (``_warps`` and ``_forward_warps``; "W<n>"), rows per row group of the forward
+("G<n>", G0: none) or its warps ("GW<n>") forced to each value or combination,
 interleaved, against the default choice
 (attention-edge-block_<device> results).
 """
@@ -111,14 +113,31 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, laye
     h = torch.randn(nodes, heads, width, device=device)
     a_src, a_dst = torch.randn(nodes, heads, device=device), torch.randn(nodes, heads, device=device)
     flat = h.view(nodes, heads * width)
+    attention = fused_forward(layer, h, a_src, a_dst, edge_index)
+    variants = {"attention": attention, "sum": lambda: gnnfuse.fused_gather_scatter(flat, edge_index, "sum")}
+    if device.type == "cuda":  # the Triton forward without its row groups (every row in the per-piece kernel)
+        variants["no_groups"] = without_row_groups(attention)
     with torch.no_grad():
-        fwd = bench_interleaved({
-            "attention": fused_forward(layer, h, a_src, a_dst, edge_index),
-            "sum": lambda: gnnfuse.fused_gather_scatter(flat, edge_index, "sum"),
-        }, device, rounds=rounds, max_seconds=10.0)
+        fwd = bench_interleaved(variants, device, rounds=rounds, max_seconds=10.0)
     row["fwd_attention_ms"], row["fwd_sum_ms"] = fwd["attention"]["median_ms"], fwd["sum"]["median_ms"]
     row["fwd/sum"] = row["fwd_attention_ms"] / row["fwd_sum_ms"]
+    if "no_groups" in fwd:
+        row["fwd_no_groups_ms"] = fwd["no_groups"]["median_ms"]
     return row
+
+
+def without_row_groups(fn):
+    """``fn`` run with the Triton attention forwards' row groups off (gnnfuse.triton.attention._group_rows)."""
+    from gnnfuse.triton import attention as kernels
+
+    def run():
+        default = kernels._group_rows
+        kernels._group_rows = lambda *tile: 0
+        try:
+            return fn()
+        finally:
+            kernels._group_rows = default
+    return run
 
 
 def first_steps(row: dict, steps: dict, device) -> None:
@@ -152,10 +171,12 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
     h = torch.randn(nodes, heads, width, device=device)
     a_src, a_dst = torch.randn(nodes, heads, device=device), torch.randn(nodes, heads, device=device)
     default_blocks, default_warps, default_fwd_warps = kernels._blocks, kernels._warps, kernels._forward_warps
+    default_group_rows, default_group_warps = kernels._group_rows, kernels._group_warps
     be, hb, fb = default_blocks(heads, width, edge_index.shape[1], nodes)
 
     def forced(label, fn):  # "default", or any of "BE<n>" (edges per step), "HB<n>" (heads per program), "W<n>"
-        knobs = {k: int(v) for k, v in re.findall(r"(BE|HB|W)(\d+)", label)}  # (warps), e.g. "BE8W1"
+        # (warps), "G<n>" (rows per row group, G0: none), "GW<n>" (warps of the row groups), e.g. "BE8W1", "G8GW2"
+        knobs = {k: int(v) for k, v in re.findall(r"(GW|BE|HB|G|W)(\d+)", label)}
 
         def blocks(H, F, *rest):
             be, hb, fb = default_blocks(H, F, *rest)
@@ -165,11 +186,16 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
             kernels._blocks = blocks
             if "W" in knobs:  # forward and backward kernels; else the default warps of the (forced) tile
                 kernels._warps = kernels._forward_warps = lambda *tile: knobs["W"]
+            if "G" in knobs:
+                kernels._group_rows = lambda *tile: knobs["G"]
+            if "GW" in knobs:
+                kernels._group_warps = lambda *tile: knobs["GW"]
             try:
                 fn()
             finally:
                 kernels._blocks, kernels._warps = default_blocks, default_warps
                 kernels._forward_warps = default_fwd_warps
+                kernels._group_rows, kernels._group_warps = default_group_rows, default_group_warps
         return run
 
     step, fwd = make_step(ours, x, edge_index), fused_forward(layer, h, a_src, a_dst, edge_index)
@@ -180,7 +206,8 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
     row = {"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
            "avg_degree": round(edge_index.shape[1] / nodes, 1),
            "default_BE": be, "default_warps": default_warps(be, hb, fb),
-           "default_fwd_warps": default_fwd_warps(be, hb, fb)}
+           "default_fwd_warps": default_fwd_warps(be, hb, fb),
+           "default_group_rows": default_group_rows(hb, fb, edge_index.shape[1] / nodes, layer == "GATv2Conv")}
     for v in variants:
         row[f"step_{v}_ms"] = steps[v]["median_ms"]
         row[f"fwd_{v}_ms"] = fwds[v]["median_ms"]
@@ -214,7 +241,7 @@ def main(argv=None):
     columns = ["layer", "graph", "nodes", "edges", "HxF", "dropout", "edge_dim", "gnnfuse_ms", "gnnfuse_iqr_ms", "pyg_ms", "pyg_iqr_ms",
                "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "mem_ratio", "gnnfuse_first_peak_MB", "pyg_first_peak_MB",
                "first_mem_ratio", "gnnfuse_cache_MB", "fwd_attention_ms", "fwd_sum_ms", "fwd/sum",
-               "error"]
+               "fwd_no_groups_ms", "error"]
     tag = "" if args.layers == "GATConv" else "_" + args.layers.replace(",", "-").lower()
     tag += f"_edge-dim{args.edge_dim}" if args.edge_dim else ""
     md = save_results(f"attention{tag}_{device_label(device)}", meta, rows, columns, args.out)
@@ -241,13 +268,14 @@ def each_row(args, graphs, configs, device, measure) -> list[dict]:
 
 
 def sweep(args, graphs, configs, device):
-    blocks = [b if b[0] in "BHW" else f"BE{b}" for b in args.edge_blocks.split(",")]
+    blocks = [b if b[0] in "BHWG" else f"BE{b}" for b in args.edge_blocks.split(",")]
     rows = each_row(args, graphs, configs, device,
                     lambda name, ei, nodes, heads, width, dropout, layer: sweep_row(
                         name, ei, nodes, heads, width, dropout, device, args.rounds, layer, blocks))
     meta = dict(machine(device), benchmark=f"{args.layers}: edge block BE sweep (training step, forward)",
                 load_average_1_5_15min=os.getloadavg())
-    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps", "default_fwd_warps"] + [
+    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps", "default_fwd_warps",
+               "default_group_rows"] + [
         f"{kind}_{label}_ms" for kind in ("step", "fwd") for label in ["default", *blocks]] + ["error"]
     md = save_results(f"attention-edge-block_{device_label(device)}", meta, rows, columns, args.out)
     print(md.read_text())

@@ -87,6 +87,25 @@ def test_triton_splits_hub_rows(monkeypatch, split, self_loops, edge, loop, drop
     assert_matches_reference(ins, csr, "triton", add_self_loops=self_loops, dropout=dropout, seed=99)
 
 
+def force_small_row_groups(monkeypatch, csr, heads, width):
+    """Row groups of 2 rows (several groups, the last part empty) for rows of at most 6 edges, the
+    per-piece kernel for the longer ones (of graph(): 7 rows, 2 of them empty, and 2 rows)."""
+    from gnnfuse.triton import attention as kernels
+
+    monkeypatch.setattr(kernels, "GROUP_MAX_DEGREE", 6)
+    monkeypatch.setattr(kernels, "_group_rows", lambda *tile: 2)
+    wl, _be, short, rows = kernels._forward_plan(csr.rowptr, csr.col, csr.num_src, heads, width, 8)
+    assert rows == 2 and short.numel() % 2 == 1 and wl.num_pieces > 0
+
+
+@pytest.mark.parametrize("self_loops,edge,loop,dropout", [(False, True, False, 0.0), (True, True, True, 0.4)])
+def test_triton_row_groups_next_to_pieces(monkeypatch, self_loops, edge, loop, dropout):
+    csr = CSR.from_edge_index(graph(), N)
+    force_small_row_groups(monkeypatch, csr, H, F)
+    assert_matches_reference(inputs(edge=edge, loop=loop), csr, "triton", add_self_loops=self_loops,
+                             dropout=dropout, seed=7)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_low_precision_accumulates_in_float32(backend, dtype):

@@ -10,7 +10,7 @@ from gnnfuse import CSR
 from gnnfuse.ops.pair_attention import dot_attention, gatv2_attention
 from gnnfuse.testing import TOLERANCES
 
-from test_attention import BACKENDS, E, N, graph, on
+from test_attention import BACKENDS, E, N, force_small_row_groups, graph, on
 
 H, F = 3, 4
 MODES = ["gatv2", "dot"]
@@ -90,6 +90,13 @@ def test_triton_splits_hub_rows(monkeypatch, mode):
     hub = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 3], [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]])
     csr = CSR.from_edge_index(torch.cat([graph(), hub, hub.flip(0)], 1), N)
     assert kernels._work(csr.rowptr).split_rows.numel() > 1
+    assert_matches_reference(mode, inputs(mode), csr, "triton", add_self_loops=True, dropout=0.3, seed=8)
+
+
+@pytest.mark.parametrize("mode", ["gatv2", "dot+edge"])
+def test_triton_row_groups_next_to_pieces(monkeypatch, mode):
+    csr = CSR.from_edge_index(graph(), N)
+    force_small_row_groups(monkeypatch, csr, H, F)
     assert_matches_reference(mode, inputs(mode), csr, "triton", add_self_loops=True, dropout=0.3, seed=8)
 
 

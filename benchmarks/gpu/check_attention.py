@@ -2,7 +2,8 @@
 forward and gradients against the reference backend on the same GPU, on a sparse graph (4-edge
 tiles: one warp in the forward, 2 in the backward; with wide heads, 2 x 64, one warp in both) and a
 denser one (32-edge tiles), each with a hub row (split rows), with and without edge features, self
-loops and dropout. The unit tests cover the same maths in the interpreter; this runs the compiled
+loops and dropout. The forwards run their row groups (rows of up to 64 edges, several rows per
+program) next to the per-piece kernel (the longer rows, the hub's pieces) on every graph. The unit tests cover the same maths in the interpreter; this runs the compiled
 kernels with the tile shapes the GPU actually gets.
 
     PYTHONPATH=. python benchmarks/gpu/check_attention.py

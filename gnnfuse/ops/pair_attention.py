@@ -26,7 +26,9 @@ Backward, with g = grad_out, D_i = g_i . out_i, p_k the softmax, c_k = p_k keep_
     dot with edge features: grad q_i = sum_k ds_k scale (k_j + a_k),  grad a_k = ds_k scale q_i + c_k g_i
     grad v_j = sum_k c_k g_i
 Row pass (graph rows): D, grad q, grad a, grad att (per-row partials summed afterwards); transpose
-pass (source rows): grad k, grad v. Kernels: csrc/pair_attention.cpp (CPU) and
+pass (source rows): grad k, grad v. The Triton backward of dot-product attention gets ``out``
+empty (the forward does not keep it, _keeps_output) and recomputes D from the saved statistics in
+a pass of its own before the row pass. Kernels: csrc/pair_attention.cpp (CPU) and
 gnnfuse/triton/pair_attention.py (CUDA).
 """
 from __future__ import annotations
@@ -73,11 +75,21 @@ def _backward_fake(grad_out, out, row_max, row_sum, q, k, v, att, edge, *rest):
                  for need, t in zip(needs, (q, k, v, att, edge)))
 
 
+def _keeps_output(ctx, q, gatv2: bool) -> bool:
+    """Whether the backward needs the op's output. The Triton backward of dot-product attention
+    recomputes its per-row term g_i . out_i from the saved row max and sum (one more pass over the
+    rows' edges), so ``out`` is not kept: TransformerConv's step then holds one [N, H, F] tensor
+    less at its peak, the op's backward. The C++ kernels and GATv2 read it."""
+    triton = ctx.backend == "triton" or (ctx.backend is None and q.is_cuda)
+    return gatv2 or not triton
+
+
 def _save(ctx, inputs, output):
     q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, *scalars = inputs
     ctx.scalars = tuple(scalars)
     ctx.mark_non_differentiable(output[1], output[2])
-    return (output[0], output[1], output[2], q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos)
+    out = output[0] if _keeps_output(ctx, q, scalars[1]) else None
+    return (out, output[1], output[2], q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos)
 
 
 def _backward(ctx, saved, grad_out, _gm, _gz):
@@ -85,6 +97,8 @@ def _backward(ctx, saved, grad_out, _gm, _gz):
     needs = [bool(n) for n in ctx.needs[:5]]
     if t_rowptr is None:  # op called directly without the transpose: build it now
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, k.shape[0])
+    if out is None:  # not kept (_keeps_output): an empty tensor tells the kernels to recompute D
+        out = q.new_empty(0)
     grads = BACKWARD(grad_out.contiguous(), out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col,
                      t_pos, *ctx.scalars, needs, backend=ctx.backend)
     return (*(g if need else None for g, need in zip(grads, needs)), *([None] * (6 + N_SCALARS)))

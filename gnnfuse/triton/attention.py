@@ -1,7 +1,10 @@
 """Triton kernels of ``gnnfuse.gat_attention`` (maths in gnnfuse/ops/attention.py).
 
 One program per (piece of a target row, block of HB heads) in the forward and in the backward's
-row pass, one per (piece of a source row, block of heads) in the backward's transpose pass. Rows
+row pass, one per (piece of a source row, block of heads) in the backward's transpose pass.
+The forward takes short rows (at most GROUP_MAX_DEGREE edges) apart: a row-group kernel runs
+ROWS of them per program, sorted by degree as the sum gather-scatter's row groups are, one edge of
+each row per step, each row with its own online softmax (``_forward_plan``). Rows
 are cut into pieces of at most SPLIT_EDGES edges by the gather-scatter's work list
 (``gather_scatter.work_list``), so the hub rows of power-law graphs are spread over many programs
 instead of serialising one. A row of one piece writes its results directly; the pieces of a split
@@ -30,17 +33,23 @@ from .attention_kernels import (
     NEG_INF,
     _backward_rows_kernel,
     _backward_sources_kernel,
+    _forward_groups_kernel,
     _forward_kernel,
     _merge_pieces_kernel,
 )
 from .gather_scatter import work_list
 from .gather_scatter_fwd_kernels import _COMBINE_K, _combine_kernel
+from .schedule import choose_window, short_rows
 
 # Longest row piece one program walks. Rows up to this length (nearly all rows of realistic
 # graphs) keep one program; a hub row of 100K edges becomes ~400 programs. A multiple of every BE.
 SPLIT_EDGES = 256
 SPARSE_DEGREE = 8  # graphs of at most this average degree get 4-edge steps (see _blocks)
 WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles (see _warps)
+# The forward's row groups: rows of at most this many edges (and at most SPLIT_EDGES), as the sum
+# gather-scatter's row groups, in tiles of about GROUP_TILE elements [ROWS, HB, FB].
+GROUP_MAX_DEGREE = 64
+GROUP_TILE = 1024
 
 
 # ---- launchers ------------------------------------------------------------------------------------
@@ -87,6 +96,46 @@ def _forward_warps(be: int, hb: int, fb: int) -> int:
     return 1 if be * hb * fb <= 512 else _warps(be, hb, fb)
 
 
+def _group_rows(hb: int, fb: int, average_degree: float, wide_sparse: bool = False) -> int:
+    """Rows per program of the row-group forward, 0 for none (every row in the per-piece kernel):
+    GROUP_TILE elements, between 2 and 32 rows (16 at 8 heads x 8, 8 at 2 heads x 64 per program).
+
+    None for wide heads (F >= WIDE_HEAD) on sparse graphs (average degree <= SPARSE_DEGREE) unless
+    ``wide_sparse`` (GATv2): there a one-warp program walks a row in one or two [4, HB, FB] steps,
+    each with 4 gathers of HB * FB features in flight, and row groups measured slower for GAT and
+    TransformerConv. On an H100 (benchmarks/results/attention_gatconv-gatv2conv-transformerconv_h100_
+    2026-11-23_groups-everywhere.md and archive/..._edge-dim8_h100_2026-11-23_groups-everywhere.md,
+    forward with / without row groups, interleaved, time ratio): arxiv-scale graphs (average degree
+    6.9) at 8 x 8 0.84-1.01 (all three); at 4 x 64 GAT 1.10-1.19, TransformerConv 1.01-1.10,
+    GATv2 0.87-1.00 (with edge features 0.87); products-like (average degree 25) 0.48-0.66 at
+    both widths."""
+    if fb >= WIDE_HEAD and average_degree <= SPARSE_DEGREE and not wide_sparse:
+        return 0
+    return max(2, min(32, GROUP_TILE // (hb * fb)))
+
+
+def _group_warps(rows: int, hb: int, fb: int) -> int:
+    """Warps of the row-group forward: 4 (the sum's row groups use 4 at 16 rows x 64 features)."""
+    return 4
+
+
+def _forward_plan(rowptr, col, num_src, H, F, itemsize, wide_sparse=False):
+    """The forward's split of the target rows: (the per-piece kernel's work list and edge block BE,
+    the row-group kernel's rows (None: no row groups) and rows per group). The short rows come
+    sorted by decreasing degree, within windows of consecutive ids where the graph's ids carry
+    locality and the features do not fit in L2 (schedule.choose_window: the sum plan's rule at the
+    same width). The per-piece kernel then walks only rows longer than GROUP_MAX_DEGREE: full
+    edge blocks, not the ones sized for the graph's average degree. ``wide_sparse``: see _group_rows."""
+    num_rows = rowptr.shape[0] - 1
+    be, hb, fb = _blocks(H, F, col.shape[0], num_rows)
+    rows = _group_rows(hb, fb, col.shape[0] / max(num_rows, 1), wide_sparse)
+    if not rows:
+        return _work(rowptr), be, None, 0
+    short_max = min(GROUP_MAX_DEGREE, SPLIT_EDGES)
+    window, _ = choose_window(rowptr, col, num_src, H * F, itemsize, rowptr.device)
+    return work_list(rowptr, SPLIT_EDGES, short_max), _blocks(H, F)[0], short_rows(rowptr, short_max, window), rows
+
+
 def _common(x, rowptr, col, self_loops, slope, p, seed):
     n_src, H, F = x.shape
     num_dst = rowptr.shape[0] - 1
@@ -110,18 +159,23 @@ def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos
     be, hb, fb = _blocks(H, F, col.shape[0], num_dst)
     if not (num_dst and H):
         return out, m, z
-    wl = _work(rowptr)
+    wl, be, short, rows = _forward_plan(rowptr, col, n_src, H, F, x.element_size())
     parts = wl.num_partials
     p_acc = x.new_empty(parts, H, F, dtype=stat) if parts else m
     p_m = x.new_empty(parts, H, dtype=stat) if parts else m
     p_z = torch.empty_like(p_m) if parts else m
+    terms = (a_edge if a_edge is not None else x, a_loop if a_loop is not None else x, rowptr, col, out, m, z)
+    flags = dict(HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None, SELF_LOOPS=bool(self_loops),
+                 DROPOUT=p > 0, ACC=acc, HB=hb, FB=fb)
     with torch.cuda.device(x.device) if x.is_cuda else _nullcontext():
-        _forward_kernel[(wl.num_pieces, cdiv(H, hb))](
-            x, a_src, a_dst, a_edge if a_edge is not None else x, a_loop if a_loop is not None else x, rowptr, col,
-            out, m, z, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars,
-            HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None,
-            SELF_LOOPS=bool(self_loops), DROPOUT=p > 0, ACC=acc, BE=be, HB=hb, FB=fb, SEG=SPLIT_EDGES,
-            num_warps=_forward_warps(be, hb, fb))
+        if short is not None and short.numel():
+            _forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
+                x, a_src, a_dst, *terms, short, short.numel(), *scalars, ROWS=rows,
+                num_warps=_group_warps(rows, hb, fb), **flags)
+        if wl.num_pieces:
+            _forward_kernel[(wl.num_pieces, cdiv(H, hb))](
+                x, a_src, a_dst, *terms, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, BE=be,
+                SEG=SPLIT_EDGES, num_warps=_forward_warps(be, hb, fb), **flags)
         if parts:
             _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
                 p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=acc,

@@ -33,20 +33,27 @@ def _dropout_scale(seed, ids, heads, H, threshold, scale):
 
 
 @triton.jit
-def _edge_block(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, nbr, pos, ad_node,
+def _endpoints(nbr, ks, end):
+    """The other endpoints of edges ks, 0 from ``end`` on (the virtual self loop, masked lanes)."""
+    return tl.load(nbr + ks, mask=ks < end, other=0)
+
+
+@triton.jit
+def _edge_block(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, ids, pos, ad_node,
                 N_EDGES, H, slope, seed, threshold, scale,
                 TRANSPOSED: tl.constexpr, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr,
                 SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr):
     """One block of a row's edges [.., end) plus the virtual self loop at position ``end`` when stop == end + 1.
 
-    ``node`` is the row's own node (target i in the graph, source j in the transpose); ``nbr``
-    holds the other endpoints and ``pos`` (transpose only) the CSR positions. Returns (other
+    ``node`` is the row's own node (target i in the graph, source j in the transpose); ``ids``
+    the other endpoints of edges ks (``_endpoints``), ``pos`` (transpose only) the CSR positions; ``ad_node`` the
+    row's own term, [1, HB]. The row-group forward passes one edge of each of its rows instead:
+    ks, end, stop and node [ROWS], ad_node [ROWS, HB]. Returns (other
     endpoint [BE], valid [BE, HB], s [BE, HB] pre-activation logit, e [BE, HB] logit or -inf,
     keep [BE, HB] dropout factor (1/(1-p) or 0)).
     """
     real = ks < end
-    other = tl.load(nbr + ks, mask=real, other=0).to(tl.int64)
-    other = tl.where(real, other, node)  # the virtual loop's other endpoint is the node itself
+    other = tl.where(real, ids.to(tl.int64), node)  # the virtual loop's other endpoint is the node itself
     valid = ks < stop
     if SELF_LOOPS:
         valid = valid & ~(real & (other == node))
@@ -57,7 +64,7 @@ def _edge_block(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, nbr,
     else:
         k = ks
     v2 = valid[:, None] & hmask[None, :]
-    s = tl.load(a_other + other[:, None] * H + heads[None, :], mask=v2, other=0).to(ACC) + ad_node[None, :]
+    s = tl.load(a_other + other[:, None] * H + heads[None, :], mask=v2, other=0).to(ACC) + ad_node
     if HAS_EDGE:
         s += tl.load(a_edge + k[:, None] * H + heads[None, :], mask=v2 & real[:, None], other=0).to(ACC)
     if HAS_LOOP_TERM:
@@ -110,9 +117,9 @@ def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_
     acc = tl.zeros((HB, FB), ACC)
     for k0 in range(start, stop, BE):
         ks = k0 + tl.arange(0, BE)
-        j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, col, col, ad, N_EDGES, H,
-                                        slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS,
-                                        DROPOUT, ACC)
+        j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, _endpoints(col, ks, end),
+                                        col, ad[None, :], N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE,
+                                        HAS_LOOP_TERM, SELF_LOOPS, DROPOUT, ACC)
         m_new = tl.maximum(m, tl.max(e, 0))
         m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # a block of skipped edges only
         rescale = tl.exp(m - m_safe)
@@ -129,6 +136,73 @@ def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_
         tl.store(p_acc + part * H * F + heads[:, None] * F + feats[None, :], acc, mask=hf)
         tl.store(p_m + part * H + heads, m, mask=hmask)
         tl.store(p_z + part * H + heads, z, mask=hmask)
+
+
+@triton.jit
+def _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS: tl.constexpr):
+    """This program's row group: ROWS consecutive entries of the degree-sorted short-row list
+    ``rows_ptr``. Returns (rows [ROWS], in range [ROWS], first edge, end, stop: end plus the row's
+    virtual self loop; an out-of-range lane has no edges)."""
+    offs = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = offs < num_rows
+    rows = tl.load(rows_ptr + offs, mask=rmask, other=0).to(tl.int64)
+    start = tl.load(rowptr + rows, mask=rmask, other=0).to(tl.int64)
+    end = tl.load(rowptr + rows + 1, mask=rmask, other=0).to(tl.int64)
+    stop = tl.where(rmask, end + (rows < NUM_LOOPS).to(tl.int64), start)
+    return rows, rmask, start, end, stop
+
+
+@triton.jit
+def _online_step(m, z, acc, e, keep, xv):
+    """One edge of each row of a row group: the online softmax's max m and sum z [ROWS, HB] and the
+    accumulator [ROWS, HB, FB] take logit e [ROWS, HB] (-inf: no edge) with values xv."""
+    m_new = tl.maximum(m, e)
+    m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # no edge yet
+    rescale = tl.exp(m - m_safe)
+    w = tl.exp(e - m_safe)
+    return m_new, z * rescale + w, acc * rescale[:, :, None] + (w * keep)[:, :, None] * xv
+
+
+@triton.jit
+def _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc):
+    """_store_row for the rows of a row group (m, z [ROWS, HB], acc [ROWS, HB, FB])."""
+    inv = tl.where(z > 0, 1.0 / tl.where(z > 0, z, 1.0), 0.0)
+    rh = rmask[:, None] & hmask[None, :]
+    tl.store(out + rows[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+             (acc * inv[:, :, None]).to(out.dtype.element_ty), mask=rh[:, :, None] & fmask[None, None, :])
+    tl.store(m_out + rows[:, None] * H + heads[None, :], tl.where(z > 0, m, 0.0), mask=rh)
+    tl.store(z_out + rows[:, None] * H + heads[None, :], z, mask=rh)
+
+
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _forward_groups_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
+                           NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
+                           HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
+                           DROPOUT: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
+                           ROWS: tl.constexpr):
+    """The forward over short rows, ROWS per program (attention.py: row groups): step t takes the
+    t-th edge of every row at once, so a program keeps ROWS gathers in flight where the per-piece
+    kernel spends a tile on a row of a few edges; the rows' online softmaxes advance side by side."""
+    rows, rmask, start, end, stop = _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    ad = tl.load(a_dst + rows[:, None] * H + heads[None, :], mask=rmask[:, None] & hmask[None, :], other=0).to(ACC)
+    m = tl.full((ROWS, HB), NEG_INF, ACC)
+    z = tl.zeros((ROWS, HB), ACC)
+    acc = tl.zeros((ROWS, HB, FB), ACC)
+    ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
+    for t in range(0, tl.max(stop - start, 0)):
+        ids = ids_next
+        ids_next = _endpoints(col, start + t + 1, end)
+        j, v2, s, e, keep = _edge_block(start + t, end, stop, rows, heads, hmask, a_src, a_edge, a_loop, ids, col, ad,
+                                        N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM,
+                                        SELF_LOOPS, DROPOUT, ACC)
+        xv = tl.load(x + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                     mask=v2[:, :, None] & fmask[None, None, :], other=0).to(ACC)
+        m, z, acc = _online_step(m, z, acc, e, keep, xv)
+    _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc)
 
 
 @triton.jit
@@ -200,9 +274,9 @@ def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, r
         acc = tl.zeros((HB,), ACC)
         for k0 in range(start, stop, BE):
             ks = k0 + tl.arange(0, BE)
-            j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, col, col, ad,
-                                            N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM,
-                                            SELF_LOOPS, DROPOUT, ACC)
+            j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop,
+                                            _endpoints(col, ks, end), col, ad[None, :], N_EDGES, H, slope, seed,
+                                            threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS, DROPOUT, ACC)
             p = tl.exp(e - mi[None, :]) / zi[None, :]
             xv = tl.load(x + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
                          mask=v2[:, :, None] & (feats < F)[None, None, :], other=0).to(ACC)
@@ -244,9 +318,9 @@ def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_r
     acc_s = tl.zeros((HB,), ACC)
     for q0 in range(start, stop, BE):
         qs = q0 + tl.arange(0, BE)
-        i, v2, s, e, keep = _edge_block(qs, end, stop, j, heads, hmask, a_dst, a_edge, a_loop, t_col, t_pos, asrc,
-                                        N_EDGES, H, slope, seed, threshold, scale, True, HAS_EDGE, HAS_LOOP_TERM,
-                                        SELF_LOOPS, DROPOUT, ACC)
+        i, v2, s, e, keep = _edge_block(qs, end, stop, j, heads, hmask, a_dst, a_edge, a_loop,
+                                        _endpoints(t_col, qs, end), t_pos, asrc[None, :], N_EDGES, H, slope, seed,
+                                        threshold, scale, True, HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS, DROPOUT, ACC)
         ih = i[:, None] * H + heads[None, :]
         mi = tl.load(m_in + ih, mask=v2, other=0)
         zi = tl.load(z_in + ih, mask=v2, other=1)

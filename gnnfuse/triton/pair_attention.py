@@ -1,6 +1,7 @@
 """Triton host side of ``gnnfuse::pair_attention`` (GATv2 and dot-product attention): work lists,
 partial buffers and launches. Kernels in pair_attention_kernels.py; rows are split into pieces
-and merged exactly as for GAT (attention.py: SPLIT_EDGES, the online-softmax merge, ordered sums).
+and merged exactly as for GAT (attention.py: SPLIT_EDGES, the online-softmax merge, ordered sums),
+and the forward's short rows run in row groups as GAT's do (attention._forward_plan).
 """
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import triton.language as tl
 from . import attention as gat
 from ._grid import cdiv
 from .attention_kernels import _merge_pieces_kernel
-from .pair_attention_kernels import _pair_backward_rows_kernel, _pair_backward_sources_kernel, _pair_forward_kernel
+from .pair_attention_kernels import (
+    _pair_backward_rows_kernel,
+    _pair_backward_sources_kernel,
+    _pair_forward_groups_kernel,
+    _pair_forward_kernel,
+    _pair_row_term_kernel,
+)
 
 
 # GATv2's att gradient: the row pass runs at most this many programs, each summing its pieces'
@@ -49,18 +56,24 @@ def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_
     z = torch.empty_like(m)
     if not (num_dst and H):
         return out, m, z
-    wl = gat._work(rowptr)
+    hb, fb = flags["HB"], flags["FB"]
+    wl, be, short, rows = gat._forward_plan(rowptr, col, n_src, H, F, k.element_size(), wide_sparse=flags["GATV2"])
     parts = wl.num_partials
     p_acc = k.new_empty(parts, H, F, dtype=stat) if parts else m
     p_m = k.new_empty(parts, H, dtype=stat) if parts else m
     p_z = torch.empty_like(p_m) if parts else m
-    hb = flags["HB"]
-    flags["num_warps"] = gat._forward_warps(flags["BE"], hb, flags["FB"])
+    tensors = (q, k, v, att if att is not None else k, edge if edge is not None else k,
+               perm if perm is not None else col, rowptr, col, out, m, z)
     with _device(k):
-        _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
-            q, k, v, att if att is not None else k, edge if edge is not None else k, perm if perm is not None else col,
-            rowptr, col, out, m, z, wl.seg_row, wl.seg_ptr, wl.slot,
-            p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v), **flags)
+        if short is not None and short.numel():
+            group_flags = {key: val for key, val in flags.items() if key not in ("BE", "SEG", "num_warps")}
+            _pair_forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
+                *tensors, short, short.numel(), *scalars, KV_SAME=_same(k, v), ROWS=rows,
+                num_warps=gat._group_warps(rows, hb, fb), **group_flags)
+        if wl.num_pieces:
+            _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
+                *tensors, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v),
+                **dict(flags, BE=be, num_warps=gat._forward_warps(be, hb, fb)))
         if parts:
             _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
                 p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=flags["ACC"], BK=32,
@@ -86,16 +99,25 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
     att_ = att if att is not None else k
     edge_, perm_ = (edge, perm) if edge is not None else (k, col)
     kv_same = _same(k, v)
+    d_given = out.numel() == 0 and num_dst and H  # the forward did not keep out: D from the saved statistics
     with _device(k):
         if num_dst and H:
             wl = gat._work(rowptr)
+            if d_given:
+                p_d = m.new_empty(wl.num_partials, H) if wl.num_partials else m
+                _pair_row_term_kernel[(wl.num_pieces, cdiv(H, hb))](
+                    grad_out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, p_d, wl.seg_row, wl.seg_ptr, wl.slot,
+                    *scalars, KV_SAME=kv_same, **flags)
+                gat._fold(p_d, D, wl, H)
             p_q = m.new_empty(wl.num_partials, H, F) if need_q and wl.num_partials else m
             programs = min(wl.num_pieces, ATT_SLOTS) if need_att else wl.num_pieces
             p_att = m.new_empty(programs, H, F) if need_att else m
             _pair_backward_rows_kernel[(programs, cdiv(H, hb))](
-                grad_out, out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, g_q if need_q else k, p_q, p_att,
-                g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot, wl.num_pieces, *scalars,
-                KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge, **flags)
+                grad_out, grad_out if d_given else out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D,
+                g_q if need_q else k, p_q, p_att, g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot,
+                wl.num_pieces, *scalars,
+                KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge, D_GIVEN=bool(d_given),
+                **flags)
             if need_q:
                 gat._fold(p_q, g_q, wl, H * F)
             if need_att:

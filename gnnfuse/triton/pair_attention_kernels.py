@@ -12,20 +12,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention_kernels import NEG_INF, _dropout_scale, _piece, _piece_at, _store_row
+from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _group, _online_step, _piece, _piece_at,
+                                _store_row, _store_rows)
 
 
 @triton.jit
-def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, nbr, pos, node_vec, att, edge, perm, N_EDGES,
+def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, pos, node_vec, att, edge, perm, N_EDGES,
                 H, F, slope, qk_scale, seed, threshold, scale, TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr,
                 DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
-    """One block of a row's edges (the virtual self loop at position ``end`` when stop == end + 1).
+    """One block of a row's edges (the virtual self loop at position ``end`` when stop == end + 1),
+    as GAT's _edge_block (``ids``: the other endpoints, ``node_vec``: the row's own vectors [1, HB, FB],
+    [ROWS, HB, FB] in the row-group forward).
     Returns (other endpoint [BE], valid [BE, HB], valid [BE, HB, FB], the other endpoints' vectors
     [BE, HB, FB], logit e [BE, HB] (-inf where invalid), dropout factor [BE, HB], the edge
     features' row [BE] and tile [BE, HB, FB] (zeros without HAS_EDGE))."""
     real = ks < end
-    other = tl.load(nbr + ks, mask=real, other=0).to(tl.int64)
-    other = tl.where(real, other, node)
+    other = tl.where(real, ids.to(tl.int64), node)
     valid = ks < stop
     if SELF_LOOPS:
         valid = valid & ~(real & (other == node))
@@ -47,16 +49,16 @@ def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, nbr, po
         erow = k
         ev = tl.zeros(ov.shape, ACC)
     if GATV2:
-        u = ov + node_vec[None, :, :]
+        u = ov + node_vec
         if HAS_EDGE:
             u += ev
         e = tl.sum(tl.where(u > 0, u, u * slope) * att[None, :, :], 2)
     elif HAS_EDGE and TRANSPOSED:  # the walking row is the key: q_i . (k_j + edge)
-        e = tl.sum(ov * (node_vec[None, :, :] + ev), 2) * qk_scale
+        e = tl.sum(ov * (node_vec + ev), 2) * qk_scale
     elif HAS_EDGE:
-        e = tl.sum((ov + ev) * node_vec[None, :, :], 2) * qk_scale
+        e = tl.sum((ov + ev) * node_vec, 2) * qk_scale
     else:
-        e = tl.sum(ov * node_vec[None, :, :], 2) * qk_scale
+        e = tl.sum(ov * node_vec, 2) * qk_scale
     e = tl.where(v2, e, NEG_INF)
     if DROPOUT:
         keep = _dropout_scale(seed, tl.where(real, k, N_EDGES + node), heads, H, threshold, scale)
@@ -98,9 +100,10 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
     acc = tl.zeros((HB, FB), ACC)
     for k0 in range(start, stop, BE):
         ks = k0 + tl.arange(0, BE)
-        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col, qi,
-                                                      a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
-                                                      scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
+        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
+                                                      _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
+                                                      N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
+                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
         m_new = tl.maximum(m, tl.max(e, 0))
         m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
         rescale = tl.exp(m - m_safe)
@@ -124,14 +127,54 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
 
 
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
+                                NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
+                                SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
+                                HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
+                                FB: tl.constexpr, ROWS: tl.constexpr):
+    """The forward over short rows, ROWS per program, one edge of each row per step (as GAT's
+    _forward_groups_kernel): tiles [ROWS, HB, FB]."""
+    rows, rmask, start, end, stop = _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    hf = hmask[:, None] & fmask[None, :]
+    qi = tl.load(q + rows[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
+                 mask=rmask[:, None, None] & hf[None, :, :], other=0).to(ACC)
+    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
+    m = tl.full((ROWS, HB), NEG_INF, ACC)
+    z = tl.zeros((ROWS, HB), ACC)
+    acc = tl.zeros((ROWS, HB, FB), ACC)
+    ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
+    for t in range(0, tl.max(stop - start, 0)):
+        ids = ids_next
+        ids_next = _endpoints(col, start + t + 1, end)
+        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(start + t, end, stop, rows, heads, hmask, feats, fmask, k, ids,
+                                                      col, qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
+                                                      threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
+                                                      ACC)
+        if KV_SAME:
+            xv = kv
+        else:
+            xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
+                         other=0).to(ACC)
+            if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
+                xv += ev
+        m, z, acc = _online_step(m, z, acc, e, keep, xv)
+    _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc)
+
+
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, g_q, p_q, p_att, g_edge,
                                seg_row, seg_ptr, slot, NUM_PIECES, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
                                threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
                                GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
                                NEED_Q: tl.constexpr, NEED_ATT: tl.constexpr, NEED_EDGE: tl.constexpr,
-                               ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                               SEG: tl.constexpr):
-    """D_i = g_i . out_i (the first piece stores it); grad q (partials for split rows), the edge
+                               D_GIVEN: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
+                               FB: tl.constexpr, SEG: tl.constexpr):
+    """D_i = g_i . out_i (the first piece stores it; D_GIVEN: read from D, which
+    _pair_row_term_kernel filled without ``out``); grad q (partials for split rows), the edge
     features' gradient (each edge's row written once) and, for GATv2, grad att. Each program walks
     pieces pid, pid + P, pid + 2P, ... (P programs; P = NUM_PIECES unless grad att is wanted) and
     keeps grad att's partial across them: p_att has P rows (summed on the host in a fixed order),
@@ -146,8 +189,12 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
     for s in range(tl.program_id(0), NUM_PIECES, tl.num_programs(0)):
         i, kk, start, end, stop, part = _piece_at(s, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
         gi = _head_tile(g, i, heads, feats, hf, H, F, ACC)
-        d = tl.sum(gi * _head_tile(out, i, heads, feats, hf, H, F, ACC), 1)
-        tl.store(D + i * H + heads, d, mask=hmask & (kk + 0 * heads == 0))  # [HB] masks: the interpreter wants arrays
+        if D_GIVEN:
+            d = tl.load(D + i * H + heads, mask=hmask, other=0)
+        else:
+            d = tl.sum(gi * _head_tile(out, i, heads, feats, hf, H, F, ACC), 1)
+            # [HB] masks: the interpreter wants arrays
+            tl.store(D + i * H + heads, d, mask=hmask & (kk + 0 * heads == 0))
         if NEED_Q or NEED_ATT or NEED_EDGE:
             qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
             mi = tl.load(m_in + i * H + heads, mask=hmask, other=0)
@@ -156,10 +203,10 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
             acc_q = tl.zeros((HB, FB), ACC)
             for k0 in range(start, stop, BE):
                 ks = k0 + tl.arange(0, BE)
-                j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k, col, col,
-                                                             qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
-                                                             threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2,
-                                                             HAS_EDGE, ACC)
+                j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
+                                                             _endpoints(col, ks, end), col, qi[None, :, :], a, edge,
+                                                             perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
+                                                             scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
                 p = tl.exp(e - mi[None, :]) / zi[None, :]
                 if KV_SAME:
                     xv = kv
@@ -197,6 +244,49 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
 
 
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, p_d, seg_row, seg_ptr, slot,
+                          NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
+                          SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
+                          KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
+                          FB: tl.constexpr, SEG: tl.constexpr):
+    """The row pass's per-row term without the op's output: D_i = g_i . out_i = sum_k c_k g_i . v_k
+    (values with the edge term), each c_k recomputed from the saved row max and sum, so the forward
+    need not keep ``out`` for the backward. One program per (piece, head block); a split row's
+    pieces write partials (p_d), folded in piece order afterwards."""
+    i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    hf = hmask[:, None] & fmask[None, :]
+    gi = _head_tile(g, i, heads, feats, hf, H, F, ACC)
+    qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
+    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
+    mi = tl.load(m_in + i * H + heads, mask=hmask, other=0)
+    zi = tl.load(z_in + i * H + heads, mask=hmask, other=1)
+    zi = tl.where(zi > 0, zi, 1.0)
+    acc = tl.zeros((HB,), ACC)
+    for k0 in range(start, stop, BE):
+        ks = k0 + tl.arange(0, BE)
+        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
+                                                      _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
+                                                      N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
+                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
+        if KV_SAME:
+            xv = kv
+        else:
+            xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
+                         other=0).to(ACC)
+            if HAS_EDGE:
+                xv += ev
+        p = tl.exp(e - mi[None, :]) / zi[None, :]  # 0 where e is -inf (no edge)
+        acc += tl.sum(p * keep * tl.sum(gi[None, :, :] * xv, 2), 0)
+    whole = part + 0 * heads < 0  # the row is one piece
+    tl.store(D + i * H + heads, acc, mask=hmask & whole)
+    tl.store(p_d + part * H + heads, acc, mask=hmask & ~whole)
+
+
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_rowptr, t_col, t_pos, D, g_k, g_v, p_k,
                                   p_v, seg_row, seg_ptr, slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
                                   threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
@@ -217,10 +307,10 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
     acc_v = tl.zeros((HB, FB), ACC)
     for q0 in range(start, stop, BE):
         qs = q0 + tl.arange(0, BE)
-        i, v2, v3, qv, e, keep, _er, ev = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q, t_col, t_pos,
-                                                      kj, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
-                                                      threshold, scale, True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
-                                                      ACC)
+        i, v2, v3, qv, e, keep, _er, ev = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q,
+                                                      _endpoints(t_col, qs, end), t_pos, kj[None, :, :], a, edge,
+                                                      perm, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
+                                                      True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
         ih = i[:, None] * H + heads[None, :]
         mi = tl.load(m_in + ih, mask=v2, other=0)
         zi = tl.load(z_in + ih, mask=v2, other=1)

@@ -180,3 +180,29 @@ def test_pna_conv_recomputes_aggregations_in_backward(divide_input, monkeypatch)
     assert grads[0].keys() == grads[1].keys()
     for k in grads[0]:
         torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
+
+
+def test_pna_conv_feature_chunks_match_whole():
+    """Aggregating (and recomputing) features in chunks gives the outputs and gradients of the
+    layer that keeps whole aggregations; a bad chunk size is named."""
+    x, ei = _graph()
+    torch.manual_seed(0)
+    kwargs = dict(aggregators=["mean", "min", "max", "std", "sum"], scalers=["identity", "amplification"], deg=DEG,
+                  towers=2)
+    chunked = gnnfuse.nn.PNAConv(6, 6, **kwargs).double()
+    chunked.aggregation_chunk_features = 4  # chunks [0, 4) and [4, 6)
+    keep = copy.deepcopy(chunked)
+    keep.recompute_aggregations = False
+    outs, grads = [], []
+    for conv in (chunked, keep):
+        xg = x.clone().requires_grad_()
+        out = conv(xg, ei)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        outs.append(out)
+        grads.append({"x": xg.grad, **_grads(conv)})
+    torch.testing.assert_close(outs[0], outs[1])
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
+    chunked.aggregation_chunk_features = 0
+    with pytest.raises(ValueError, match="aggregation_chunk_features"):
+        chunked(x.requires_grad_(), ei)

@@ -13,7 +13,8 @@ factors, so that layer is applied to the aggregation, to z and to x separately a
 weighted and added (see ``_tower``; z only ever appears multiplied by weights, so it is never
 built): the [N, (S*K + 1) * F] input PyG builds per tower (S scalers, K aggregators) never exists.
 Memory: by default no tower keeps its [N, K*F] aggregation (nor its max/min winners) for the
-backward; the backward recomputes it, one tower at a time (``recompute_aggregations``).
+backward; the backward recomputes it, one tower and one chunk of features at a time
+(``recompute_aggregations``, ``aggregation_chunk_features``).
 Further post-layers run unchanged. Same constructor, parameters
 and state_dict as PyG's class. PyG's own code runs for what this does not cover: edge features
 (``edge_dim``), more than one pre-layer, the "mul" aggregator, a sparse-tensor adjacency, explain
@@ -46,9 +47,17 @@ class PNAConv(pyg_nn.PNAConv):
     ``recompute_aggregations`` (class attribute, default True; set it on an instance to change
     one layer): keep no tower's aggregation for the backward, recompute it there, one tower at a
     time (see :class:`_Recomputed`). False keeps each tower's [N, K*F] aggregation and its
-    max/min winners from the forward instead: a little faster, towers times the memory."""
+    max/min winners from the forward instead: a little faster, towers times the memory.
+
+    ``aggregation_chunk_features`` (class attribute, default 16; None: all at once): with
+    ``recompute_aggregations``, each tower aggregates (and recomputes and differentiates in the
+    backward) its features in chunks of this many, so the backward's working set (the chunk's
+    aggregation, its gradient, winners and the reduction's backward buffers) is about
+    4 x [N, aggregators * chunk] instead of 4 x [N, aggregators * F] (the reductions are per
+    feature: the results are the same, summed in another order)."""
 
     recompute_aggregations = True
+    aggregation_chunk_features = 16
 
     def forward(self, x: Tensor, edge_index, edge_attr: Tensor | None = None) -> Tensor:
         names = self._fused_aggregators(x, edge_index, edge_attr)
@@ -85,10 +94,15 @@ class PNAConv(pyg_nn.PNAConv):
         def project(x_t, b, w_mat):  # [N, S*Fo]: the aggregation of y = x_t B^T times its post-layer blocks
             return multi_aggregate(x_t @ b.t(), csr, names) @ w_mat
 
-        if self.recompute_aggregations and torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            p = _Recomputed.apply(project, x_t, b, w_mat)
-        else:
-            p = project(x_t, b, w_mat)
+        recompute = self.recompute_aggregations and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        p = None
+        for f0, f1 in _feature_chunks(F, self.aggregation_chunk_features if recompute else None):
+            # the reductions are per feature: features [f0, f1) of y need rows f0:f1 of B and, of every
+            # aggregator's block of w_mat, the same rows
+            b_c = b[f0:f1]
+            w_c = w_mat.view(K, F, -1)[:, f0:f1].reshape(K * (f1 - f0), -1)
+            q = _Recomputed.apply(project, x_t, b_c, w_c) if recompute else project(x_t, b_c, w_c)
+            p = q if p is None else p + q
         for factor, ks in _shift_groups(names).items():
             w_z = w_agg[:, :, ks].sum(dim=2).permute(2, 1, 0).reshape(F, S * Fo)  # [F, S*Fo]
             z_w = x_t @ (a.t() @ w_z)
@@ -146,8 +160,8 @@ class _Recomputed(torch.autograd.Function):
     """``fn(*inputs)`` with only the inputs saved: the forward runs without autograd (so the
     aggregation records no max/min winners and needs no transpose), the backward runs ``fn``
     again with autograd and differentiates it (the idea of torch.utils.checkpoint, with an
-    untracked first pass). Used per tower, so at most one tower's aggregation, winners and
-    aggregation gradient exist at a time. Eager only (the layer calls ``fn`` directly while
+    untracked first pass). Used per tower and chunk of features, so at most one chunk's
+    aggregation, winners and aggregation gradient exist at a time. Eager only (the layer calls ``fn`` directly while
     torch.compile traces)."""
 
     @staticmethod
@@ -164,6 +178,15 @@ class _Recomputed(torch.autograd.Function):
         wanted = [t for t in inputs if t.requires_grad]
         grads = iter(torch.autograd.grad(out, wanted, grad) if wanted else ())
         return (None, *[next(grads) if t.requires_grad else None for t in inputs])
+
+
+def _feature_chunks(F: int, chunk: int | None) -> list[tuple[int, int]]:
+    """[f0, f1) ranges of at most ``chunk`` features covering [0, F) (one range when None)."""
+    if chunk is None or chunk >= F:
+        return [(0, F)]
+    if chunk < 1:
+        raise ValueError(f"aggregation_chunk_features must be a positive int or None; got {chunk!r}")
+    return [(f0, min(f0 + chunk, F)) for f0 in range(0, F, chunk)]
 
 
 def _shift_groups(names) -> dict[str, list[int]]:

@@ -209,7 +209,8 @@ def _fold_repeats(aggrs: str, grad_out, out, F: int):
 FORWARD = OpDef(
     "multi_aggregate(Tensor x, Tensor rowptr, Tensor col, Tensor? weight, Tensor? t_rowptr, Tensor? t_col, "
     "Tensor? t_pos, str aggrs) -> (Tensor, Tensor)",
-    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward,
+    backward_only_outputs=(1,))  # the eager route keeps arg off its autograd node: no zero gradient of it
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "multi_aggregate_backward(Tensor grad_out, Tensor x, Tensor out, Tensor rowptr, Tensor col, Tensor? weight, "
     "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, str aggrs, bool need_x_grad, "

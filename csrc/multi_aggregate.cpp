@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -23,6 +24,7 @@
 
 #include "checks.h"
 #include "reduce_codes.h"
+#include "multi_tiles.h"
 #include "reducer.h"
 #include "row_tiles.h"
 
@@ -246,6 +248,63 @@ void multi_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col, 
   });
 }
 
+// Below this many bytes of gathered source rows they stay in the caches between calls and software
+// prefetching only costs instructions: the sum kernel's threshold (csrc/gather_scatter.cpp).
+constexpr int64_t kPrefetchMinSourceBytes = int64_t{8} << 20;
+
+// Forward of float/double without "mul": every statistic in registers (multi_tiles.h). S: the
+// statistics kept (multi::kLin | kSq | kExt | kTrack).
+template <int S, typename T, typename index_t>
+void multi_kernel_tiled(const T* x, const index_t* rowptr, const index_t* col, const T* weight,
+                        const std::vector<int64_t>& codes, const Needs need, T* out, index_t* arg, int64_t num_rows,
+                        int64_t F, int64_t num_src) {
+  const std::vector<int> codes32(codes.begin(), codes.end());
+  const int K = static_cast<int>(codes.size());
+  const int64_t min_slot = need.max ? 1 : 0;  // arg layout: [A, num_rows, F], max first
+  const bool prefetch = num_src * F * static_cast<int64_t>(sizeof(T)) > kPrefetchMinSourceBytes;
+  const int64_t ahead = prefetch_ahead(F * static_cast<int64_t>(sizeof(T)));
+  auto rows = [&](const auto& scale, auto scaled_tag) {
+    constexpr bool kScaled = decltype(scaled_tag)::value;
+    parallel_over_rows(rowptr, num_rows, K * F, [&](int64_t row_begin, int64_t row_end) {
+      const int64_t prefetch_end = prefetch ? static_cast<int64_t>(rowptr[row_end]) : 0;
+      for (int64_t row = row_begin; row < row_end; ++row) {
+        const int64_t e0 = rowptr[row], e1 = rowptr[row + 1];
+        T* out_row = out + row * K * F;
+        index_t* arg_max = (S & multi::kTrack) && need.max ? arg + row * F : nullptr;
+        index_t* arg_min = (S & multi::kTrack) && need.min ? arg + (min_slot * num_rows + row) * F : nullptr;
+        if (e0 == e1) {  // empty row: 0 everywhere, no winner
+          std::fill(out_row, out_row + K * F, T(0));
+          if (arg_max) std::fill(arg_max, arg_max + F, index_t(-1));
+          if (arg_min) std::fill(arg_min, arg_min + F, index_t(-1));
+          continue;
+        }
+        const multi::Outputs<index_t> outs{codes32.data(), K, arg_max, arg_min};
+        multi::stats_row<S, T, index_t, kScaled>(x, F, col, e0, e1, scale, out_row, outs, ahead, prefetch_end);
+      }
+    });
+  };
+  if (weight) rows([weight](int64_t e) { return weight[e]; }, std::true_type{});
+  else rows(Unscaled{}, std::false_type{});
+}
+
+// Calls fn(std::integral_constant<int, S>{}) for the statistics set S that `need` (and tracking) asks.
+template <typename Fn>
+void dispatch_stats(const Needs need, bool track, Fn&& fn) {
+  using namespace multi;
+  const bool ext = need.max || need.min;
+  const int s = (need.sum ? kLin : 0) | (need.sq ? kSq : 0) | (ext ? kExt : 0) | (ext && track ? kTrack : 0);
+  switch (s) {
+    case kLin: return fn(std::integral_constant<int, kLin>{});
+    case kLin | kSq: return fn(std::integral_constant<int, kLin | kSq>{});
+    case kExt: return fn(std::integral_constant<int, kExt>{});
+    case kExt | kTrack: return fn(std::integral_constant<int, kExt | kTrack>{});
+    case kLin | kExt: return fn(std::integral_constant<int, kLin | kExt>{});
+    case kLin | kExt | kTrack: return fn(std::integral_constant<int, kLin | kExt | kTrack>{});
+    case kLin | kSq | kExt: return fn(std::integral_constant<int, kLin | kSq | kExt>{});
+    default: return fn(std::integral_constant<int, kLin | kSq | kExt | kTrack>{});
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> multi_aggregate_forward(const at::Tensor& x, const at::Tensor& rowptr,
                                                            const at::Tensor& col,
                                                            const c10::optional<at::Tensor>& weight,
@@ -274,6 +333,17 @@ std::tuple<at::Tensor, at::Tensor> multi_aggregate_forward(const at::Tensor& x, 
             weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr, codes, need, out.data_ptr<scalar_t>(),
             num_arg ? arg.data_ptr<index_t>() : nullptr, num_rows, F);
       };
+      if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+        if (!need.mul) {
+          dispatch_stats(need, num_arg > 0, [&](auto stats) {
+            multi_kernel_tiled<decltype(stats)::value, scalar_t, index_t>(
+                x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(),
+                weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr, codes, need, out.data_ptr<scalar_t>(),
+                num_arg ? arg.data_ptr<index_t>() : nullptr, num_rows, F, x.size(0));
+          });
+          return;
+        }
+      }
       const bool ext = need.max || need.min;
       if (num_arg) {  // (winners are tracked only for max/min)
         if (need.sq) run(std::true_type{}, std::true_type{}, std::true_type{});
@@ -468,6 +538,152 @@ void multi_backward_kernel(const scalar_t* grad_out, const scalar_t* x, const sc
   }
 }
 
+// Backward of x alone for float/double without "mul" (the training path of PNA-style layers), in
+// three vectorised steps:
+//   1. per target row i: the coefficients of dm = c[i] + d[i] m (see multi_backward_kernel) into
+//      coef, rows of [c | d] (2F) or [c] (F);
+//   2. per source row j: grad_x[j] = sum_e w c[i] + x[j] sum_e w^2 d[i] over its transpose row, in
+//      register tiles (multi_tiles.h): one contiguous coefficient row read per edge, where the
+//      one-pass kernel read c, d and built each edge's dm in memory;
+//   3. max/min: each (target, feature) adds its gradient into its winner's source row, max then
+//      min per target, targets in ascending order, threads splitting the features: the additions
+//      into an element come in one fixed order for any thread count.
+template <typename T, typename index_t>
+void multi_backward_x(const T* grad_out, const T* x, const T* out, const index_t* rowptr, const index_t* col,
+                      const T* weight, const index_t* t_rowptr, const index_t* t_col, const index_t* t_pos,
+                      const index_t* arg, const std::vector<int64_t>& codes, const Needs need, T* grad_x,
+                      int64_t num_rows, int64_t num_src, int64_t num_x_rows, int64_t F) {
+  const int64_t K = static_cast<int64_t>(codes.size());
+  auto find = [&](int64_t code) {
+    for (int64_t k = 0; k < K; ++k) if (codes[k] == code) return k;
+    return int64_t(-1);
+  };
+  const int64_t k_max = find(reduce_code::kMax), k_min = find(reduce_code::kMin);
+  const int64_t k_mean = find(reduce_code::kMean), k_sum = find(reduce_code::kSum);
+  const bool linear = need.sum, quadratic = need.sq;
+  const int64_t W = quadratic ? 2 : 1;  // coefficient row width in units of F
+  if (linear) {
+    std::unique_ptr<T[]> coef_buf(new T[num_rows * W * F]);  // (rows of empty targets are never read)
+    T* coef = coef_buf.get();
+    parallel_over_rows(rowptr, num_rows, K * F, [&](int64_t row_begin, int64_t row_end) {
+      const bool mean_from_edges = quadratic && k_mean < 0 && k_sum < 0;
+      std::vector<T> mean_buf(mean_from_edges ? F : 0);
+      const int mean_code = reduce_code::kMean;
+      const multi::Outputs<index_t> mean_out{&mean_code, 1, nullptr, nullptr};
+      for (int64_t i = row_begin; i < row_end; ++i) {
+        const int64_t e0 = rowptr[i], e1 = rowptr[i + 1];
+        if (e0 == e1) continue;
+        const T inv = T(1) / static_cast<T>(e1 - e0);
+        const T* g = grad_out + i * K * F;
+        const T* o = out + i * K * F;
+        T* ci = coef + i * W * F;
+        T* di = ci + F;
+        const T* mean = nullptr;
+        T mean_scale = T(1);
+        if (quadratic) {
+          if (k_mean >= 0) {
+            mean = o + k_mean * F;
+          } else if (k_sum >= 0) {
+            mean = o + k_sum * F;
+            mean_scale = inv;
+          } else {  // the mean is not among the outputs: one register-tiled pass over the row
+            if (weight) {
+              multi::stats_row<multi::kLin, T, index_t, true>(x, F, col, e0, e1, [weight](int64_t e) { return weight[e]; },
+                                                             mean_buf.data(), mean_out, 0, 0);
+            } else {
+              multi::stats_row<multi::kLin, T, index_t, false>(x, F, col, e0, e1, Unscaled{}, mean_buf.data(), mean_out,
+                                                              0, 0);
+            }
+            mean = mean_buf.data();
+          }
+        }
+        std::fill(ci, ci + W * F, T(0));
+        for (int64_t k = 0; k < K; ++k) {
+          const T* gk = g + k * F;
+          const T* ok = o + k * F;
+          switch (codes[k]) {
+            case reduce_code::kSum:
+#pragma omp simd
+              for (int64_t f = 0; f < F; ++f) ci[f] += gk[f];
+              break;
+            case reduce_code::kMean:
+#pragma omp simd
+              for (int64_t f = 0; f < F; ++f) ci[f] += gk[f] * inv;
+              break;
+            case reduce_code::kVar:
+#pragma omp simd
+              for (int64_t f = 0; f < F; ++f) {  // d var / d m = 2 (m - mean) / deg
+                ci[f] -= T(2) * gk[f] * (mean[f] * mean_scale) * inv;
+                di[f] += T(2) * gk[f] * inv;
+              }
+              break;
+            case reduce_code::kStd:
+#pragma omp simd
+              for (int64_t f = 0; f < F; ++f) {  // d std = d var / (2 std) where std > 0
+                const T gv = ok[f] > T(0) ? gk[f] / (T(2) * ok[f]) : T(0);
+                ci[f] -= T(2) * gv * (mean[f] * mean_scale) * inv;
+                di[f] += T(2) * gv * inv;
+              }
+              break;
+            default:
+              break;
+          }
+        }
+      }
+    });
+    const bool prefetch = num_rows * W * F * static_cast<int64_t>(sizeof(T)) > kPrefetchMinSourceBytes;
+    const int64_t ahead = prefetch_ahead(W * F * static_cast<int64_t>(sizeof(T)));
+    parallel_over_rows(t_rowptr, num_src, W * F, [&](int64_t src_begin, int64_t src_end) {
+      const int64_t prefetch_end = prefetch ? static_cast<int64_t>(t_rowptr[src_end]) : 0;
+      for (int64_t j = src_begin; j < src_end; ++j) {
+        const int64_t q0 = t_rowptr[j], q1 = t_rowptr[j + 1];
+        T* gx = grad_x + j * F;
+        if (q0 == q1) {
+          std::fill(gx, gx + F, T(0));
+        } else if (quadratic) {
+          if (weight) multi::linear_grad_row<true, true>(coef, x + j * F, weight, t_col, t_pos, F, q0, q1, gx, ahead, prefetch_end);
+          else multi::linear_grad_row<true, false>(coef, x + j * F, weight, t_col, t_pos, F, q0, q1, gx, ahead, prefetch_end);
+        } else {
+          if (weight) multi::linear_grad_row<false, true>(coef, x + j * F, weight, t_col, t_pos, F, q0, q1, gx, ahead, prefetch_end);
+          else multi::linear_grad_row<false, false>(coef, x + j * F, weight, t_col, t_pos, F, q0, q1, gx, ahead, prefetch_end);
+        }
+      }
+    });
+    std::fill(grad_x + num_src * F, grad_x + num_x_rows * F, T(0));  // sources without edges
+  } else {
+    std::fill(grad_x, grad_x + num_x_rows * F, T(0));
+  }
+  if (k_max < 0 && k_min < 0) return;
+  const int64_t min_slot = need.max ? 1 : 0;
+  const index_t* win_max = k_max >= 0 ? arg : nullptr;
+  const index_t* win_min = k_min >= 0 ? arg + min_slot * num_rows * F : nullptr;
+  auto scatter = [&](int64_t f0, int64_t f1) {
+    for (int64_t i = 0; i < num_rows; ++i) {
+      if (rowptr[i] == rowptr[i + 1]) continue;  // an empty row: no winner
+      const T* g = grad_out + i * K * F;
+      for (int s = 0; s < 2; ++s) {
+        const index_t* win = (s == 0 ? win_max : win_min);
+        if (win == nullptr) continue;
+        win += i * F;
+        const T* gk = g + (s == 0 ? k_max : k_min) * F;
+        for (int64_t f = f0; f < f1; ++f) {
+          const int64_t p = win[f];
+          const T w = weight ? weight[p] : T(1);
+          grad_x[static_cast<int64_t>(col[p]) * F + f] += gk[f] * w;
+        }
+      }
+    }
+  };
+  // threads take whole vectors of features (at least 64 bytes each: no shared cache line)
+  constexpr int64_t L = kLanes<T>;
+  const int64_t slices = (F + L - 1) / L;
+  if (num_rows * F < (int64_t{1} << 16) || slices == 1) {
+    scatter(0, F);
+  } else {
+    at::parallel_for(0, slices, 1, [&](int64_t s0, int64_t s1) { scatter(s0 * L, std::min(F, s1 * L)); });
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> multi_aggregate_backward(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& out, const at::Tensor& rowptr,
     const at::Tensor& col, const c10::optional<at::Tensor>& weight, const at::Tensor& t_rowptr,
@@ -480,10 +696,28 @@ std::tuple<at::Tensor, at::Tensor> multi_aggregate_backward(
   const int64_t num_rows = rowptr.numel() - 1, F = x.size(1), num_src = t_rowptr.numel() - 1;
   TORCH_CHECK(num_src <= x.size(0), "multi_aggregate_backward: transpose has more rows than x");
   TORCH_CHECK(!(need.max || need.min) || arg.dim() == 3, "multi_aggregate_backward: max/min need their winners");
-  auto grad_x = need_x_grad ? at::zeros_like(x) : at::empty({0}, x.options());
   const bool need_w = need_weight_grad && weight.has_value();
+  const bool fast = need_x_grad && !need_w && !need.mul &&
+                    (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
+  auto grad_x = need_x_grad ? (fast ? at::empty_like(x) : at::zeros_like(x)) : at::empty({0}, x.options());
   auto grad_w = need_w ? at::zeros({col.numel()}, x.options()) : at::empty({0}, x.options());
-  if (F == 0 || col.numel() == 0 || (!need_x_grad && !need_w)) return {grad_x, grad_w};
+  if (F == 0 || col.numel() == 0 || (!need_x_grad && !need_w)) {
+    if (need_x_grad) grad_x.zero_();
+    return {grad_x, grad_w};
+  }
+  if (fast) {
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "multi_aggregate_backward_x", [&] {
+      AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "multi_aggregate_backward_x_index", [&] {
+        multi_backward_x<scalar_t, index_t>(
+            grad_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+            rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(),
+            weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr, t_rowptr.data_ptr<index_t>(),
+            t_col.data_ptr<index_t>(), t_pos.data_ptr<index_t>(), arg.numel() ? arg.data_ptr<index_t>() : nullptr,
+            codes, need, grad_x.data_ptr<scalar_t>(), num_rows, num_src, x.size(0), F);
+      });
+    });
+    return {grad_x, grad_w};
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "multi_aggregate_backward", [&] {
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "multi_aggregate_backward_index", [&] {
       multi_backward_kernel<scalar_t, index_t>(

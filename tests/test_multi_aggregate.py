@@ -205,3 +205,26 @@ def test_unweighted_x_gradient(aggrs, backend):
     got = torch.autograd.grad((multi_aggregate(x, ei, aggrs, backend=backend) * go).sum(), x)[0]
     want = torch.autograd.grad((_ref(x, ei, aggrs) * go).sum(), x)[0]
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the C++ register tiles")
+@pytest.mark.parametrize("width,dtype", [(37, torch.float32), (80, torch.float32), (21, torch.float64)])
+def test_cpu_register_tiles_match_reference(width, dtype):
+    # widths that use every tile (4, 2, 1 vectors and the masked tail); winners match the
+    # single-reduction max/min kernels'; a NaN message takes the exact path; the gradient of x
+    ei = _graph(num_nodes=40, num_edges=300, seed=5)
+    x = torch.randn(40, width, dtype=dtype)
+    aggrs = ["mean", "min", "max", "std", "sum", "var"]
+    got = gnnfuse.fused_gather_scatter(x, ei, aggrs)
+    torch.testing.assert_close(got, _ref(x, ei, aggrs), atol=1e-4, rtol=1e-4)
+    xn = x.clone()
+    xn[int(ei[0, 5]), 3] = float("nan")
+    torch.testing.assert_close(gnnfuse.fused_gather_scatter(xn, ei, ["max", "min"]), _ref(xn, ei, ["max", "min"]),
+                               equal_nan=True)
+    xg = x.clone().requires_grad_()
+    go = torch.randn(40, len(aggrs) * width, dtype=dtype)
+    got = torch.autograd.grad((gnnfuse.fused_gather_scatter(xg, ei, aggrs) * go).sum(), xg)[0]
+    want = torch.autograd.grad((_ref(xg, ei, aggrs) * go).sum(), xg)[0]
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+    again = torch.autograd.grad((gnnfuse.fused_gather_scatter(xg, ei, aggrs) * go).sum(), xg)[0]
+    assert torch.equal(got, again)  # deterministic

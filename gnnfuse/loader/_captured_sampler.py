@@ -20,10 +20,7 @@ from torch_geometric.sampler import SamplerOutput
 
 from ..csr import _check
 from . import _torch_sampling
-from ._sampler import NeighborSampler
-
-_P = 2**31 - 1  # the kernel seeds' modulus (NeighborSampler.sample)
-_CALL_STRIDE = 104_729
+from ._sampler import CALL_STRIDE, SEED_MODULUS, NeighborSampler
 
 
 class CapturedSampler:
@@ -75,7 +72,7 @@ class CapturedSampler:
 
     def _hops_from_static(self) -> None:
         s = self.sampler
-        kernel_seed = (self._call * _CALL_STRIDE + s._kernel_seed) % _P  # NeighborSampler.sample's, on the device
+        kernel_seed = (self._call * CALL_STRIDE + s._kernel_seed) % SEED_MODULUS  # NeighborSampler.sample's, on the device
         self._hops = _torch_sampling.padded_hops(s.colptr, s.row, self._seeds, s.num_neighbors, s.replace, None,
                                                  s._local, s._first, kernel_seed)
         self._sizes = torch.stack(self._hops.counts)

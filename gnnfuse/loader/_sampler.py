@@ -22,6 +22,9 @@ from ..csr import _check
 from ..ops.coo_to_csr import coo_to_csr
 from . import _torch_sampling
 
+# each call's kernel seed: (seed + calls * CALL_STRIDE) % SEED_MODULUS, so successive batches draw apart
+CALL_STRIDE, SEED_MODULUS = 104_729, SEED_BOUND - 1
+
 _SUBGRAPH_TYPES = ("directional",)
 
 
@@ -97,7 +100,7 @@ class NeighborSampler(BaseSampler):
         self.generator = torch.Generator(self.device)
         # no seed: fresh entropy, leaving torch's global generator untouched
         self.generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") % 2**62)
-        self._kernel_seed, self._calls = int(self.generator.initial_seed()) % (SEED_BOUND - 1), 0
+        self._kernel_seed, self._calls = int(self.generator.initial_seed()) % SEED_MODULUS, 0
         self._lock = threading.Lock()  # the scratch maps below serve one call at a time
         self._local = torch.full((self.num_nodes + 1,), -1, dtype=torch.long, device=self.device)  # + a sink
         self._first = torch.full((self.num_nodes + 1,), _torch_sampling.UNSEEN, dtype=torch.long, device=self.device)
@@ -111,7 +114,7 @@ class NeighborSampler(BaseSampler):
         moved.colptr, moved.row = self.colptr.to(moved.device), self.row.to(moved.device)
         moved.generator = torch.Generator(moved.device)
         moved.generator.manual_seed(int(torch.randint(2**62, (1,), generator=self.generator, device=self.device)))
-        moved._kernel_seed, moved._calls = int(moved.generator.initial_seed()) % (SEED_BOUND - 1), 0
+        moved._kernel_seed, moved._calls = int(moved.generator.initial_seed()) % SEED_MODULUS, 0
         moved._lock = threading.Lock()
         moved._local = torch.full_like(self._local, -1, device=moved.device)
         moved._first = torch.full_like(self._first, _torch_sampling.UNSEEN, device=moved.device)
@@ -144,7 +147,7 @@ class NeighborSampler(BaseSampler):
                 kernel_seed = None
                 if self.picks == "triton" or (self.picks == "auto" and self.device.type == "cuda"):
                     self._calls += 1
-                    kernel_seed = (self._kernel_seed + self._calls * 104_729) % (SEED_BOUND - 1)
+                    kernel_seed = (self._kernel_seed + self._calls * CALL_STRIDE) % SEED_MODULUS
                 out = self._sample_torch(seeds, kernel_seed)
         node, row, col, edge, per_hop_nodes, per_hop_edges = out
         return SamplerOutput(node=node, row=row, col=col, edge=edge, batch=batch,

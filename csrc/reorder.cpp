@@ -3,9 +3,10 @@
 //
 // Every target row with in-edges takes the label that most of its first `max_votes` in-neighbours
 // (in CSR order) carry; ties go to the highest label; rows without in-edges keep their own. The
-// torch-ops version in ordering.py (_vote_torch, the GPU path) computes exactly the same labels;
-// this one exists because that version's [rows, max_votes, max_votes] comparison costs seconds per
-// round on a 2-core CPU, where one pass over the rows here costs tens of milliseconds.
+// torch-ops version in ordering.py (_vote_torch: the fallback and the tests' reference) and the
+// Triton one (gnnfuse/triton/vote.py, the GPU path) compute exactly the same labels; this one exists
+// because the torch version's [rows, max_votes, max_votes] comparison costs seconds per round on a
+// 2-core CPU, where one pass over the rows here costs tens of milliseconds.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 

@@ -28,6 +28,7 @@ import shutil
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -297,6 +298,17 @@ def load_extension(extension: str = "graph") -> ModuleType:
                 _errors[extension] = exc
                 raise
     return _modules[extension]
+
+
+def optional_extension(extension: str, unavailable: str, stacklevel: int = 2) -> ModuleType | None:
+    """``load_extension(extension)``, or None with a warning ``"gnnfuse: C++ <unavailable> instead
+    (<why>)"`` when it cannot be built: for callers that have a torch-ops fallback.
+    ``stacklevel`` counts from the caller of this function, as in ``warnings.warn``."""
+    try:
+        return load_extension(extension)
+    except BuildError as exc:
+        warnings.warn(f"gnnfuse: C++ {unavailable} instead ({exc})", stacklevel=stacklevel + 1)
+        return None
 
 
 def extension_available(extension: str = "graph") -> bool:

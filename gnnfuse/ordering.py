@@ -219,15 +219,9 @@ def _vote_function(csr: CSR, votes: int, labels: int):
 
 
 def _reorder_extension():
-    from ._build import BuildError, load_extension
+    from ._build import optional_extension
 
-    try:
-        return load_extension("reorder")
-    except BuildError as exc:
-        import warnings
-
-        warnings.warn(f"gnnfuse: C++ reorder helper unavailable, voting with torch ops instead ({exc})", stacklevel=4)
-        return None
+    return optional_extension("reorder", "reorder helper unavailable, voting with torch ops", stacklevel=4)
 
 
 def _vote_torch(csr: CSR, votes: int):

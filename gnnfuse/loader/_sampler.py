@@ -16,7 +16,7 @@ import warnings
 import torch
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
-from .._build import BuildError, load_extension
+from .._build import optional_extension
 from ..constants import INT32_MAX, SEED_BOUND
 from ..csr import _check
 from ..ops.coo_to_csr import coo_to_csr
@@ -42,11 +42,7 @@ class _NeverRaised(Exception):
 
 
 def _extension_or_none():
-    try:
-        return load_extension("sampler")
-    except BuildError as exc:
-        warnings.warn(f"gnnfuse: C++ sampler unavailable, sampling with torch ops instead ({exc})", stacklevel=3)
-        return None
+    return optional_extension("sampler", "sampler unavailable, sampling with torch ops", stacklevel=3)
 
 
 class NeighborSampler(BaseSampler):

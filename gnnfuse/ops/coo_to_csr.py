@@ -3,12 +3,10 @@ checks of a CSR built elsewhere (:func:`validate_csr`, :func:`validate_perm`; wi
 what they checked: :func:`check_structure_and_stamp`, :func:`check_perm_and_stamp`)."""
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from .. import _tensor_cache, config, range_check, reference
-from .._build import BuildError, load_extension
+from .._build import optional_extension
 from .._validate import IndexOutOfRange
 from ._opdef import OpDef, use_native_scan
 
@@ -17,10 +15,8 @@ from ._opdef import OpDef, use_native_scan
 
 
 def _extension_or_none():
-    try:
-        ext = load_extension()
-    except BuildError as exc:
-        warnings.warn(f"gnnfuse: C++ kernels unavailable, sorting with torch instead ({exc})", stacklevel=4)
+    ext = optional_extension("graph", "kernels unavailable, sorting with torch", stacklevel=4)
+    if ext is None:
         return None
     # loaded anyway: the graphs it builds and checks get C++ stamps, per-call settings are read
     # through C's getenv and the ops' eager route scans its arguments in C++ (each ~0.5 us a call less)

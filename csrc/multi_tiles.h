@@ -211,13 +211,7 @@ inline void stats_tile(const T* x, int64_t F, const index_t* col, int64_t e0, in
       if constexpr (kE) fold_ext<kExact, kW, T>(v, mx[k], mn[k], wx[k], wn[k], pos);
     }
   };
-  const int64_t prefetch_until = std::max<int64_t>(e0 + 1, std::min<int64_t>(e1, prefetch_end - ahead));
-  int64_t e = e0 + 1;
-  for (; e < prefetch_until; ++e) {
-    prefetch_lines<kLines>(x + static_cast<int64_t>(col[e + ahead]) * F);
-    fold(e);
-  }
-  for (; e < e1; ++e) fold(e);
+  fold_rest_prefetched<kLines>(x, col, F, e0, e1, ahead, prefetch_end, fold);
   if constexpr (kE && !kExact) {
     bool nan = false;
 #pragma GCC unroll 8

@@ -14,6 +14,7 @@
 // nothing to fetch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -82,6 +83,21 @@ inline void prefetch_lines(const void* p) {
   const char* c = static_cast<const char*>(p);
 #pragma GCC unroll 8
   for (int l = 0; l < kLines; ++l) __builtin_prefetch(c + 64 * l, 0, 3);
+}
+
+// Folds a row's edges e0 + 1 .. e1 - 1 in CSR order with fold(e) (the caller took edge e0),
+// prefetching `kLines` lines of the source row `ahead` edges further on while that edge lies
+// below prefetch_end; the edges past that point are folded without the prefetch test.
+template <int kLines, typename T, typename index_t, typename Fold>
+inline void fold_rest_prefetched(const T* x, const index_t* col, int64_t F, int64_t e0, int64_t e1, int64_t ahead,
+                                 int64_t prefetch_end, const Fold& fold) {
+  const int64_t prefetch_until = std::max<int64_t>(e0 + 1, std::min<int64_t>(e1, prefetch_end - ahead));
+  int64_t e = e0 + 1;
+  for (; e < prefetch_until; ++e) {
+    prefetch_lines<kLines>(x + static_cast<int64_t>(col[e + ahead]) * F);
+    fold(e);
+  }
+  for (; e < e1; ++e) fold(e);
 }
 
 // The message scale m(e) is a functor `T scale(int64_t e)`: weight[e] in the forward with edge
@@ -197,13 +213,7 @@ inline void reduce_row_tile(const T* x, int64_t F, const index_t* col, int64_t e
   } else
 #endif
   {
-    const int64_t prefetch_until = std::max<int64_t>(e0 + 1, std::min<int64_t>(e1, prefetch_end - ahead));
-    int64_t e = e0 + 1;
-    for (; e < prefetch_until; ++e) {
-      prefetch_lines<kLines>(x + static_cast<int64_t>(col[e + ahead]) * F);
-      fold(e);
-    }
-    for (; e < e1; ++e) fold(e);
+    fold_rest_prefetched<kLines>(x, col, F, e0, e1, ahead, prefetch_end, fold);
   }
   if constexpr (std::is_same_v<Red, Reducer<Reduce::Mean>>) {
     const T count = static_cast<T>(e1 - e0);

@@ -34,26 +34,15 @@ LOOSER = {("gat_attention", "triton"): 1e-7, ("gatv2_attention", "triton"): 1e-7
 NOT_COMPILED = {("structured_scatter_add", "reference"): "the reference's bounds check reads the indices on the host"}
 
 
-def _gather_scatter(reduce):
+def _gather_scatter(reduce, seed=1):
+    """``reduce``: a reduction's name, or a list of them (multi-aggregation, one pass)."""
     def make(g, device=DEVICE):
-        ei = random_graph(7, 6, 20, seed=1).to(device)
+        ei = random_graph(7, 6, 20, seed=seed).to(device)
         return [torch.randn(7, 3, dtype=torch.float64, generator=g).to(device),
                 torch.rand(20, dtype=torch.float64, generator=g).to(device)], dict(ei=ei)
 
     def call(x, w, *, ei, backend):
         return gnnfuse.fused_gather_scatter(x, ei, reduce, edge_weight=w, num_nodes=6, backend=backend)
-
-    return make, call
-
-
-def _multi_aggregate(aggrs):
-    def make(g, device=DEVICE):
-        ei = random_graph(7, 6, 20, seed=6).to(device)
-        return [torch.randn(7, 3, dtype=torch.float64, generator=g).to(device),
-                torch.rand(20, dtype=torch.float64, generator=g).to(device)], dict(ei=ei)
-
-    def call(x, w, *, ei, backend):
-        return gnnfuse.fused_gather_scatter(x, ei, aggrs, edge_weight=w, num_nodes=6, backend=backend)
 
     return make, call
 
@@ -147,7 +136,7 @@ OPS = {
     "gather_scatter_mean": _gather_scatter("mean"),
     "gather_scatter_min": _gather_scatter("min"),
     "gather_scatter_mul": _gather_scatter("mul"),
-    "multi_aggregate": _multi_aggregate(["sum", "mean", "min", "max", "mul", "var", "std"]),
+    "multi_aggregate": _gather_scatter(["sum", "mean", "min", "max", "mul", "var", "std"], seed=6),
     "head_gather_scatter_sum": _head_gather_scatter("sum"),
     "head_gather_scatter_mean": _head_gather_scatter("mean"),
     "planarity_nll": _planarity(),

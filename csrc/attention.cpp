@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attention_common.h"
+#include "attention_tiles.h"
 
 namespace gnnfuse {
 namespace {
@@ -33,7 +34,7 @@ using namespace attention_detail;
 // s[n*H + h] = a_node[h] + a_other[other_n, h] (+ the edge term): the logits before leaky_relu.
 // a_other's rows are `stride` apart (the transpose pass reads a_dst from a packed per-target row).
 template <typename scalar_t, typename other_t, typename acc_t>
-void edge_logits(const Params& P, const std::vector<Edge>& edges, const scalar_t* a_node, const other_t* a_other,
+void edge_logits(const Params& P, const EdgeList& edges, const scalar_t* a_node, const other_t* a_other,
                  int64_t stride, const scalar_t* a_edge, const scalar_t* a_loop_row, acc_t* s) {
   const int64_t H = P.H, n_edges = edges.size();
   for (int64_t n = 0; n < std::min(kAhead, n_edges); ++n) prefetch_row(a_other + edges[n].other * stride, stride);
@@ -55,6 +56,8 @@ void forward_kernel(const Params& P, const scalar_t* x, const scalar_t* a_src, c
                     scalar_t* out, at::opmath_type<scalar_t>* m_out, at::opmath_type<scalar_t>* z_out) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t H = P.H, F = P.F, HF = H * F;
+  const bool tiles = register_tiles_fit<scalar_t, acc_t>(H, F);
+  const HeadLanes heads(H, F);
   parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
     std::vector<acc_t> acc(HF);
     Scratch<acc_t> S;
@@ -83,11 +86,16 @@ void forward_kernel(const Params& P, const scalar_t* x, const scalar_t* a_src, c
 #pragma omp simd
         for (int64_t q = 0; q < n * H; ++q) w[q] *= k[q];
       }
-      std::fill(acc.begin(), acc.end(), acc_t(0));
-      for (int64_t e = 0; e < n; ++e) {
-        if (e + kAhead < n) prefetch_row(x + S.edges[e + kAhead].other * HF, HF);
-        const scalar_t* xr = x + S.edges[e].other * HF;
-        for (int64_t h = 0; h < H; ++h) axpy<FF>(acc.data() + h * F, xr + h * F, w[e * H + h], F);
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        if (tiles) weighted_row_sum(S.edges, w, H, heads, x, acc.data());
+      }
+      if (!tiles) {
+        std::fill(acc.begin(), acc.end(), acc_t(0));
+        for (int64_t e = 0; e < n; ++e) {
+          if (e + kAhead < n) prefetch_row(x + S.edges[e + kAhead].other * HF, HF);
+          const scalar_t* xr = x + S.edges[e].other * HF;
+          for (int64_t h = 0; h < H; ++h) axpy<FF>(acc.data() + h * F, xr + h * F, w[e * H + h], F);
+        }
       }
       scalar_t* o = out + i * HF;
       for (int64_t h = 0; h < H; ++h) {

@@ -58,6 +58,24 @@ struct Edge {
   int64_t other, pos, id;
 };
 
+// A row's edges, in a buffer that only grows (once the longest row has been seen no row
+// allocates) and with an append the compiler inlines (std::vector's push_back stayed an
+// out-of-line call per edge, a tenth of the GAT forward's time).
+class EdgeList {
+ public:
+  void clear() { n_ = 0; }
+  void reserve(int64_t count) {
+    if (int64_t(buf_.size()) < count) buf_.resize(count);
+  }
+  void push_back(const Edge& e) { buf_[n_++] = e; }  // within what reserve() made room for
+  int64_t size() const { return n_; }
+  const Edge& operator[](int64_t i) const { return buf_[i]; }
+
+ private:
+  std::vector<Edge> buf_;
+  int64_t n_ = 0;
+};
+
 // Feature rows of other endpoints are random reads: the first kAhead are prefetched while the
 // row's edges are collected, later ones kAhead edges before use (as the gather-scatter kernel does).
 constexpr int64_t kAhead = 8;
@@ -73,8 +91,9 @@ inline void prefetch_row(const scalar_t* row, int64_t elems) {
 // `rows` (row width `width`) is the feature matrix the caller will read at the other endpoints.
 template <typename index_t, typename scalar_t>
 void collect_edges(const Params& P, const index_t* ptr, const index_t* nbr, const index_t* pos, int64_t node,
-                   std::vector<Edge>& edges, const scalar_t* rows, int64_t width) {
+                   EdgeList& edges, const scalar_t* rows, int64_t width) {
   edges.clear();
+  edges.reserve(int64_t(ptr[node + 1] - ptr[node]) + 1);  // the row's edges and the virtual loop
   for (int64_t q = ptr[node]; q < ptr[node + 1]; ++q) {
     const int64_t other = nbr[q], k = pos ? int64_t(pos[q]) : q;
     if (P.self_loops && other == node) continue;
@@ -109,14 +128,18 @@ void dispatch_width(int64_t F, Fn&& fn) {
   else fn(std::integral_constant<int, 0>{});
 }
 
+// Readable entries past a row's n * H softmax weights (attention_tiles.h loads a whole vector
+// of an edge's weights).
+constexpr int64_t kWeightPad = 16;
+
 template <typename acc_t>
 struct Scratch {
-  std::vector<Edge> edges;
+  EdgeList edges;
   std::vector<acc_t> s, w, keep;  // per (edge, head): pre-activation logit; softmax weight; dropout factor
   std::vector<uint32_t> counter;
   void size_for(int64_t H) {
     s.resize(edges.size() * H);
-    w.resize(edges.size() * H);
+    w.resize(edges.size() * H + kWeightPad);
   }
   // keep[e * H + h]: edge e's dropout factor for head h, 1 / (1 - p) where kept and 0 where
   // dropped (dropout_keep's mask, bit for bit), for the whole row at once: the counters first,

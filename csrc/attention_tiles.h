@@ -1,0 +1,109 @@
+// The attention forwards' weighted row sum with the accumulators in registers:
+//   acc[h*F + f] = sum over the row's edges e of c[e*H + h] * rows[other_e, h*F + f]
+// in tiles of up to 4 vectors of 16 floats. A per-edge loop of one axpy per head through a
+// memory accumulator makes every edge a load-add-store round trip per head (at 8 heads x 8
+// features, 8 stores per edge, which is where the forward spent most of its time); here the tile
+// stays in registers over the row. A vector's lanes take their head's weight: a broadcast when a
+// head spans whole vectors (F a multiple of 16), a lane shuffle of the edge's weights when a
+// vector holds several heads (F = 1, 2, 4, 8). Each element is still folded edge after edge in
+// the row's order, with the same multiply-add as the memory loop: results are bitwise the same.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "attention_common.h"
+#include "row_tiles.h"
+
+namespace gnnfuse {
+namespace attention_detail {
+
+// Whether weighted_row_sum takes a row of H heads of F features: float rows, whole vectors, and
+// (GCC's lane shuffle) heads that tile a vector exactly. Other rows use the callers' scalar loop.
+template <typename scalar_t, typename acc_t>
+inline bool register_tiles_fit(int64_t H, int64_t F) {
+#if defined(__GNUC__) && !defined(__clang__)
+  constexpr int64_t L = kLanes<float>;
+  return std::is_same_v<scalar_t, float> && std::is_same_v<acc_t, float> && (H * F) % L == 0 &&
+         (F % L == 0 || L % F == 0);
+#else
+  return false;
+#endif
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+typedef int32_t LaneIndex __attribute__((vector_size(64)));
+
+// Which head each lane of each vector of a row belongs to, worked out once per kernel call (per
+// row it cost as much as the sums on short rows): vector v's lanes take the weights of heads
+// first[v] + lane[v][l].
+struct HeadLanes {
+  std::vector<int64_t> first;
+  std::vector<LaneIndex> lane;
+  bool one_head;  // every vector within one head: a broadcast of its weight
+  HeadLanes(int64_t H, int64_t F) : one_head(F % kLanes<float> == 0) {
+    constexpr int64_t L = kLanes<float>;
+    for (int64_t f0 = 0; f0 + L <= H * F; f0 += L) {
+      first.push_back(f0 / F);
+      LaneIndex idx;
+      for (int64_t l = 0; l < L; ++l) idx[l] = int32_t((f0 + l) / F - f0 / F);
+      lane.push_back(idx);
+    }
+  }
+};
+
+template <int NV, bool kOneHead>
+inline void weighted_tile(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads, int64_t v0,
+                          const float* rows, int64_t width, float* acc) {
+  constexpr int64_t L = kLanes<float>;
+  const int64_t f0 = v0 * L;
+  Vec64<float> a[NV];
+  int64_t h0[NV];
+  LaneIndex lane[NV];
+  for (int v = 0; v < NV; ++v) a[v] = Vec64<float>{}, h0[v] = heads.first[v0 + v], lane[v] = heads.lane[v0 + v];
+  const int64_t n = edges.size();
+  for (int64_t e = 0; e < n; ++e) {
+    if (f0 == 0 && e + kAhead < n) prefetch_row(rows + edges[e + kAhead].other * width, width);
+    const float* x = rows + edges[e].other * width + f0;
+    const float* ce = c + e * H;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      Vec64<float> cv;
+      if constexpr (kOneHead) cv = Vec64<float>{} + ce[h0[v]];
+      else cv = __builtin_shuffle(load_vec(ce + h0[v]), lane[v]);
+      a[v] += cv * load_vec(x + v * L);
+    }
+  }
+  for (int v = 0; v < NV; ++v) store_vec(acc + f0 + v * L, a[v]);
+}
+
+// acc[0 : H*F] = the row's weighted sum (see the top of the file); call only where
+// register_tiles_fit. c holds n * H weights and kWeightPad readable entries past them
+// (the lane shuffle loads a whole vector of an edge's weights).
+inline void weighted_row_sum(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads,
+                             const float* rows, float* acc) {
+  const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
+  for (int64_t v0 = 0; v0 < nvec; v0 += 4) {
+    auto tile = [&](auto nv_c) {
+      constexpr int NV = decltype(nv_c)::value;
+      if (heads.one_head) weighted_tile<NV, true>(edges, c, H, heads, v0, rows, width, acc);
+      else weighted_tile<NV, false>(edges, c, H, heads, v0, rows, width, acc);
+    };
+    const int64_t nv = std::min<int64_t>(4, nvec - v0);
+    if (nv == 4) tile(std::integral_constant<int, 4>{});
+    else if (nv == 3) tile(std::integral_constant<int, 3>{});
+    else if (nv == 2) tile(std::integral_constant<int, 2>{});
+    else tile(std::integral_constant<int, 1>{});
+  }
+}
+#else  // never called (register_tiles_fit is false): the callers' scalar loop runs
+struct HeadLanes {
+  HeadLanes(int64_t, int64_t) {}
+};
+inline void weighted_row_sum(const EdgeList&, const float*, int64_t, const HeadLanes&, const float*, float*) {}
+#endif
+
+}  // namespace attention_detail
+}  // namespace gnnfuse

@@ -199,9 +199,10 @@ def test_opcheck_with_transpose_order_weight():
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                     reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
-def test_triton_backward_given_transpose_order_weight(reduce):
-    """The Triton backward takes the same copy (it then skips its own gather through t_pos): the
-    same gradient bitwise; and through the public call, with the cache in play."""
+def test_triton_backward_given_transpose_order_weight(reduce, monkeypatch):
+    """The Triton backward takes the same copy and then skips its own gather through t_pos (one
+    launch and an E-sized gather per call): the same gradient bitwise; and through the public call,
+    with the cache in play, no gather of the weights from the third backward on."""
     pytest.importorskip("triton")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     from gnnfuse.triton import gather_scatter as tgs
@@ -215,7 +216,14 @@ def test_triton_backward_given_transpose_order_weight(reduce):
     a = tgs.backward(go, x, csr.rowptr, csr.col, w, *t, arg, reduce, True, False)[0]
     b = tgs.backward(go, x, csr.rowptr, csr.col, w, *t, arg, reduce, True, False, t_weight=w.index_select(0, t[2]))[0]
     assert torch.equal(a, b)
-    grads = [_grad(x, csr, reduce, w, backend="triton") for _ in range(3)]
+    gathers = []
+    real = torch.Tensor.index_select
+    monkeypatch.setattr(torch.Tensor, "index_select", lambda t, dim, idx: gathers.append(t.shape) or real(t, dim, idx))
+    grads = []
+    for _ in range(3):
+        gathers.clear()
+        grads.append(_grad(x, csr, reduce, w, backend="triton"))
+    assert gathers.count((csr.num_edges,)) == 0  # the forward's CSR-order copy and this copy: both cached
     assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2])
     want = _grad(x.cpu(), csr.to("cpu"), reduce, w.cpu(), backend="reference")
     torch.testing.assert_close(grads[0].cpu(), want)

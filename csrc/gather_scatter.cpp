@@ -177,8 +177,9 @@ void mul_zero_stats(const scalar_t* x, const index_t* rowptr, const index_t* col
 //   grad_x[j, f] += dm * w[e],   grad_w[p] = sum_f dm * x[j, f]   (only when NeedW).
 // Each edge is visited once by the thread owning its source row: no atomics, no E x F buffer.
 // `t_weight` (may be null) is weight[t_pos] laid out in transpose order, cached by the caller
-// across calls: the sum/mean x-gradient then reads each edge's weight next to its t_col entry
-// instead of through t_pos (a dependent random read per edge). Same values, same results.
+// across calls: the x-gradient then reads each edge's weight next to its t_col entry instead of
+// through t_pos (a dependent random read per edge). Same values, same results. (The caller passes
+// it for sum/mean; max/min's winner tiles keep the lookup, they need t_pos for the winner test.)
 template <typename scalar_t, typename index_t, Reduce R, bool NeedW>
 void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t* rowptr,
                      const scalar_t* weight, const scalar_t* t_weight, const index_t* t_rowptr, const index_t* t_col,
@@ -252,7 +253,7 @@ void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t*
           if (q + ahead < q1) prefetch_row(grad_out + static_cast<int64_t>(t_col[q + ahead]) * F + f0, nf);
           const int64_t i = t_col[q];
           const int64_t p = t_pos[q];
-          const acc_t w = weight ? acc_t(weight[p]) : acc_t(1);
+          const acc_t w = t_weight ? acc_t(t_weight[q]) : weight ? acc_t(weight[p]) : acc_t(1);
           const scalar_t* go = grad_out + i * F + f0;
           acc_t dot = 0;
           if constexpr (R == Reduce::Sum || R == Reduce::Mean) {

@@ -36,33 +36,34 @@ GRAPHS = _graphs()
 
 
 @pytest.mark.parametrize("graph", GRAPHS)
-@pytest.mark.parametrize("reduce", ["sum", "mean"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_kernel_with_transpose_order_weight_bitwise_equal(graph, reduce, dtype):
-    """The C++ backward given weight[t_pos] returns exactly the gradient of the lookup through
-    t_pos, at 1 and 2 threads, for widths that take every register tile and the masked tail."""
+    """The C++ backward given weight[t_pos] returns exactly the gradients of the lookup through
+    t_pos (x's alone, and x's with the weights'), at 1 and 2 threads, for widths that take every
+    register tile and the masked tail; bfloat16 takes the generic kernel."""
     edge_index, n = GRAPHS[graph]
     csr = CSR.from_edge_index(edge_index, n)
     t = csr.transpose_parts()
     g = torch.Generator().manual_seed(3)
     w = torch.rand(csr.num_edges, generator=g, dtype=dtype)
     w_t = w.index_select(0, t[2])
-    empty_arg = csr.rowptr.new_empty(0, 0)
     threads = torch.get_num_threads()
     try:
         for F in (3, 16, 40, 128, 200):
             x = torch.randn(n, F, generator=g, dtype=dtype)
             go = torch.randn(n, F, generator=g, dtype=dtype)
-            results = []
-            for threads_now in (1, 2):
-                torch.set_num_threads(threads_now)
-                for tw in (None, w_t):
-                    gx, gw = torch.ops.gnnfuse.gather_scatter_backward(go, x, csr.rowptr, csr.col, w, *t, empty_arg,
-                                                                       reduce, True, False, tw)
-                    assert gw.numel() == 0
-                    results.append(gx)
-            for r in results[1:]:
-                assert torch.equal(r, results[0]), F
+            arg = torch.ops.gnnfuse.gather_scatter(x, csr.rowptr, csr.col, w, *t, reduce)[1]
+            for need_w in (False, True):
+                results = []
+                for threads_now in (1, 2):
+                    torch.set_num_threads(threads_now)
+                    for tw in (None, w_t):
+                        results.append(torch.ops.gnnfuse.gather_scatter_backward(go, x, csr.rowptr, csr.col, w, *t,
+                                                                                 arg, reduce, True, need_w, tw))
+                for gx, gw in results[1:]:
+                    assert torch.equal(gx, results[0][0]) and torch.equal(gw, results[0][1]), (F, need_w)
+                assert results[0][1].numel() == (csr.num_edges if need_w else 0)
     finally:
         torch.set_num_threads(threads)
 

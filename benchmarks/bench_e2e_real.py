@@ -16,6 +16,9 @@ best stock / dense only is the most any aggregation could speed the epoch up. Me
 round of each; on a shared machine the fastest rounds are the fairer figure. ``--cpu-time`` runs
 everything on one thread and times it by the thread's CPU time, which time-slicing by other jobs does
 not inflate (what a loaded machine can still measure; not the 2-thread wall time).
+``--before`` adds, for GCN, "gnnfuse (lookup)": the same gnnfuse model with the backward's edge
+weights looked up through the transpose's positions on every call, as before the transpose-order copy
+was cached (speedup_vs_lookup: its epoch / gnnfuse's, medians; _fastest: fastest rounds).
 """
 from __future__ import annotations
 
@@ -85,6 +88,17 @@ def make_epoch(model, x, graph, y, dense_only=False):
     return dense
 
 
+def lookup_weights(epoch):
+    """The epoch with the backward's transpose-order weights off (the code before they were cached)."""
+    from gnnfuse.ops import gather_scatter
+
+    def before():
+        with mock.patch.object(gather_scatter, "_weight_in_transpose_order", lambda weight, t_pos: None):
+            epoch()
+
+    return before
+
+
 def cpu_time_interleaved(fns, rounds):
     """Like bench_interleaved, timed by this thread's CPU time (one thread only)."""
     samples = {k: [] for k in fns}
@@ -100,7 +114,7 @@ def cpu_time_interleaved(fns, rounds):
     return {k: {"median_ms": statistics.median(v), "min_ms": min(v)} for k, v in samples.items()}
 
 
-def run_dataset(name, x, ei, y, models, rounds, max_seconds, cpu_time=False):
+def run_dataset(name, x, ei, y, models, rounds, max_seconds, cpu_time=False, before=False):
     import torch_geometric.nn as P
     from torch_geometric.utils import to_torch_csr_tensor
 
@@ -123,6 +137,8 @@ def run_dataset(name, x, ei, y, models, rounds, max_seconds, cpu_time=False):
                   "stock sparse adj_t": make_epoch(copy(getattr(P, conv)), x, adj_t, y),
                   "gnnfuse": make_epoch(copy(getattr(G, conv)), x, ei, y),
                   "dense only": make_epoch(copy(getattr(G, conv)), x, ei, y, dense_only=True)}
+        if before and model_name == "GCN":
+            epochs["gnnfuse (lookup)"] = lookup_weights(make_epoch(copy(getattr(G, conv)), x, ei, y))
         t = (cpu_time_interleaved(epochs, rounds) if cpu_time
              else bench_interleaved(epochs, "cpu", rounds=rounds, max_seconds=max_seconds))
         med = {k: v["median_ms"] for k, v in t.items()}
@@ -136,6 +152,12 @@ def run_dataset(name, x, ei, y, models, rounds, max_seconds, cpu_time=False):
                    bound_vs_best_stock=med[best] / med["dense only"],
                    share_of_bound=med["dense only"] / med["gnnfuse"],
                    share_of_bound_fastest=low["dense only"] / low["gnnfuse"])
+        if "gnnfuse (lookup)" in med:
+            row.update(gnnfuse_lookup_ms=med["gnnfuse (lookup)"], gnnfuse_lookup_min_ms=low["gnnfuse (lookup)"],
+                       speedup_vs_lookup=med["gnnfuse (lookup)"] / med["gnnfuse"],
+                       speedup_vs_lookup_fastest=low["gnnfuse (lookup)"] / low["gnnfuse"],
+                       share_of_bound_lookup=med["dense only"] / med["gnnfuse (lookup)"])
+        row["load_1min"] = round(os.getloadavg()[0], 1)
         print("  " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
               flush=True)
         rows.append(row)
@@ -144,7 +166,9 @@ def run_dataset(name, x, ei, y, models, rounds, max_seconds, cpu_time=False):
 
 COLUMNS = ["dataset", "nodes", "edges", "features", "hidden", "model", "stock_edge_index_ms", "stock_sparse_ms",
            "gnnfuse_ms", "gnnfuse_min_ms", "dense_only_ms", "dense_only_min_ms", "speedup_vs_best_stock",
-           "bound_vs_best_stock", "share_of_bound", "share_of_bound_fastest"]
+           "bound_vs_best_stock", "share_of_bound", "share_of_bound_fastest", "load_1min"]
+LOOKUP_COLUMNS = ["gnnfuse_lookup_ms", "gnnfuse_lookup_min_ms", "speedup_vs_lookup", "speedup_vs_lookup_fastest",
+                  "share_of_bound_lookup"]
 
 
 def main(argv=None):
@@ -156,6 +180,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="directory (default benchmarks/results)")
     ap.add_argument("--name", default=None, help="results file name (default e2e-real_<device>)")
     ap.add_argument("--cpu-time", action="store_true", help="one thread, timed by thread CPU time (loaded machines)")
+    ap.add_argument("--before", action="store_true",
+                    help="GCN also with the backward's edge weights looked up per call (before the cached copy)")
     args = ap.parse_args(argv)
     if args.cpu_time:
         torch.set_num_threads(1)
@@ -166,14 +192,16 @@ def main(argv=None):
             print(f"SKIP {name}: not found (needs ../shared/data or $GNNFUSE_DATA)")
             continue
         print(f"{name}: {data[0].shape[0]} nodes, {data[1].shape[1]} edges", flush=True)
-        rows += run_dataset(name, *data, args.models.split(","), args.rounds, args.max_seconds, args.cpu_time)
+        rows += run_dataset(name, *data, args.models.split(","), args.rounds, args.max_seconds, args.cpu_time,
+                            args.before)
     meta = dict(machine("cpu"), benchmark="bench_e2e_real", device=device_label("cpu"),
                 load_average_1min=round(os.getloadavg()[0], 2),
                 clock="thread CPU time, 1 thread" if args.cpu_time else "wall, interleaved")
     import torch_geometric
 
     meta["torch_geometric"] = torch_geometric.__version__
-    md = save_results(args.name or f"e2e-real_{device_label('cpu')}", meta, rows, COLUMNS,
+    columns = COLUMNS + (LOOKUP_COLUMNS if any("speedup_vs_lookup" in r for r in rows) else [])
+    md = save_results(args.name or f"e2e-real_{device_label('cpu')}", meta, rows, columns,
                       args.out, notes=__doc__.split("\n\n", 2)[2])
     print(md.read_text())
 

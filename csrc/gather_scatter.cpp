@@ -176,9 +176,13 @@ void mul_zero_stats(const scalar_t* x, const index_t* rowptr, const index_t* col
 // the gradient of the message m[e, f] = w[e] * x[j, f] is dm = grad_out[i, f] * dOut/dm, and
 //   grad_x[j, f] += dm * w[e],   grad_w[p] = sum_f dm * x[j, f]   (only when NeedW).
 // Each edge is visited once by the thread owning its source row: no atomics, no E x F buffer.
+// `t_weight` (may be null) is weight[t_pos] laid out in transpose order, cached by the caller
+// across calls: the x-gradient then reads each edge's weight next to its t_col entry instead of
+// through t_pos (a dependent random read per edge). Same values, same results. (The caller passes
+// it for sum/mean; max/min's winner tiles keep the lookup, they need t_pos for the winner test.)
 template <typename scalar_t, typename index_t, Reduce R, bool NeedW>
 void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t* rowptr,
-                     const scalar_t* weight, const index_t* t_rowptr, const index_t* t_col,
+                     const scalar_t* weight, const scalar_t* t_weight, const index_t* t_rowptr, const index_t* t_col,
                      const index_t* t_pos, const index_t* arg,
                      const at::opmath_type<scalar_t>* prod_nonzero, const int32_t* zero_count,
                      scalar_t* grad_x, scalar_t* grad_w, int64_t num_src, int64_t F, int64_t num_rows) {
@@ -195,15 +199,22 @@ void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t*
       for (int64_t i = 0; i < num_rows; ++i) inv[i] = acc_t(1) / acc_t(rowptr[i + 1] - rowptr[i]);
     }
     const acc_t* inv = inv_degree.data();
-    auto scale = [weight, t_pos, t_col, inv](int64_t q) {
-      const acc_t w = weight ? acc_t(weight[t_pos[q]]) : acc_t(1);
-      return (R == Reduce::Mean) ? w * inv[t_col[q]] : w;
-    };
     // the sources here are grad_out's rows: prefetched under the forward's rule
     const bool prefetch = num_rows * F * int64_t(sizeof(scalar_t)) > kPrefetchMinSourceBytes;
-    if (weight || R == Reduce::Mean) {
+    auto scaled_rows = [&](const auto& weight_at) {  // weight_at(q): the weight of transpose position q
+      auto scale = [weight_at, t_col, inv](int64_t q) {
+        const acc_t w = weight_at(q);
+        return (R == Reduce::Mean) ? w * inv[t_col[q]] : w;
+      };
       forward_rows_vectorised<scalar_t, index_t, Reducer<Reduce::Sum>, true>(grad_out, t_rowptr, t_col, scale,
                                                                              grad_x, num_src, F, prefetch);
+    };
+    if (t_weight) {
+      scaled_rows([t_weight](int64_t q) { return acc_t(t_weight[q]); });
+    } else if (weight) {
+      scaled_rows([weight, t_pos](int64_t q) { return acc_t(weight[t_pos[q]]); });
+    } else if (R == Reduce::Mean) {
+      scaled_rows([](int64_t) { return acc_t(1); });
     } else {
       forward_rows_vectorised<scalar_t, index_t, Reducer<Reduce::Sum>, false>(grad_out, t_rowptr, t_col, Unscaled{},
                                                                               grad_x, num_src, F, prefetch);
@@ -242,7 +253,7 @@ void backward_kernel(const scalar_t* grad_out, const scalar_t* x, const index_t*
           if (q + ahead < q1) prefetch_row(grad_out + static_cast<int64_t>(t_col[q + ahead]) * F + f0, nf);
           const int64_t i = t_col[q];
           const int64_t p = t_pos[q];
-          const acc_t w = weight ? acc_t(weight[p]) : acc_t(1);
+          const acc_t w = t_weight ? acc_t(t_weight[q]) : weight ? acc_t(weight[p]) : acc_t(1);
           const scalar_t* go = grad_out + i * F + f0;
           acc_t dot = 0;
           if constexpr (R == Reduce::Sum || R == Reduce::Mean) {
@@ -341,8 +352,14 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,
     const c10::optional<at::Tensor>& weight, const at::Tensor& t_rowptr, const at::Tensor& t_col,
     const at::Tensor& t_pos, const at::Tensor& arg, const std::string& reduce_name, bool need_x_grad,
-    bool need_weight_grad) {
+    bool need_weight_grad, const c10::optional<at::Tensor>& t_weight) {
   check_csr_args(x, rowptr, col, weight);
+  if (t_weight.has_value()) {
+    TORCH_CHECK(weight.has_value(), "gather_scatter_backward: t_weight given without weight");
+    TORCH_CHECK(t_weight->dim() == 1 && t_weight->is_contiguous() && t_weight->numel() == col.numel() &&
+                    t_weight->scalar_type() == x.scalar_type(),
+                "gather_scatter_backward: t_weight must be a contiguous [E] tensor with x's dtype (weight[t_pos])");
+  }
   TORCH_CHECK(grad_out.is_contiguous() && grad_out.size(0) == rowptr.numel() - 1 && grad_out.size(1) == x.size(1),
               "gather_scatter_backward: grad_out must be contiguous [num_rows, F]");
   TORCH_CHECK(t_rowptr.numel() - 1 <= x.size(0), "gather_scatter_backward: transpose has more rows than x");
@@ -362,6 +379,7 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
     using acc_t = at::opmath_type<scalar_t>;
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gather_scatter_backward_index", [&] {
       const scalar_t* w = weight.has_value() ? weight->data_ptr<scalar_t>() : nullptr;
+      const scalar_t* w_t = t_weight.has_value() ? t_weight->data_ptr<scalar_t>() : nullptr;
       at::Tensor prod_nonzero, zero_count;
       if (reduce == Reduce::Mul) {
         prod_nonzero = at::empty({num_rows, F}, x.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
@@ -373,7 +391,7 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
       dispatch_reduce(reduce, [&](auto rc) {
         auto run = [&](auto need_w_tag) {
         backward_kernel<scalar_t, index_t, decltype(rc)::value, decltype(need_w_tag)::value>(
-            grad_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(), w,
+            grad_out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), rowptr.data_ptr<index_t>(), w, w_t,
             t_rowptr.data_ptr<index_t>(), t_col.data_ptr<index_t>(), t_pos.data_ptr<index_t>(),
             arg.numel() ? arg.data_ptr<index_t>() : nullptr,
             prod_nonzero.defined() ? prod_nonzero.data_ptr<acc_t>() : nullptr,
@@ -405,9 +423,9 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward_op(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& rowptr, const at::Tensor& col,
     const c10::optional<at::Tensor>& weight, const at::Tensor& t_rowptr, const at::Tensor& t_col,
     const at::Tensor& t_pos, const at::Tensor& arg, c10::string_view reduce, bool need_x_grad,
-    bool need_weight_grad) {
+    bool need_weight_grad, const c10::optional<at::Tensor>& t_weight) {
   return gather_scatter_backward(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, std::string(reduce),
-                                 need_x_grad, need_weight_grad);
+                                 need_x_grad, need_weight_grad, t_weight);
 }
 
 }  // namespace
@@ -419,7 +437,11 @@ TORCH_LIBRARY_IMPL(gnnfuse, CPU, m) {
 
 void register_gather_scatter(pybind11::module& m) {
   m.def("gather_scatter", &gather_scatter_op);
-  m.def("gather_scatter_backward", &gather_scatter_backward_op);
+  namespace py = pybind11;
+  m.def("gather_scatter_backward", &gather_scatter_backward_op, py::arg("grad_out"), py::arg("x"), py::arg("rowptr"),
+        py::arg("col"), py::arg("weight"), py::arg("t_rowptr"), py::arg("t_col"), py::arg("t_pos"), py::arg("arg"),
+        py::arg("reduce"), py::arg("need_x_grad"), py::arg("need_weight_grad"),
+        py::arg("t_weight") = py::none());  // (callers from before t_weight pass twelve arguments)
   m.def("gather_scatter_forward", &gather_scatter_forward);  // the kernel alone (benchmarks)
   m.def("output_cache_bytes", [] { return OutputCache::instance().cached_bytes(); });
   m.def("clear_output_cache", [] { OutputCache::instance().clear(); });

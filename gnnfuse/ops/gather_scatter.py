@@ -39,7 +39,9 @@ _VALUE_DTYPES = frozenset(VALUE_DTYPES)  # (a hash lookup: the tuple compares up
 # dtype; t_* the cached transpose, passed exactly when gradients are wanted. Returns out
 # [N_dst, F] and arg: for max/min with the transpose given, [N_dst, F] winning CSR positions
 # (-1 for empty rows), needed by the backward; otherwise [0, 0] (inference skips tracking).
-# The backward op returns the gradients of x and of the edge weights, for every reduction.
+# The backward op returns the gradients of x and of the edge weights, for every reduction;
+# t_weight (optional) is weight[t_pos], the weights in transpose order, which the sum/mean
+# x-gradient then reads directly (see _weight_in_transpose_order).
 
 
 # ---- kernels --------------------------------------------------------------------------------
@@ -63,10 +65,11 @@ def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
     return (_triton_module or _triton()).forward(x, rowptr, col, weight, reduce, track_arg=t_rowptr is not None)
 
 
-def _backward_triton(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
+def _backward_triton(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad,
+                     t_weight=None):
     return (_triton_module or _triton()).backward(
-        grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad
-    )
+        grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad,
+        t_weight=t_weight)
 
 
 # ---- fake (shape) rules for torch.compile ------------------------------------------------------
@@ -78,7 +81,8 @@ def _forward_fake(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
     return out, arg
 
 
-def _backward_fake(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad):
+def _backward_fake(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad,
+                   t_weight=None):
     grad_x = torch.empty_like(x) if need_x_grad else x.new_empty(0)
     grad_w = x.new_empty(col.shape[0]) if (need_w_grad and weight is not None) else x.new_empty(0)
     return grad_x, grad_w
@@ -98,8 +102,10 @@ def _backward(ctx, saved, grad_out, _grad_arg):
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
         if ctx.reduce in ARG_REDUCTIONS:
             arg = FORWARD.from_backward(ctx, x, rowptr, col, weight, t_rowptr, t_col, t_pos, ctx.reduce)[1]
+    t_weight = _weight_in_transpose_order(weight, t_pos) if need_x and not need_w and ctx.reduce in ("sum", "mean") \
+        else None
     grad_x, grad_w = BACKWARD.from_backward(ctx, grad_out.contiguous(), x, rowptr, col, weight, t_rowptr, t_col,
-                                            t_pos, arg, ctx.reduce, need_x, need_w)
+                                            t_pos, arg, ctx.reduce, need_x, need_w, t_weight)
     return (grad_x if need_x else None), None, None, (grad_w if need_w else None), None, None, None, None
 
 
@@ -112,7 +118,7 @@ FORWARD = OpDef(
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "gather_scatter_backward(Tensor grad_out, Tensor x, Tensor rowptr, Tensor col, Tensor? weight, "
     "Tensor t_rowptr, Tensor t_col, Tensor t_pos, Tensor arg, str reduce, bool need_x_grad, "
-    "bool need_weight_grad) -> (Tensor, Tensor)",
+    "bool need_weight_grad, Tensor? t_weight=None) -> (Tensor, Tensor)",
     kernels={"cpu": _BACKWARD_CPU, "triton": _backward_triton}, fake=_backward_fake,
     public_name="fused_gather_scatter")
 
@@ -233,6 +239,27 @@ def _weight_in_csr_order(edge_weight: torch.Tensor | None, csr: CSR, dtype: torc
     # CSR order once per (weight, graph) and reused, not gathered on every call
     return cached("csr_order_weight", (edge_weight, csr.perm), (dtype,),
                   lambda: edge_weight.to(dtype).index_select(0, csr.perm))
+
+
+def _weight_in_transpose_order(weight: torch.Tensor | None, t_pos: torch.Tensor) -> torch.Tensor | None:
+    """The CSR-order weights laid out in transpose order, ``weight[t_pos]``, for the backward's
+    x-gradient, or None: the kernels then look each edge's weight up through ``t_pos``.
+
+    Only a constant weight passed again (GCNConv's cached normalisation, a fixed edge_weight)
+    gets the copy: it is cached per (weight, transpose) like the forward's CSR-order copy, so an
+    in-place change of the weight (or a new weight) never meets a stale copy, and it holds E
+    scalars. It is made on the second backward that meets the same weight: a weight made afresh
+    on every call (GCNConv without ``cached=True``) would pay the permutation on every call, which
+    costs about what reading it in order saves."""
+    if weight is None or weight.requires_grad or torch.compiler.is_compiling():
+        return None
+    slot = cached("transpose_order_weight", (weight, t_pos), (), lambda: [None, False])  # [the copy, seen once]
+    if slot[0] is None:
+        if not slot[1]:
+            slot[1] = True  # the first backward with this weight: looked up through t_pos
+            return None
+        slot[0] = weight.index_select(0, t_pos)
+    return slot[0]
 
 
 from .head_gather_scatter import head_gather_scatter as _head_gather_scatter  # noqa: E402  (builds on this module)

@@ -45,7 +45,7 @@ import torch
 from .. import range_check
 from .._build import load_extension
 from ..range_check import PENDING as RANGE_CHECKS_PENDING
-from ._torch_private import current_cuda_device, private_gate
+from ._torch_private import current_cuda_device, function_apply, private_gate
 from ._library import NAMESPACE, lib
 
 # backend -> the device its registered kernel serves ("cuda": a CUDA kernel written in plain torch)
@@ -216,6 +216,11 @@ class _Eager(torch.autograd.Function):
         return (None, None, None, *[grads[i] for i in grad_pos])
 
 
+# the node's apply where the gate passed (no functorch transform, plain tensors): the C apply that
+# torch.autograd.Function.apply's Python wrapper ends in, on the tested torch versions
+_eager_apply = function_apply(_Eager)
+
+
 # ---- the op definition ------------------------------------------------------------------------------
 class OpDef:
     """``torch.ops.gnnfuse.<name>`` and its eager route, from one description (module docstring).
@@ -349,8 +354,9 @@ class OpDef:
         side: list = []
         route = (self, backend, layout, grad_pos)
         flat = flat if layout is None else tuple(flat)
-        output = _Eager.apply(route, flat, side, flat[grad_pos[0]]) if len(grad_pos) == 1 else \
-            _Eager.apply(route, flat, side, *[flat[i] for i in grad_pos])
+        apply = _eager_apply if eager else _Eager.apply  # (not eager: the Triton interpreter's way round the gate)
+        output = apply(route, flat, side, flat[grad_pos[0]]) if len(grad_pos) == 1 else \
+            apply(route, flat, side, *[flat[i] for i in grad_pos])
         if self.autograd_outputs is None:
             return output
         full = [None] * self.num_outputs

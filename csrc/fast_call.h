@@ -7,7 +7,10 @@
 // function that converts the few parameter types the ops' schemas use, and nothing else:
 //   const at::Tensor&, const c10::optional<at::Tensor>& (None or a tensor), c10::string_view
 //   (str), bool (a Python bool), int64_t (int), double (float or int);
-// and returns an at::Tensor or a std::tuple of them. A wrong argument raises TypeError naming the
+// and returns an at::Tensor or a std::tuple of them. Trailing arguments may be left out; they are
+// None then, which an optional tensor takes (a schema's trailing ``Tensor? name=None``, added to an
+// op later, so older callers keep working) and any other type refuses with a TypeError.
+// A wrong argument raises TypeError naming the
 // function and the argument's position; the kernel's own errors map to Python exceptions as under
 // pybind11 (torch's HANDLE_TH_ERRORS: c10::ValueError -> ValueError, other c10::Error ->
 // RuntimeError). The GIL is held, as under pybind11.
@@ -118,18 +121,19 @@ struct Binding<R (*)(A...), Fn> {
   // self: the function's name (a str), for error messages
   static PyObject* call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     HANDLE_TH_ERRORS
-    if (nargs != Py_ssize_t(sizeof...(A))) {
-      throw torch::TypeError(std::string(PyUnicode_AsUTF8(self)) + "() takes " + std::to_string(sizeof...(A)) +
-                             " positional arguments (" + std::to_string(nargs) + " given)");
+    if (nargs > Py_ssize_t(sizeof...(A))) {
+      throw torch::TypeError(std::string(PyUnicode_AsUTF8(self)) + "() takes at most " +
+                             std::to_string(sizeof...(A)) + " positional arguments (" + std::to_string(nargs) +
+                             " given)");
     }
-    return run(self, args, std::index_sequence_for<A...>{});
+    return run(self, args, nargs, std::index_sequence_for<A...>{});
     END_HANDLE_TH_ERRORS
   }
 
   template <size_t... I>
-  static PyObject* run(PyObject* self, PyObject* const* args, std::index_sequence<I...>) {
-    // (braced initialisation: the arguments convert left to right)
-    return to_python(invoke{Arg<std::decay_t<A>>::get(args[I], self, I)...}.result);
+  static PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs, std::index_sequence<I...>) {
+    // (braced initialisation: the arguments convert left to right; one left out is None)
+    return to_python(invoke{Arg<std::decay_t<A>>::get(Py_ssize_t(I) < nargs ? args[I] : Py_None, self, I)...}.result);
   }
 
   struct invoke {

@@ -69,7 +69,10 @@ def test_wrong_arguments_raise_type_errors_naming_the_position():
         EXT.gather_scatter(*args[:3], 1.0, *args[4:])
     with pytest.raises(TypeError, match=r"argument 7 must be a str, not int"):
         EXT.gather_scatter(*args[:7], 3)
-    with pytest.raises(TypeError, match=r"takes 8 positional arguments \(7 given\)"):
+    with pytest.raises(TypeError, match=r"takes at most 8 positional arguments \(9 given\)"):
+        EXT.gather_scatter(*args, None)
+    # a left-out trailing argument is None, which only an optional tensor takes
+    with pytest.raises(TypeError, match=r"argument 7 must be a str, not NoneType"):
         EXT.gather_scatter(*args[:7])
     csr, targs = _csr_args("sum", False, True)
     out, arg = EXT.gather_scatter(*targs)

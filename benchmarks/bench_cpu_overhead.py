@@ -5,11 +5,21 @@ kernel is ~1 us): what a call spends above its kernel.
         [--clock cpu|wall]
 
 Rows, timed in turns (variants interleaved; median and min of per-call times over batches of calls): the
-public call given a CSR (inference and forward+backward), the registered op
-``torch.ops.gnnfuse.gather_scatter`` (the route torch.compile takes; its CPU kernel is registered
-in C++), the C++ kernels called alone (forward; forward then backward), and the anchors
+public call given a CSR (inference; the forward recording the autograd node; forward+backward), the
+registered op ``torch.ops.gnnfuse.gather_scatter`` (the route torch.compile takes; its CPU kernel is
+registered in C++), the C++ kernels called alone (forward; forward then backward), and the anchors
 torch.sparse.mm (prebuilt CSR, forward and forward+backward) and ``x * 1`` forward+backward (the
-autograd round trip's floor). ``above_kernel_us`` = the row's time minus the kernels alone (same
+autograd round trip's floor). "(before)" rows time the earlier per-call path in the same run: the
+kernels through their pybind11 binding instead of csrc/fast_call.h's, the autograd node through
+``torch.autograd.Function.apply`` instead of the C apply it ends in, and (the oldest) the settings
+read through ``os.environ`` and the argument scan in Python. Three rows show why a wider row costs
+more above the kernel although the layer does no work that grows with F (no copy, no zeroing, one
+output allocation): the kernel alone with its previous output kept alive (one more output buffer
+in the caches), the call's checks alone (``check_call``, no kernel), and the kernel followed by
+those checks, which costs more than the two apart as x and the outputs grow (Cora F=128, 2.9 MB
+of them: checks of 1.6 us alone cost 4.7-6.7 us run after the kernel): after any Python code the kernel runs on colder caches
+and TLB than back to back (glibc also hands back two alternating blocks for an output this size,
+since torch's 64-byte-aligned allocations cannot reuse the block just freed). ``above_kernel_us`` = the row's time minus the kernels alone (same
 graph and width; ``above_kernel_min_us`` the same from the fastest rounds). The tiny graph measures
 the per-call cost best: on Cora the difference is a few us between two 30-50 us timings, within
 their spread on a loaded machine, and it also counts the kernel running colder after Python code
@@ -100,8 +110,33 @@ def python_helpers():
         config._getenv, _opdef._scan_args = saved
 
 
+@contextlib.contextmanager
+def before_bindings(ext):
+    """The per-call path as before csrc/fast_call.h and the C apply of the autograd node: the
+    gather-scatter kernels through pybind11, the node through torch.autograd.Function.apply."""
+    from gnnfuse.ops import _opdef
+    from gnnfuse.ops import gather_scatter as ops
+
+    if not hasattr(ext, "gather_scatter_pybind") or not hasattr(_opdef, "_eager_apply"):  # an older tree: it is "before"
+        yield
+        return
+    ops.FORWARD.kernels["cpu"](*_EMPTY_CALL)  # (loads the extension: the first call replaces the loader)
+    saved = ops.FORWARD.kernels["cpu"], ops.BACKWARD.kernels["cpu"], _opdef._eager_apply
+    ops.FORWARD.kernels["cpu"], ops.BACKWARD.kernels["cpu"] = ext.gather_scatter_pybind, ext.gather_scatter_backward_pybind
+    _opdef._eager_apply = _opdef._Eager.apply
+    try:
+        yield
+    finally:
+        ops.FORWARD.kernels["cpu"], ops.BACKWARD.kernels["cpu"], _opdef._eager_apply = saved
+
+
+_EMPTY_CALL = (torch.zeros(1, 1), torch.zeros(2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), None, None,
+               None, None, "sum")
+
+
 def _rows(graph: str, csr, ext, F: int, clock, calls: int, rounds: int) -> list[dict]:
     import gnnfuse
+    from gnnfuse.ops.gather_scatter import check_call
 
     n = csr.num_dst
     adj = torch.sparse_csr_tensor(csr.rowptr.long(), csr.col.long(), torch.ones(csr.num_edges), (n, n))
@@ -110,24 +145,39 @@ def _rows(graph: str, csr, ext, F: int, clock, calls: int, rounds: int) -> list[
     g = torch.randn(n, F)
     t = csr.transpose_parts()
     forward, backward = _kernels(ext)
+    kept = [None]
     fns = {
         "kernel alone (C++), forward": lambda: forward(x, csr.rowptr, csr.col, None, None, None, None, "sum"),
         "kernels alone (C++), forward+backward": lambda: backward(
             g, x, csr.rowptr, csr.col, None, *t, forward(x, csr.rowptr, csr.col, None, *t, "sum")[1], "sum", True,
             False),
+        "kernel alone, previous output kept alive": lambda: kept.__setitem__(
+            0, forward(x, csr.rowptr, csr.col, None, None, None, None, "sum")),
+        "the call's checks alone (check_call)": lambda: check_call(x, csr, "sum", None, None, "auto"),
+        "kernel, then the call's checks": lambda: (forward(x, csr.rowptr, csr.col, None, None, None, None, "sum"),
+                                                   check_call(x, csr, "sum", None, None, "auto")),
         "public call, forward (no grad)": lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"),
+        "same, pybind11 binding (before)": lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"),
         "same, Python helpers (before)": lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"),
         "registered op, forward": lambda: torch.ops.gnnfuse.gather_scatter(x, csr.rowptr, csr.col, None,
                                                                            None, None, None, "sum"),
         "torch.sparse.mm, forward": lambda: torch.sparse.mm(adj, x),
+        "public call, forward recording the autograd node": lambda: gnnfuse.fused_gather_scatter(xr, csr, "sum"),
+        "same, Function.apply and pybind11 (before)": lambda: gnnfuse.fused_gather_scatter(xr, csr, "sum"),
         "public call, forward+backward": lambda: torch.autograd.grad(
+            gnnfuse.fused_gather_scatter(xr, csr, "sum"), xr, g),
+        "forward+backward, Function.apply and pybind11 (before)": lambda: torch.autograd.grad(
             gnnfuse.fused_gather_scatter(xr, csr, "sum"), xr, g),
         "registered op, forward+backward": lambda: torch.autograd.grad(
             torch.ops.gnnfuse.gather_scatter(xr, csr.rowptr, csr.col, None, *t, "sum")[0], xr, g),
         "torch.sparse.mm, forward+backward": lambda: torch.autograd.grad(torch.sparse.mm(adj, xr), xr, g),
         "autograd floor: (x * 1) forward+backward": lambda: torch.autograd.grad(xr * 1.0, xr, g),
     }
-    timed = per_call_us(fns, calls=calls, rounds=rounds, clock=clock, contexts={"same, Python helpers (before)": python_helpers})
+    before = lambda: before_bindings(ext)  # noqa: E731
+    contexts = {"same, Python helpers (before)": python_helpers, "same, pybind11 binding (before)": before,
+                "same, Function.apply and pybind11 (before)": before,
+                "forward+backward, Function.apply and pybind11 (before)": before}
+    timed = per_call_us(fns, calls=calls, rounds=rounds, clock=clock, contexts=contexts)
     times = {name: med for name, (med, _) in timed.items()}
     rows = []
     for name, us in times.items():
@@ -135,7 +185,7 @@ def _rows(graph: str, csr, ext, F: int, clock, calls: int, rounds: int) -> list[
         anchor = times["torch.sparse.mm, forward+backward" if both else "torch.sparse.mm, forward"]
         kernel_name = "kernels alone (C++), forward+backward" if both else "kernel alone (C++), forward"
         kernel, kernel_min = times[kernel_name], timed[kernel_name][1]
-        ours = not ("floor" in name or "sparse" in name)
+        ours = not ("floor" in name or "sparse" in name or "checks alone" in name)  # (rows that run no kernel)
         rows.append(dict(graph=graph, F=F, call=name, us_per_call=round(us, 2), min_us=round(timed[name][1], 2),
                          above_kernel_us=round(us - kernel, 2) if ours else None,
                          above_kernel_min_us=round(timed[name][1] - kernel_min, 2) if ours else None,

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "arg_tiles.h"
+#include "fast_call.h"
 #include "output_cache.h"
 #include "reducer.h"
 #include "row_tiles.h"
@@ -408,7 +409,7 @@ std::tuple<at::Tensor, at::Tensor> gather_scatter_backward(
 
 // The kernels of the registered ops, with their schemas' arguments (gnnfuse/ops/gather_scatter.py
 // defines the schemas): the dispatcher calls them for CPU tensors without going back into Python,
-// and the ops' eager route calls the same functions through pybind.
+// and the ops' eager route calls the same functions through fast_call.h's binding.
 std::tuple<at::Tensor, at::Tensor> gather_scatter_op(const at::Tensor& x, const at::Tensor& rowptr,
                                                      const at::Tensor& col, const c10::optional<at::Tensor>& weight,
                                                      const c10::optional<at::Tensor>& t_rowptr,
@@ -436,13 +437,18 @@ TORCH_LIBRARY_IMPL(gnnfuse, CPU, m) {
 }
 
 void register_gather_scatter(pybind11::module& m) {
-  m.def("gather_scatter", &gather_scatter_op);
-  namespace py = pybind11;
-  m.def("gather_scatter_backward", &gather_scatter_backward_op, py::arg("grad_out"), py::arg("x"), py::arg("rowptr"),
-        py::arg("col"), py::arg("weight"), py::arg("t_rowptr"), py::arg("t_col"), py::arg("t_pos"), py::arg("arg"),
-        py::arg("reduce"), py::arg("need_x_grad"), py::arg("need_weight_grad"),
-        py::arg("t_weight") = py::none());  // (callers from before t_weight pass twelve arguments)
+  // the eager route's kernels: bound without pybind11's per-call argument machinery (fast_call.h);
+  // a left-out trailing t_weight counts as None (callers from before it pass twelve arguments)
+  m.add_object("gather_scatter", fast_function<&gather_scatter_op>("gather_scatter"));
+  m.add_object("gather_scatter_backward", fast_function<&gather_scatter_backward_op>("gather_scatter_backward"));
   m.def("gather_scatter_forward", &gather_scatter_forward);  // the kernel alone (benchmarks)
+  // the same kernels through pybind11, as the eager route called them before (bench_cpu_overhead's "before")
+  m.def("gather_scatter_pybind", &gather_scatter_op);
+  namespace py = pybind11;
+  m.def("gather_scatter_backward_pybind", &gather_scatter_backward_op, py::arg("grad_out"), py::arg("x"),
+        py::arg("rowptr"), py::arg("col"), py::arg("weight"), py::arg("t_rowptr"), py::arg("t_col"), py::arg("t_pos"),
+        py::arg("arg"), py::arg("reduce"), py::arg("need_x_grad"), py::arg("need_weight_grad"),
+        py::arg("t_weight") = py::none());
   m.def("output_cache_bytes", [] { return OutputCache::instance().cached_bytes(); });
   m.def("clear_output_cache", [] { OutputCache::instance().clear(); });
   m.def("output_cache_bypass", [](bool on) { return OutputCache::instance().set_bypass(on); });

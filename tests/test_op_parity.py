@@ -2,7 +2,9 @@
 
 Routes: "eager" (the public function in plain eager mode: the eager route of ops/_opdef.py),
 "op" (a dispatch mode forces the registered torch.library op), "fenced" (the eager route's gate
-switched off, as on an untested torch version: every call takes the registered op) and "compile"
+switched off, as on an untested torch version: every call takes the registered op), "public_apply"
+(the eager route with its autograd node applied through torch.autograd.Function.apply, as on an
+untested torch version, instead of the C apply that wrapper ends in) and "compile"
 (torch.compile(fullgraph=True) of the public call). Backends: "cpu" (C++), "reference" (plain torch)
 and "triton" (under TRITON_INTERPRET=1 on CPU tensors, which the dispatcher cannot route, so all its
 routes run the eager route; it is not compiled). On CUDA, kernels with atomics may differ in the last
@@ -24,7 +26,7 @@ from gnnfuse.testing import random_graph, through_registered_op
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
 BACKENDS = ["cpu", "reference", "triton"] if DEVICE == "cpu" else ["reference", "triton"]
-ROUTES = ["eager", "op", "fenced", "compile"]
+ROUTES = ["eager", "op", "fenced", "public_apply", "compile"]
 # float64 gradients of the Triton attention kernels differ from the reference by ~1e-9 (not by
 # rounding alone): checked to this looser tolerance until that is explained
 # The Triton attention kernels take their float hyperparameters (negative_slope, the dot product's scale) as
@@ -164,6 +166,8 @@ def _run(op: str, backend: str, route: str, monkeypatch):
     else:
         if route == "fenced":
             monkeypatch.setattr(_opdef, "_gate", None)
+        if route == "public_apply":
+            monkeypatch.setattr(_opdef, "_eager_apply", _opdef._Eager.apply)
         out = fn(*inputs)
     weights = torch.linspace(-1, 2, out.numel(), dtype=out.dtype, device=out.device).reshape(out.shape)
     grads = torch.autograd.grad((out * weights).sum(), inputs)
@@ -221,6 +225,28 @@ def test_the_gate_follows_the_tested_torch_range(monkeypatch):
     x = torch.randn(3, 2)
     monkeypatch.setattr(_opdef, "_gate", None)
     assert not _opdef.eager_route_ok([x])
+
+
+def test_the_node_apply_follows_the_tested_torch_range(monkeypatch):
+    """The eager route applies its autograd node through the C apply on the tested torch versions
+    only (elsewhere torch.autograd.Function.apply); a Function with setup_context is refused."""
+    if _torch_private.tested_torch():
+        assert _opdef._eager_apply != _opdef._Eager.apply
+        assert _opdef._eager_apply.__self__ is _opdef._Eager
+    monkeypatch.setattr(_torch_private, "TESTED_TORCH", ((1, 0), (1, 99)))
+    assert _torch_private.function_apply(_opdef._Eager) == _opdef._Eager.apply
+
+    class WithSetup(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+    with pytest.raises(TypeError, match="setup_context"):
+        _torch_private.function_apply(WithSetup)
 
 
 def test_the_device_guards_reader_follows_the_tested_torch_range(monkeypatch):

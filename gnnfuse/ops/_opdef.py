@@ -25,7 +25,8 @@ What one description gives:
     subclasses always take the registered op (see :func:`eager_route_ok`).
   * a CPU kernel written in C++ is best registered there (``kernels={"cpu": CppKernel("graph",
     "my_op")}``, with ``TORCH_LIBRARY_IMPL(gnnfuse, CPU, m) { m.impl("my_op", &my_op); }`` and a
-    pybind ``m.def("my_op", &my_op)`` of the same function in csrc/): the dispatcher then runs it
+    binding of the same function in csrc/, ``m.add_object("my_op", fast_function<&my_op>("my_op"))``
+    (csrc/fast_call.h: no pybind11 machinery per call) or ``m.def``): the dispatcher then runs it
     without coming back into Python (compiled graphs, direct ``torch.ops`` calls), and the eager
     route calls the same function. See :class:`CppKernel` for how the lazily built extension is
     loaded. An op whose CPU errors are translated in Python (gnnfuse.IndexOutOfRange) or which
@@ -45,7 +46,7 @@ import torch
 from .. import range_check
 from .._build import load_extension
 from ..range_check import PENDING as RANGE_CHECKS_PENDING
-from ._torch_private import current_cuda_device, private_gate
+from ._torch_private import current_cuda_device, function_apply, private_gate
 from ._library import NAMESPACE, lib
 
 # backend -> the device its registered kernel serves ("cuda": a CUDA kernel written in plain torch)
@@ -54,7 +55,7 @@ DISPATCH_KEYS = {"cpu": "cpu", "triton": "cuda", "cuda": "cuda"}
 
 class CppKernel:
     """A CPU kernel registered in C++: ``TORCH_LIBRARY_IMPL(gnnfuse, CPU, m)`` in the sources of
-    ``extension`` (csrc/) registers it for the op, and the extension's pybind function ``name``,
+    ``extension`` (csrc/) registers it for the op, and the extension's Python function ``name``,
     taking the op's arguments, is the same C++ function for the eager route. The dispatcher then
     runs CPU calls without coming back into Python.
 
@@ -216,6 +217,11 @@ class _Eager(torch.autograd.Function):
         return (None, None, None, *[grads[i] for i in grad_pos])
 
 
+# the node's apply where the gate passed (no functorch transform, plain tensors): the C apply that
+# torch.autograd.Function.apply's Python wrapper ends in, on the tested torch versions
+_eager_apply = function_apply(_Eager)
+
+
 # ---- the op definition ------------------------------------------------------------------------------
 class OpDef:
     """``torch.ops.gnnfuse.<name>`` and its eager route, from one description (module docstring).
@@ -282,7 +288,7 @@ class OpDef:
     # ---- a kernel registered in C++ (see CppKernel) ----
     def _first_cpp_call(self, *args):
         """The eager route's first CPU call: loads the extension (which registers the op's CPU
-        kernel) and puts its pybind function in place of this one."""
+        kernel) and puts its Python binding in place of this one."""
         self.kernels["cpu"] = kernel = self._cpp.load()  # type: ignore[union-attr]
         return kernel(*args)
 
@@ -349,8 +355,9 @@ class OpDef:
         side: list = []
         route = (self, backend, layout, grad_pos)
         flat = flat if layout is None else tuple(flat)
-        output = _Eager.apply(route, flat, side, flat[grad_pos[0]]) if len(grad_pos) == 1 else \
-            _Eager.apply(route, flat, side, *[flat[i] for i in grad_pos])
+        apply = _eager_apply if eager else _Eager.apply  # (not eager: the Triton interpreter's way round the gate)
+        output = apply(route, flat, side, flat[grad_pos[0]]) if len(grad_pos) == 1 else \
+            apply(route, flat, side, *[flat[i] for i in grad_pos])
         if self.autograd_outputs is None:
             return output
         full = [None] * self.num_outputs

@@ -58,12 +58,14 @@ class Tuning:
     retile: the multi kernels' own tiles from WIDE_ROW_BYTES (:func:`multi_tiles`), else the sum plan's.
     x_evict / out_evict: cache eviction hints of the gathered x rows and of the output stores
     ("", "evict_last", "evict_first").
-    max_registers: a register cap per thread (Triton's ``maxnreg``; 0: the compiler's choice)."""
+    max_registers: a register cap per thread (Triton's ``maxnreg``; 0: the compiler's choice).
+    row_unroll: edges of each short row gathered per step before they are folded (1 or 2)."""
 
     retile: bool = True
     x_evict: str = ""
     out_evict: str = ""
     max_registers: int = 0
+    row_unroll: int = 1
 
 
 DEFAULT_TUNING = Tuning()
@@ -132,13 +134,13 @@ class _MultiSetup:
         nft = triton.cdiv(F, plan.block_f)
         if self.short is not None and self.short.numel():
             self.rowgroup_grid = (triton.cdiv(self.short.numel(), plan.group_rows), triton.cdiv(F, group_block_f))
-            self.rowgroup_meta = dict(meta, ROWS=plan.group_rows, BLOCK_F=group_block_f, X_EVICT=tuning.x_evict,
-                                      num_warps=plan.group_warps, **options)
+            self.rowgroup_meta = dict(meta, ROWS=plan.group_rows, BLOCK_F=group_block_f, UNROLL=tuning.row_unroll,
+                                      X_EVICT=tuning.x_evict, num_warps=plan.group_warps, **options)
         if self.tasks is not None:  # one launch: the long rows' pieces take the row groups' tiles
             self.one_pass_grid = (self.tasks.numel(), triton.cdiv(F, group_block_f))
             self.one_pass_meta = dict(meta, ROWS=plan.group_rows, SEG=plan.seg, BLOCK_E=plan.block_e,
-                                      BLOCK_F=group_block_f, X_EVICT=tuning.x_evict, num_warps=plan.group_warps,
-                                      **options)
+                                      BLOCK_F=group_block_f, UNROLL=tuning.row_unroll, X_EVICT=tuning.x_evict,
+                                      num_warps=plan.group_warps, **options)
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(meta, SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, X_EVICT=tuning.x_evict,
                              num_warps=plan.num_warps, **options)

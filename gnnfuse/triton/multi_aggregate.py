@@ -30,6 +30,7 @@ from ..fresh_graph import is_fresh
 from ._launch import BoundLaunches
 from .gather_scatter import _forward_setup, _mean_divisor, autotune_enabled, infer
 from .gather_scatter_dispatch import Plan
+from .gather_scatter_fwd_kernels import _COMBINE_K
 from .multi_aggregate_bwd_kernels import _coefficients_kernel, _winners_grad_kernel
 from .multi_aggregate_kernels import (
     NSTAT,
@@ -149,7 +150,7 @@ class _MultiSetup:
         split = getattr(self.wl, "split_rows", None)
         self.num_split = 0 if split is None else split.numel()
         self.combine_grid = (self.num_split * nft,)
-        self.combine_meta = dict(combine, BLOCK_F=plan.block_f, num_warps=4)
+        self.combine_meta = dict(combine, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f, num_warps=4)
 
 
 def _multi_setup(x, rowptr, col, weight, unique, num_arg, plan, tuning) -> _MultiSetup:

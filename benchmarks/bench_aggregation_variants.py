@@ -35,15 +35,18 @@ def variants() -> dict[str, object]:
     from gnnfuse.triton.multi_aggregate import Tuning
 
     hints = dict(x_evict="evict_last", out_evict="evict_first")
-    return {"current": Tuning(), "out_first": Tuning(out_evict="evict_first"), "hints": Tuning(**hints),
-            "hints_unroll2": Tuning(row_unroll=2, **hints), "hints_nreg64": Tuning(max_registers=64, **hints),
-            "hints_sumtiles": Tuning(retile=False, **hints)}
+    return {"current": Tuning(), "combine1": Tuning(combine_pieces=1), "seg512": Tuning(seg=512),
+            "seg256": Tuning(seg=256), "out_first": Tuning(out_evict="evict_first"), "hints": Tuning(**hints),
+            "hints_nreg64": Tuning(max_registers=64, **hints), "hints_sumtiles": Tuning(retile=False, **hints)}
 
 
-def widths_of() -> dict[int, list[str]]:
-    """Variants per width: every one at F=64, the main three at F=32 and 128 (compile time)."""
-    main = ["current", "hints", "hints_unroll2"]
-    return {32: main, 64: list(variants()), 128: main}
+WIDE = "current,combine1,seg512,seg256,out_first"  # --variants: at F=64
+NARROW = "current,combine1,seg512"  # --side-variants: at F=32 and 128 (compile time)
+
+
+def widths_of(wide: str = WIDE, narrow: str = NARROW) -> dict[int, list[str]]:
+    """The variants timed at each width."""
+    return {32: narrow.split(","), 64: wide.split(","), 128: narrow.split(",")}
 
 
 def build_graph(name: str, device):
@@ -96,10 +99,10 @@ def time_interleaved(fns, rounds: int, reps: int, max_seconds: float) -> dict[st
     return {n: {"ms": statistics.median(v), "min_ms": min(v), "n": len(v)} for n, v in samples.items()}
 
 
-def warm(name: str) -> None:
+def warm(name: str, wide: str = WIDE, narrow: str = NARROW) -> None:
     device = torch.device("cuda")
     csr, n = build_graph(name, device)
-    for F, names in widths_of().items():
+    for F, names in widths_of(wide, narrow).items():
         x = torch.randn(n, F, device=device)
         for fn in calls(csr, x, names).values():
             fn()
@@ -188,12 +191,12 @@ def public_op_rows(device, rounds, best: str) -> list[dict]:
 
 
 def profile() -> None:
-    """One call each of sum and multi4 (current, hints, hints_unroll2) on arxiv-like F=64 between
+    """One call each of sum and multi4 (current, combine1) on arxiv-like F=64 between
     cudaProfilerStart/Stop (run under ncu --profile-from-start off)."""
     device = torch.device("cuda")
     csr, n = build_graph(GRAPHS[0], device)
     x = torch.randn(n, 64, device=device)
-    fns = calls(csr, x, ["current", "hints", "hints_unroll2"])
+    fns = calls(csr, x, ["current", "combine1"])
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
@@ -205,19 +208,25 @@ def profile() -> None:
 
 
 def graph_rows(name, device, args) -> list[dict]:
+    from gnnfuse import reference
+
     csr, n = build_graph(name, device)
     rows = []
-    for F, names in widths_of().items():
+    for F, names in widths_of(args.variants, args.side_variants).items():
         x = torch.randn(n, F, device=device)
         fns = calls(csr, x, names)
         ref = fns["current"]()
         same = {v: torch.equal(fns[v](), ref) for v in names}
+        want = reference.multi_aggregate(x, csr.col, csr._row(), n, AGGRS)  # the current setting's error
+        err = ((ref - want).abs().max() / want.abs().max()).item()
+        del want
         t = time_interleaved(fns, args.rounds, args.reps, max_seconds=8.0)
         row = {"graph": name, "nodes": n, "edges": csr.num_edges, "F": F, "sum_ms": t["sum"]["ms"]}
         for v in names:
             row[f"{v}_ms"] = t[v]["ms"]
             row[f"{v}/sum"] = t[v]["ms"] / t["sum"]["ms"]
         row["bitwise"] = all(same.values()) or str(same)
+        row["current max err / max"] = err
         rows.append(row)
         print(row, flush=True)
         del x, fns, ref
@@ -229,6 +238,8 @@ def main(argv=None):
     parser.add_argument("--warm", help="compile only, on this graph")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--graphs", default=",".join(GRAPHS))
+    parser.add_argument("--variants", default=WIDE, help="settings timed at F=64 (names of variants())")
+    parser.add_argument("--side-variants", default=NARROW, help="settings timed at F=32 and 128")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--max-seconds", type=float, default=90.0, help="skip the graphs left after this")
@@ -237,7 +248,7 @@ def main(argv=None):
                         help="then bench_aggregation's multi table with the fastest setting as the default")
     args = parser.parse_args(argv)
     if args.warm:
-        return warm(args.warm)
+        return warm(args.warm, args.variants, args.side_variants)
     if args.profile:
         return profile()
     from benchmarks.common import device_label, geomean, machine, save_results
@@ -254,16 +265,16 @@ def main(argv=None):
         except Exception as exc:  # a row, not a crash
             rows.append({"graph": name, "error": f"{type(exc).__name__}: {exc}"[:200]})
         torch.cuda.empty_cache()
-    names = list(variants())
+    names = list(dict.fromkeys(args.variants.split(",") + args.side_variants.split(",")))
     meta = dict(machine(device), load_average_1_5_15min=os.getloadavg(), rounds=args.rounds, reps=args.reps)
     for v in names:
         meta[f"geomean {v}/sum"] = geomean([r.get(f"{v}/sum") for r in rows])
     columns = ["graph", "nodes", "edges", "F", "sum_ms"] + [f"{v}_ms" for v in names] + \
-              [f"{v}/sum" for v in names] + ["bitwise", "error"]
+              [f"{v}/sum" for v in names] + ["bitwise", "current max err / max", "error"]
     notes = "Registers (n_regs, n_spills) of the compiled multi kernels:\n\n" + \
             "\n".join(f"- {line}" for line in registers())
     # the fastest setting at F=64 (every variant runs there)
-    best = min(names, key=lambda v: geomean([r.get(f"{v}/sum") for r in rows if r.get("F") == 64]))
+    best = min(args.variants.split(","), key=lambda v: geomean([r.get(f"{v}/sum") for r in rows if r.get("F") == 64]))
     meta["fastest at F=64"] = best
     save_results(f"aggregation-variants_{device_label(device)}", meta, rows, columns, args.out, notes)
     public = public_op_rows(device, rounds=9, best=best)

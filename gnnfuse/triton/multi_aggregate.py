@@ -19,7 +19,7 @@ sources with atomics (the order of those additions varies from run to run).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -28,7 +28,7 @@ from ..reductions import CODES, MAX, MEAN, MIN, MUL, STD, SUM, VAR
 from .._tensor_cache import cached
 from ..fresh_graph import is_fresh
 from ._launch import BoundLaunches
-from .gather_scatter import _forward_setup, _mean_divisor, autotune_enabled, infer
+from .gather_scatter import _forward_setup, _mean_divisor, autotune_enabled, infer, plan_for
 from .gather_scatter_dispatch import Plan
 from .gather_scatter_fwd_kernels import _COMBINE_K
 from .multi_aggregate_bwd_kernels import _coefficients_kernel, _winners_grad_kernel
@@ -60,13 +60,19 @@ class Tuning:
     x_evict / out_evict: cache eviction hints of the gathered x rows and of the output stores
     ("", "evict_last", "evict_first").
     max_registers: a register cap per thread (Triton's ``maxnreg``; 0: the compiler's choice).
-    row_unroll: edges of each short row gathered per step before they are folded (1 or 2)."""
+    seg: the longest piece of a long row (0: the sum plan's); combine_pieces: pieces of a split row
+    the combine pass folds per step (a power of two).
+
+    On an H100 (benchmarks/results/aggregation-variants_h100_2026-11-23.md, four reductions, F = 32-128,
+    six graphs) no hint or register cap beat the defaults: evict_first stores were within noise,
+    evict_last gathers 3-8% slower on the suite graphs (two more registers, one program fewer per SM)."""
 
     retile: bool = True
     x_evict: str = ""
     out_evict: str = ""
     max_registers: int = 0
-    row_unroll: int = 1
+    seg: int = 0
+    combine_pieces: int = _COMBINE_K
 
 
 DEFAULT_TUNING = Tuning()
@@ -135,13 +141,13 @@ class _MultiSetup:
         nft = triton.cdiv(F, plan.block_f)
         if self.short is not None and self.short.numel():
             self.rowgroup_grid = (triton.cdiv(self.short.numel(), plan.group_rows), triton.cdiv(F, group_block_f))
-            self.rowgroup_meta = dict(meta, ROWS=plan.group_rows, BLOCK_F=group_block_f, UNROLL=tuning.row_unroll,
-                                      X_EVICT=tuning.x_evict, num_warps=plan.group_warps, **options)
+            self.rowgroup_meta = dict(meta, ROWS=plan.group_rows, BLOCK_F=group_block_f, X_EVICT=tuning.x_evict,
+                                      num_warps=plan.group_warps, **options)
         if self.tasks is not None:  # one launch: the long rows' pieces take the row groups' tiles
             self.one_pass_grid = (self.tasks.numel(), triton.cdiv(F, group_block_f))
             self.one_pass_meta = dict(meta, ROWS=plan.group_rows, SEG=plan.seg, BLOCK_E=plan.block_e,
-                                      BLOCK_F=group_block_f, UNROLL=tuning.row_unroll, X_EVICT=tuning.x_evict,
-                                      num_warps=plan.group_warps, **options)
+                                      BLOCK_F=group_block_f, X_EVICT=tuning.x_evict, num_warps=plan.group_warps,
+                                      **options)
         self.csr_grid = (self.wl.num_pieces * nft,)
         self.csr_meta = dict(meta, SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, X_EVICT=tuning.x_evict,
                              num_warps=plan.num_warps, **options)
@@ -150,7 +156,7 @@ class _MultiSetup:
         split = getattr(self.wl, "split_rows", None)
         self.num_split = 0 if split is None else split.numel()
         self.combine_grid = (self.num_split * nft,)
-        self.combine_meta = dict(combine, BLOCK_K=_COMBINE_K, BLOCK_F=plan.block_f, num_warps=4)
+        self.combine_meta = dict(combine, BLOCK_K=tuning.combine_pieces, BLOCK_F=plan.block_f, num_warps=4)
 
 
 def _multi_setup(x, rowptr, col, weight, unique, num_arg, plan, tuning) -> _MultiSetup:
@@ -158,12 +164,16 @@ def _multi_setup(x, rowptr, col, weight, unique, num_arg, plan, tuning) -> _Mult
     built afresh for an explicit ``plan`` and for a graph used once (gnnfuse.fresh_graph: every row
     in row groups, no host synchronisation)."""
     F, has_w, acc64 = x.shape[1], weight is not None, x.dtype == torch.float64
+    fresh = is_fresh(rowptr)
 
     def build():
-        base = _forward_setup(x, rowptr, col, weight, "sum", False, "hybrid", plan)
+        p = plan
+        if p is None and tuning.seg and not fresh:  # the sum plan with other pieces (own work and task lists)
+            p = replace(plan_for(x, rowptr, col, "sum", "hybrid"), seg=tuning.seg)
+        base = _forward_setup(x, rowptr, col, weight, "sum", False, "hybrid", p)
         return _MultiSetup(base, F, unique, num_arg, has_w, acc64, x.element_size(), plan is None, tuning)
 
-    if plan is not None or is_fresh(rowptr):
+    if plan is not None or fresh:
         return build()
     key = (F, x.dtype, tuple(unique), has_w, num_arg, col.numel(), torch.are_deterministic_algorithms_enabled(),
            autotune_enabled() and x.is_cuda, tuning)

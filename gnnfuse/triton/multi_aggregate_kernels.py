@@ -107,19 +107,6 @@ def _fold_edge(v, pos, m2, s, q, mx, mn, p, amax, amin, NEED_S: tl.constexpr, NE
 
 
 @triton.jit
-def _row_gather(x_ptr, w_ptr, c, start, j, deg, rmask, offs_f, fmask, F, HAS_W: tl.constexpr, ACC64: tl.constexpr,
-                X_EVICT: tl.constexpr):
-    """The messages of edge ``j`` of each row of a row group (0 where a row has fewer edges)."""
-    ACC = tl.float64 if ACC64 else tl.float32
-    emask = rmask & (j < deg)
-    m2 = emask[:, None] & fmask[None, :]
-    v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0, eviction_policy=X_EVICT).to(ACC)
-    if HAS_W:
-        v = v * tl.load(w_ptr + start + j, mask=emask, other=1.0).to(ACC)[:, None]
-    return v, m2
-
-
-@triton.jit
 def _absolute(rel, start):
     """Winning CSR positions from the int32 offsets the loops track (-1: none yet / empty row)."""
     return tl.where(rel >= 0, start + rel.to(tl.int64), -1)
@@ -141,13 +128,12 @@ def _multi_row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out
                      NEED_Q: tl.constexpr, NEED_MAX: tl.constexpr, NEED_MIN: tl.constexpr, NEED_MUL: tl.constexpr,
                      K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr, MAX_AT: tl.constexpr,
                      MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr, STD_AT: tl.constexpr,
-                     MIN_SLOT: tl.constexpr, ROWS: tl.constexpr, BLOCK_F: tl.constexpr, UNROLL: tl.constexpr,
-                     X_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr):
+                     MIN_SLOT: tl.constexpr, ROWS: tl.constexpr, BLOCK_F: tl.constexpr, X_EVICT: tl.constexpr,
+                     OUT_EVICT: tl.constexpr):
     """Row group ``group`` (ROWS short rows of rows_ptr, degree-sorted), feature tile ``ft``: each
     row reduced in edge order. Winners are tracked as int32 offsets within the row (half the
-    registers of int64 positions), made absolute when written. UNROLL (1 or 2): edges gathered per
-    step before they are folded, in order. X_EVICT / OUT_EVICT: the cache eviction hints of the
-    gathered x rows and of the stores (see multi_aggregate.Tuning)."""
+    registers of int64 positions), made absolute when written. X_EVICT / OUT_EVICT: the cache
+    eviction hints of the gathered x rows and of the stores (see multi_aggregate.Tuning)."""
     ACC = tl.float64 if ACC64 else tl.float32
     offs_r = group * ROWS + tl.arange(0, ROWS)
     rmask = offs_r < num_short
@@ -159,23 +145,17 @@ def _multi_row_group(group, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out
     s, q, p, mx, mn, amax, amin = _fresh_statistics(ROWS, BLOCK_F, ACC64)
     # the next step's column indices load before this step's gathers (as in the sum kernels)
     c_next = tl.load(col_ptr + start, mask=rmask & (deg > 0), other=0)
-    if UNROLL == 2:
-        c_odd = tl.load(col_ptr + start + 1, mask=rmask & (deg > 1), other=0)
-    for j in range(0, tl.max(deg, axis=0).to(tl.int32), UNROLL):  # int32 j: the tracked offsets stay int32
+    for j in range(0, tl.max(deg, axis=0).to(tl.int32)):  # int32 j: the tracked offsets stay int32
+        emask = rmask & (j < deg)
+        m2 = emask[:, None] & fmask[None, :]
         c = c_next.to(tl.int64)
-        c_next = tl.load(col_ptr + start + j + UNROLL, mask=rmask & (j + UNROLL < deg), other=0)
-        v, m2 = _row_gather(x_ptr, w_ptr, c, start, j, deg, rmask, offs_f, fmask, F, HAS_W, ACC64, X_EVICT)
-        if UNROLL == 2:  # the second edge's gather is in flight before the first is folded
-            c1 = c_odd.to(tl.int64)
-            c_odd = tl.load(col_ptr + start + j + 3, mask=rmask & (j + 3 < deg), other=0)
-            v1, m21 = _row_gather(x_ptr, w_ptr, c1, start, j + 1, deg, rmask, offs_f, fmask, F, HAS_W, ACC64,
-                                  X_EVICT)
+        c_next = tl.load(col_ptr + start + j + 1, mask=rmask & (j + 1 < deg), other=0)
+        v = tl.load(x_ptr + c[:, None] * F + offs_f[None, :], mask=m2, other=0.0, eviction_policy=X_EVICT).to(ACC)
+        if HAS_W:
+            v = v * tl.load(w_ptr + start + j, mask=emask, other=1.0).to(ACC)[:, None]
         pos = tl.zeros([ROWS, BLOCK_F], tl.int32) + j
         s, q, mx, mn, p, amax, amin = _fold_edge(v, pos, m2, s, q, mx, mn, p, amax, amin, NEED_S, NEED_Q, NEED_MAX,
                                                  NEED_MIN, NEED_MUL, TRACK)
-        if UNROLL == 2:
-            s, q, mx, mn, p, amax, amin = _fold_edge(v1, pos + 1, m21, s, q, mx, mn, p, amax, amin, NEED_S, NEED_Q,
-                                                     NEED_MAX, NEED_MIN, NEED_MUL, TRACK)
     _write_reductions(out_ptr, arg_ptr, rows[:, None], offs_f[None, :], rmask[:, None] & fmask[None, :],
                       deg[:, None], s, q, mx, mn, p, _absolute(amax, start[:, None]), _absolute(amin, start[:, None]),
                       num_rows, F, K, TRACK, SUM_AT, MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT,
@@ -255,12 +235,12 @@ def _multi_rowgroup_kernel(x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr,
                            NEED_MUL: tl.constexpr, K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr,
                            MAX_AT: tl.constexpr, MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr,
                            STD_AT: tl.constexpr, MIN_SLOT: tl.constexpr, ROWS: tl.constexpr, BLOCK_F: tl.constexpr,
-                           UNROLL: tl.constexpr, X_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr):
+                           X_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr):
     """Short rows, ROWS per program: _multi_row_group over a 2-D grid (group, feature tile)."""
     _multi_row_group(tl.program_id(0).to(tl.int64), tl.program_id(1), x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr,
                      out_ptr, arg_ptr, num_short, num_rows, F, HAS_W, ACC64, TRACK, NEED_S, NEED_Q, NEED_MAX,
                      NEED_MIN, NEED_MUL, K, SUM_AT, MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT, ROWS,
-                     BLOCK_F, UNROLL, X_EVICT, OUT_EVICT)
+                     BLOCK_F, X_EVICT, OUT_EVICT)
 
 
 @fast_kernel
@@ -291,8 +271,8 @@ def _multi_one_pass_kernel(x_ptr, rows_ptr, num_short, task_ptr, rowptr_ptr, col
                            NEED_MUL: tl.constexpr, K: tl.constexpr, SUM_AT: tl.constexpr, MEAN_AT: tl.constexpr,
                            MAX_AT: tl.constexpr, MIN_AT: tl.constexpr, MUL_AT: tl.constexpr, VAR_AT: tl.constexpr,
                            STD_AT: tl.constexpr, MIN_SLOT: tl.constexpr, ROWS: tl.constexpr, SEG: tl.constexpr,
-                           BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, UNROLL: tl.constexpr,
-                           X_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr):
+                           BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, X_EVICT: tl.constexpr,
+                           OUT_EVICT: tl.constexpr):
     """The hybrid plan in one launch, as the gather-scatter's _one_pass_kernel: program (t, ft) runs
     task t of the id-ordered task list (schedule.task_list), a row group (code g >= 0) or a
     long-row piece (code -1 - s). Each row is reduced as in the two-launch plan: bitwise the same."""
@@ -301,8 +281,7 @@ def _multi_one_pass_kernel(x_ptr, rows_ptr, num_short, task_ptr, rowptr_ptr, col
     if code >= 0:
         _multi_row_group(code, ft, x_ptr, rows_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, num_short,
                          num_rows, F, HAS_W, ACC64, TRACK, NEED_S, NEED_Q, NEED_MAX, NEED_MIN, NEED_MUL, K, SUM_AT,
-                         MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT, ROWS, BLOCK_F, UNROLL, X_EVICT,
-                         OUT_EVICT)
+                         MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT, ROWS, BLOCK_F, X_EVICT, OUT_EVICT)
     else:
         _multi_csr_piece(-1 - code, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_ptr, part_ptr, parg_ptr,
                          seg_row_ptr, seg_ptr_ptr, slot_ptr, num_rows, F, HAS_W, ACC64, TRACK, NEED_S, NEED_Q,

@@ -65,7 +65,9 @@ class Tuning:
 
     On an H100 (benchmarks/results/aggregation-variants_h100_2026-11-23.md, four reductions, F = 32-128,
     six graphs) no hint or register cap beat the defaults: evict_first stores were within noise,
-    evict_last gathers 3-8% slower on the suite graphs (two more registers, one program fewer per SM)."""
+    evict_last gathers 3-8% slower on the suite graphs (two more registers, one program fewer per SM).
+    On an H200 (aggregation-variants_h200_2026-11-23_combine.md) pieces of 512 edges were slower on
+    arxiv-like, and one piece per combine step (the earlier kernel) 1.2-1.44x slower on graphs with hubs."""
 
     retile: bool = True
     x_evict: str = ""

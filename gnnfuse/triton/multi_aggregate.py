@@ -54,7 +54,8 @@ def _meta(unique: list[int], num_arg: int, has_w: bool, acc64: bool) -> dict:
 @dataclass(frozen=True)
 class Tuning:
     """What the multi kernels do beyond the "sum" plan they reuse (benchmarks/bench_aggregation_variants.py
-    times the alternatives against a sum pass). Results are bitwise the same for every setting.
+    times the alternatives against a sum pass). The hints and the register cap leave results bitwise the
+    same; retile, seg and combine_pieces change the summation order (within rounding; winners unchanged).
 
     retile: the multi kernels' own tiles from WIDE_ROW_BYTES (:func:`multi_tiles`), else the sum plan's.
     x_evict / out_evict: cache eviction hints of the gathered x rows and of the output stores

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from ..constants import STD_CUT, STD_FLOOR
 from ._launch import fast_kernel
+from .reduce_codes import MAX, MIN
 from .gather_scatter_fwd_kernels import (
     _BIG,
     _merge_winner,
@@ -95,12 +96,12 @@ def _fold_edge(v, pos, m2, s, q, mx, mn, p, amax, amin, NEED_S: tl.constexpr, NE
         p = tl.where(m2, p * v, p)
     if NEED_MAX:
         if TRACK:
-            mx, amax = _winner_step(mx, amax, v, pos, m2, 2)
+            mx, amax = _winner_step(mx, amax, v, pos, m2, MAX)
         else:
             mx = tl.where(m2, _nan_max(mx, v), mx)
     if NEED_MIN:
         if TRACK:
-            mn, amin = _winner_step(mn, amin, v, pos, m2, 3)
+            mn, amin = _winner_step(mn, amin, v, pos, m2, MIN)
         else:
             mn = tl.where(m2, _nan_min(mn, v), mn)
     return s, q, mx, mn, p, amax, amin
@@ -199,9 +200,9 @@ def _multi_csr_piece(s_id, ft, x_ptr, rowptr_ptr, col_ptr, w_ptr, out_ptr, arg_p
     amax = tl.full([BLOCK_F], -1, tl.int64)
     amin = tl.full([BLOCK_F], -1, tl.int64)
     if TRACK:  # the lowest winning position over the lanes (each lane's winner is its earliest)
-        mx, at = _tile_winner(mx2, amax2 >= 0, amax2.to(tl.int64), 2)
+        mx, at = _tile_winner(mx2, amax2 >= 0, amax2.to(tl.int64), MAX)
         amax = tl.where(at < _BIG, start + at, -1)
-        mn, at = _tile_winner(mn2, amin2 >= 0, amin2.to(tl.int64), 3)
+        mn, at = _tile_winner(mn2, amin2 >= 0, amin2.to(tl.int64), MIN)
         amin = tl.where(at < _BIG, start + at, -1)
     else:
         mx = tl.reduce(mx2, 0, _nan_max)
@@ -291,13 +292,13 @@ def _multi_one_pass_kernel(x_ptr, rows_ptr, num_short, task_ptr, rowptr_ptr, col
 
 @triton.jit
 def _fold_extreme(acc, arg, v, a, m2, TRACK: tl.constexpr, REDUCE: tl.constexpr):
-    """Folds a [BLOCK_K, BLOCK_F] tile of consecutive pieces' max (REDUCE 2) or min (3) into (acc, arg):
+    """Folds a [BLOCK_K, BLOCK_F] tile of consecutive pieces' max (REDUCE == MAX) or min into (acc, arg):
     with winners, the tile's best value at its lowest CSR position (first NaN wins), merged after the
     earlier tiles' (strict comparison: ties keep the earliest); values only, a NaN-propagating reduce."""
     if TRACK:
         val, at = _tile_winner(v, m2, a, REDUCE)
         return _merge_winner(acc, arg, val, at, REDUCE)
-    if REDUCE == 2:
+    if REDUCE == MAX:
         return _nan_max(acc, tl.reduce(tl.where(m2, v, float("-inf")), 0, _nan_max)), arg
     return _nan_min(acc, tl.reduce(tl.where(m2, v, float("inf")), 0, _nan_min)), arg
 
@@ -344,12 +345,12 @@ def _multi_combine_kernel(part_ptr, parg_ptr, out_ptr, arg_ptr, rowptr_ptr, spli
             a = tl.full([BLOCK_K, BLOCK_F], -1, tl.int64)
             if TRACK:
                 a = tl.load(won, mask=m2, other=-1)
-            mx, amax = _fold_extreme(mx, amax, tl.load(base + 2 * F, mask=m2, other=0.0), a, m2, TRACK, 2)
+            mx, amax = _fold_extreme(mx, amax, tl.load(base + 2 * F, mask=m2, other=0.0), a, m2, TRACK, MAX)
         if NEED_MIN:
             a = tl.full([BLOCK_K, BLOCK_F], -1, tl.int64)
             if TRACK:
                 a = tl.load(won + F, mask=m2, other=-1)
-            mn, amin = _fold_extreme(mn, amin, tl.load(base + 3 * F, mask=m2, other=0.0), a, m2, TRACK, 3)
+            mn, amin = _fold_extreme(mn, amin, tl.load(base + 3 * F, mask=m2, other=0.0), a, m2, TRACK, MIN)
     count = tl.load(rowptr_ptr + row + 1).to(tl.int64) - tl.load(rowptr_ptr + row).to(tl.int64)
     _write_reductions(out_ptr, arg_ptr, row, offs_f, fmask, count, s, q, mx, mn, p, amax, amin, num_rows, F, K,
                       TRACK, SUM_AT, MEAN_AT, MAX_AT, MIN_AT, MUL_AT, VAR_AT, STD_AT, MIN_SLOT, OUT_EVICT)

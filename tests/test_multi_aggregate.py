@@ -182,6 +182,38 @@ def test_triton_split_rows_match_one_pass():
         torch.testing.assert_close(split[0], ref)
 
 
+@pytest.mark.skipif("triton" not in BACKENDS, reason="Triton runs on CUDA or in the interpreter")
+def test_triton_hub_of_many_pieces():
+    """A hub row cut into 44 pieces of 16 edges, more than the combine pass folds per step (32):
+    ties across its tiles and a NaN keep the earliest winner (the unsplit plan's), values match the
+    reference, with and without winners tracked."""
+    from dataclasses import replace
+
+    from gnnfuse.reductions import CODES
+    from gnnfuse.triton import gather_scatter as gs
+    from gnnfuse.triton import multi_aggregate as kernels
+
+    g = torch.Generator().manual_seed(4)
+    ei = torch.randint(0, 12, (2, 800), generator=g)
+    ei[1, :700] = 0
+    csr = gnnfuse.CSR.from_edge_index(ei.to(DEVICE), num_nodes=12)
+    x = torch.randint(-2, 3, (12, 3), generator=g).to(DEVICE, torch.float64)  # many ties
+    aggrs = ["mean", "min", "max", "std", "mul", "sum"]
+    codes = [CODES[a] for a in aggrs]
+    plan = replace(gs.plan_for(x, csr.rowptr, csr.col, "sum", "hybrid"), seg=16, block_e=16, short_max=4)
+    ref = reference.multi_aggregate(x, csr.col, csr._row(), 12, aggrs)
+    for track in (False, True):
+        whole = kernels.forward(x, csr.rowptr, csr.col, None, codes, track)
+        split = kernels.forward(x, csr.rowptr, csr.col, None, codes, track, plan)
+        torch.testing.assert_close(split[0], ref)
+        assert torch.equal(split[1], whole[1])
+    x[int(csr.col[400]), 1] = float("nan")  # in the hub's second tile of pieces
+    split = kernels.forward(x, csr.rowptr, csr.col, None, [CODES["max"], CODES["min"]], True, plan)
+    torch.testing.assert_close(split[0], reference.multi_aggregate(x, csr.col, csr._row(), 12, ["max", "min"]),
+                               equal_nan=True)
+    assert torch.equal(split[1], kernels.forward(x, csr.rowptr, csr.col, None, [CODES["max"], CODES["min"]], True)[1])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_degree_output(backend):
     ei = _graph()

@@ -17,6 +17,7 @@ the gather-scatter backward kernels and each max/min/mul one more. No E x F tens
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,10 +35,27 @@ from .gather_scatter import _weight_in_csr_order, check_call
 _ARG_CODES = (MAX, MIN)
 
 
-def _codes(aggrs: str) -> list[int]:
+@functools.lru_cache(maxsize=256)  # (every call converts the same few strings: a few us a call on small graphs)
+def _codes(aggrs: str) -> tuple[int, ...]:
     """The op takes the reductions as one string, "mean,min,max,std" (an int[] argument would be
     taken for a Tensor[] by the op layer's autograd), the kernels as codes."""
-    return [CODES[name] for name in aggrs.split(",")]
+    return tuple(CODES[name] for name in aggrs.split(","))
+
+
+def _names(aggrs) -> str:
+    """The op's string of canonical reduction names (raises, naming "aggrs", on an unknown one),
+    cached per list in eager mode (Dynamo would trace through the cache with a warning)."""
+    if not torch.compiler.is_compiling():
+        try:
+            return _cached_names(tuple(aggrs))
+        except TypeError:  # an unhashable entry: canonical_reduce below names the argument
+            pass
+    return ",".join(canonical_reduce(a, MULTI, "aggrs") for a in aggrs)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_names(aggrs: tuple) -> str:
+    return ",".join(canonical_reduce(a, MULTI, "aggrs") for a in aggrs)
 
 
 def _num_arg(codes, tracked):
@@ -50,10 +68,19 @@ def _forward_cpu(x, rowptr, col, weight, t_rowptr, t_col, t_pos, aggrs):
                                                                      t_rowptr is not None))
 
 
-def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, aggrs):
+def _triton():
     from ..triton import multi_aggregate as kernels  # lazy: Triton is only needed on GPU
 
-    return kernels.forward(x, rowptr, col, weight, _codes(aggrs), t_rowptr is not None)
+    global _triton_module
+    _triton_module = kernels
+    return kernels
+
+
+_triton_module = None  # set on first use: a function-level import costs ~1 us on every call
+
+
+def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, aggrs):
+    return (_triton_module or _triton()).forward(x, rowptr, col, weight, _codes(aggrs), t_rowptr is not None)
 
 
 def _backward_cpu(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, aggrs, need_x, need_w):
@@ -62,8 +89,7 @@ def _backward_cpu(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos,
 
 
 def _backward_triton(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, aggrs, need_x, need_w):
-    from ..triton import multi_aggregate as kernels
-
+    kernels = _triton_module or _triton()
     codes = _codes(aggrs)
     if kernels.fast_backward_applies(x, weight, codes, need_w):
         mean = None
@@ -246,14 +272,14 @@ def multi_aggregate(x: torch.Tensor, edge_index_or_csr: torch.Tensor | CSR, aggr
     """
     if isinstance(aggrs, str) or not len(aggrs):
         raise ValueError(f"aggrs must be a non-empty list of reduce names; got {aggrs!r}")
-    names = [canonical_reduce(a, MULTI, "aggrs") for a in aggrs]
+    names = _names(aggrs)
     csr, backend = check_call(x, edge_index_or_csr, "sum", edge_weight, num_nodes, backend)
     weight = _weight_in_csr_order(edge_weight, csr, x.dtype)
-    x2 = x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
+    x2 = x.contiguous() if x.dim() == 2 else x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
     if backend == "reference":
-        out = reference.multi_aggregate(x2, csr.col, csr._row(), csr.num_dst, names, weight)
+        out = reference.multi_aggregate(x2, csr.col, csr._row(), csr.num_dst, names.split(","), weight)
     else:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
         transpose = csr._transpose_parts() if wants_grad else (None, None, None)
-        out = FORWARD(x2, csr.rowptr, csr.col, weight, *transpose, ",".join(names), backend=backend)[0]
+        out = FORWARD(x2, csr.rowptr, csr.col, weight, *transpose, names, backend=backend)[0]
     return (out, csr.in_degree().to(x.dtype)) if return_degree else out

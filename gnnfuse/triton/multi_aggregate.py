@@ -19,6 +19,8 @@ sources with atomics (the order of those additions varies from run to run).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 import triton
 
@@ -26,16 +28,16 @@ from ..reductions import CODES, MAX, MEAN, MIN, MUL, STD, SUM, VAR
 from .._tensor_cache import cached
 from ..fresh_graph import is_fresh
 from ._launch import BoundLaunches
-from .gather_scatter import _forward_setup, _mean_divisor, autotune_enabled, infer
+from .gather_scatter import _forward_setup, _mean_divisor, autotune_enabled, infer, plan_for
 from .gather_scatter_dispatch import Plan
+from .gather_scatter_fwd_kernels import _COMBINE_K
+from .multi_aggregate_bwd_kernels import _coefficients_kernel, _winners_grad_kernel
 from .multi_aggregate_kernels import (
     NSTAT,
-    _coefficients_kernel,
     _multi_combine_kernel,
     _multi_csr_kernel,
     _multi_one_pass_kernel,
     _multi_rowgroup_kernel,
-    _winners_grad_kernel,
 )
 
 
@@ -49,17 +51,49 @@ def _meta(unique: list[int], num_arg: int, has_w: bool, acc64: bool) -> dict:
                 STD_AT=at[STD], MIN_SLOT=1 if MAX in unique else 0)
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """What the multi kernels do beyond the "sum" plan they reuse (benchmarks/bench_aggregation_variants.py
+    times the alternatives against a sum pass). The hints and the register cap leave results bitwise the
+    same; retile, seg and combine_pieces change the summation order (within rounding; winners unchanged).
+
+    retile: the multi kernels' own tiles from WIDE_ROW_BYTES (:func:`multi_tiles`), else the sum plan's.
+    x_evict / out_evict: cache eviction hints of the gathered x rows and of the output stores
+    ("", "evict_last", "evict_first").
+    max_registers: a register cap per thread (Triton's ``maxnreg``; 0: the compiler's choice).
+    seg: the longest piece of a long row (0: the sum plan's); combine_pieces: pieces of a split row
+    the combine pass folds per step (a power of two).
+
+    On an H100 (benchmarks/results/aggregation-variants_h100_2026-11-23.md, four reductions, F = 32-128,
+    six graphs) no hint or register cap beat the defaults: evict_first stores were within noise,
+    evict_last gathers 3-8% slower on the suite graphs (two more registers, one program fewer per SM).
+    On an H200 (aggregation-variants_h200_2026-11-23_combine.md) pieces of 512 edges were slower on
+    arxiv-like, and one piece per combine step (the earlier kernel) 1.2-1.44x slower on graphs with hubs."""
+
+    retile: bool = True
+    x_evict: str = ""
+    out_evict: str = ""
+    max_registers: int = 0
+    seg: int = 0
+    combine_pieces: int = _COMBINE_K
+
+
+DEFAULT_TUNING = Tuning()
+
+
 def forward(x: torch.Tensor, rowptr: torch.Tensor, col: torch.Tensor, weight: torch.Tensor | None,
-            codes: list[int], track_arg: bool, plan: Plan | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            codes: list[int], track_arg: bool, plan: Plan | None = None,
+            tuning: Tuning | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [N, K*F], arg [A, N, F] or [0, 0, 0]) as the C++ kernel. ``plan`` overrides the
-    gather-scatter plan (tests force hub splitting with a small ``seg``)."""
+    gather-scatter plan (tests force hub splitting with a small ``seg``), ``tuning`` the kernels'
+    settings (default: DEFAULT_TUNING)."""
     num_rows, F = rowptr.shape[0] - 1, x.shape[1]
     unique = list(dict.fromkeys(codes))  # a repeated reduction is computed once, copied after
     num_arg = ((MAX in unique) + (MIN in unique)) if track_arg else 0
     out = x.new_empty(num_rows, len(unique) * F)
     arg = rowptr.new_empty((num_arg, num_rows, F) if num_arg else (0, 0, 0))
     if num_rows and F:
-        _launch(x, rowptr, col, weight, out, arg, unique, num_arg, plan)
+        _launch(x, rowptr, col, weight, out, arg, unique, num_arg, plan, tuning or DEFAULT_TUNING)
     else:  # nothing to launch: no rows, or no features
         out.zero_()
         arg.fill_(-1)
@@ -96,55 +130,63 @@ class _MultiSetup:
     the graph (see _multi_setup), so a repeated call does no planning in Python."""
 
     def __init__(self, base, F: int, unique: list[int], num_arg: int, has_w: bool, acc64: bool, itemsize: int,
-                 retile: bool):
-        plan = multi_tiles(base.plan, F, itemsize) if retile else base.plan
+                 retile: bool, tuning: Tuning):
+        plan = multi_tiles(base.plan, F, itemsize) if retile and tuning.retile else base.plan
         self.plan, self.short, self.wl = plan, base.short, base.wl
         # the one-launch task list only where there are long rows to run next to the row groups: with
         # none (products-like, every row <= short_max) the row-group kernel alone was as fast untracked
         # and 1.2x faster tracking winners (H200, benchmarks/results/aggregation-plans_h200_2026-11-23.md)
         self.tasks = base.tasks if self.wl.num_pieces else None
         self.launches = BoundLaunches()
-        meta = _meta(unique, num_arg, has_w, acc64)
+        meta = dict(_meta(unique, num_arg, has_w, acc64), OUT_EVICT=tuning.out_evict)
+        options = dict(maxnreg=tuning.max_registers) if tuning.max_registers else {}
         group_block_f = plan.group_block_f or plan.block_f
         nft = triton.cdiv(F, plan.block_f)
         if self.short is not None and self.short.numel():
             self.rowgroup_grid = (triton.cdiv(self.short.numel(), plan.group_rows), triton.cdiv(F, group_block_f))
-            self.rowgroup_meta = dict(meta, ROWS=plan.group_rows, BLOCK_F=group_block_f, num_warps=plan.group_warps)
+            self.rowgroup_meta = dict(meta, ROWS=plan.group_rows, BLOCK_F=group_block_f, X_EVICT=tuning.x_evict,
+                                      num_warps=plan.group_warps, **options)
         if self.tasks is not None:  # one launch: the long rows' pieces take the row groups' tiles
             self.one_pass_grid = (self.tasks.numel(), triton.cdiv(F, group_block_f))
             self.one_pass_meta = dict(meta, ROWS=plan.group_rows, SEG=plan.seg, BLOCK_E=plan.block_e,
-                                      BLOCK_F=group_block_f, num_warps=plan.group_warps)
+                                      BLOCK_F=group_block_f, X_EVICT=tuning.x_evict, num_warps=plan.group_warps,
+                                      **options)
         self.csr_grid = (self.wl.num_pieces * nft,)
-        self.csr_meta = dict(meta, SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, num_warps=plan.num_warps)
+        self.csr_meta = dict(meta, SEG=plan.seg, BLOCK_E=plan.block_e, BLOCK_F=plan.block_f, X_EVICT=tuning.x_evict,
+                             num_warps=plan.num_warps, **options)
         combine = dict(meta)
         del combine["HAS_W"]
         split = getattr(self.wl, "split_rows", None)
         self.num_split = 0 if split is None else split.numel()
         self.combine_grid = (self.num_split * nft,)
-        self.combine_meta = dict(combine, BLOCK_F=plan.block_f, num_warps=4)
+        self.combine_meta = dict(combine, BLOCK_K=tuning.combine_pieces, BLOCK_F=plan.block_f, num_warps=4)
 
 
-def _multi_setup(x, rowptr, col, weight, unique, num_arg, plan) -> _MultiSetup:
+def _multi_setup(x, rowptr, col, weight, unique, num_arg, plan, tuning) -> _MultiSetup:
     """The setup of this call: cached on rowptr (keyed like the sum pass's, plus the reductions);
     built afresh for an explicit ``plan`` and for a graph used once (gnnfuse.fresh_graph: every row
     in row groups, no host synchronisation)."""
     F, has_w, acc64 = x.shape[1], weight is not None, x.dtype == torch.float64
+    fresh = is_fresh(rowptr)
 
     def build():
-        base = _forward_setup(x, rowptr, col, weight, "sum", False, "hybrid", plan)
-        return _MultiSetup(base, F, unique, num_arg, has_w, acc64, x.element_size(), plan is None)
+        p = plan
+        if p is None and tuning.seg and not fresh:  # the sum plan with other pieces (own work and task lists)
+            p = replace(plan_for(x, rowptr, col, "sum", "hybrid"), seg=tuning.seg)
+        base = _forward_setup(x, rowptr, col, weight, "sum", False, "hybrid", p)
+        return _MultiSetup(base, F, unique, num_arg, has_w, acc64, x.element_size(), plan is None, tuning)
 
-    if plan is not None or is_fresh(rowptr):
+    if plan is not None or fresh:
         return build()
     key = (F, x.dtype, tuple(unique), has_w, num_arg, col.numel(), torch.are_deterministic_algorithms_enabled(),
-           autotune_enabled() and x.is_cuda)
+           autotune_enabled() and x.is_cuda, tuning)
     return cached("multi-forward", (rowptr,), key, build)
 
 
-def _launch(x, rowptr, col, weight, out, arg, unique, num_arg, plan):
+def _launch(x, rowptr, col, weight, out, arg, unique, num_arg, plan, tuning):
     F = x.shape[1]
     num_rows = rowptr.shape[0] - 1
-    setup = _multi_setup(x, rowptr, col, weight, unique, num_arg, plan)
+    setup = _multi_setup(x, rowptr, col, weight, unique, num_arg, plan, tuning)
     w = weight if weight is not None else x  # dummy pointer when HAS_W is False
     arg_p = arg if num_arg else col
     launch = setup.launches

@@ -30,6 +30,7 @@ from torch.nn.parameter import UninitializedParameter
 from ..csr import CSR
 from ..ops.gather_scatter import check_call
 from ..ops.multi_aggregate import multi_aggregate
+from ._pna_projection import AggregatedProjection, fold_repeated
 from .aggr import reduce_of
 
 __all__ = ["PNAConv"]
@@ -69,17 +70,17 @@ class PNAConv(pyg_nn.PNAConv):
             # propagate_type: (x: Tensor, edge_attr: OptTensor)
             return super().forward(x, edge_index, edge_attr)
         T, F, N = self.towers, self.F_in, x.shape[0]
-        csr = check_call(x, edge_index, "sum", None, N, "auto")[0]  # one validated graph for every tower
+        csr, backend = check_call(x, edge_index, "sum", None, N, "auto")  # one validated graph for every tower
         deg = csr.in_degree().to(x.dtype)
         scale = self._scalers(deg)  # [N, S]
         shift = {"deg": deg, "nonempty": (deg > 0).to(deg.dtype)}
         outs = []
         for t in range(T):
             x_t = x.view(N, T, F)[:, t] if self.divide_input else x
-            outs.append(self._tower(t, x_t, csr, scale, shift, names))
+            outs.append(self._tower(t, x_t, csr, backend, scale, shift, names))
         return self.lin(torch.cat(outs, dim=1))
 
-    def _tower(self, t: int, x_t: Tensor, csr: CSR, scale: Tensor, shift: dict, names) -> Tensor:
+    def _tower(self, t: int, x_t: Tensor, csr: CSR, backend: str, scale: Tensor, shift: dict, names) -> Tensor:
         """Tower t's post-layers on cat[x_t, scaler_s * (agg_k + shift_k z)] for every scaler s and
         aggregator k, without building that [N, (S*K + 1) F] input: the first post-layer is linear
         and the scalers and shifts are per-node numbers, so it is the sum of x_t W_x, of
@@ -94,18 +95,14 @@ class PNAConv(pyg_nn.PNAConv):
         w_agg = lin.weight[:, F:].view(Fo, S, K, F)
         w_mat = w_agg.permute(2, 3, 1, 0).reshape(K * F, S * Fo)
 
-        def project(x_t, b, w_mat):  # [N, S*Fo]: the aggregation of y = x_t B^T times its post-layer blocks
-            return multi_aggregate(x_t @ b.t(), csr, names) @ w_mat
-
-        recompute = self.recompute_aggregations and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        p = None
-        for f0, f1 in _feature_chunks(F, self.aggregation_chunk_features if recompute else None):
-            # the reductions are per feature: features [f0, f1) of y need rows f0:f1 of B and, of every
-            # aggregator's block of w_mat, the same rows
-            b_c = b[f0:f1]
-            w_c = w_mat.view(K, F, -1)[:, f0:f1].reshape(K * (f1 - f0), -1)
-            q = _Recomputed.apply(project, x_t, b_c, w_c) if recompute else project(x_t, b_c, w_c)
-            p = q if p is None else p + q
+        if self._recomputes(backend, x_t, b, w_mat):
+            # the aggregation times its post-layer blocks in one autograd rule that keeps only its
+            # inputs and, in the backward, never holds the aggregation and its gradient together
+            unique, w_blocks = fold_repeated(names, w_mat.view(K, F, S * Fo))
+            p = AggregatedProjection.apply(x_t, b, w_blocks, csr, unique, backend, self.aggregation_chunk_features,
+                                           shift["deg"])
+        else:
+            p = multi_aggregate(x_t @ b.t(), csr, names, backend=backend) @ w_mat
         for factor, ks in _shift_groups(names).items():
             w_z = w_agg[:, :, ks].sum(dim=2).permute(2, 1, 0).reshape(F, S * Fo)  # [F, S*Fo]
             z_w = x_t @ (a.t() @ w_z)
@@ -116,6 +113,13 @@ class PNAConv(pyg_nn.PNAConv):
         if lin.bias is not None:
             h = h + lin.bias
         return post[1:](h) if len(post) > 1 else h
+
+    def _recomputes(self, backend: str, *inputs: Tensor) -> bool:
+        """Whether this tower takes :class:`AggregatedProjection` (the aggregation recomputed in the
+        backward): when asked to and a gradient is wanted, in eager mode (torch.compile traces the
+        plain ops) and on a kernel backend (the reference backend is plain torch)."""
+        return (self.recompute_aggregations and torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+                and not torch.compiler.is_compiling() and backend != "reference")
 
     def _scalers(self, deg: Tensor) -> Tensor:
         """PyG's DegreeScalerAggregation scalers as per-node factors [N, S] (identity: 1)."""
@@ -157,39 +161,6 @@ class PNAConv(pyg_nn.PNAConv):
         if not names or any(n not in _SHIFTED and n not in ("var", "std") for n in names):
             return None
         return names
-
-
-class _Recomputed(torch.autograd.Function):
-    """``fn(*inputs)`` with only the inputs saved: the forward runs without autograd (so the
-    aggregation records no max/min winners and needs no transpose), the backward runs ``fn``
-    again with autograd and differentiates it (the idea of torch.utils.checkpoint, with an
-    untracked first pass). Used per tower and chunk of features, so at most one chunk's
-    aggregation, winners and aggregation gradient exist at a time. Eager only (the layer calls ``fn`` directly while
-    torch.compile traces)."""
-
-    @staticmethod
-    def forward(ctx, fn, *inputs):
-        ctx.fn = fn
-        ctx.save_for_backward(*inputs)
-        return fn(*inputs)  # autograd is off inside Function.forward
-
-    @staticmethod
-    def backward(ctx, grad):
-        inputs = [t.detach().requires_grad_(need) for t, need in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]
-        with torch.enable_grad():
-            out = ctx.fn(*inputs)
-        wanted = [t for t in inputs if t.requires_grad]
-        grads = iter(torch.autograd.grad(out, wanted, grad) if wanted else ())
-        return (None, *[next(grads) if t.requires_grad else None for t in inputs])
-
-
-def _feature_chunks(F: int, chunk: int | None) -> list[tuple[int, int]]:
-    """[f0, f1) ranges of at most ``chunk`` features covering [0, F) (one range when None)."""
-    if chunk is None or chunk >= F:
-        return [(0, F)]
-    if chunk < 1:
-        raise ValueError(f"aggregation_chunk_features must be a positive int or None; got {chunk!r}")
-    return [(f0, min(f0 + chunk, F)) for f0 in range(0, F, chunk)]
 
 
 def _shift_groups(names) -> dict[str, list[int]]:

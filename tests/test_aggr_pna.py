@@ -222,19 +222,43 @@ def test_aggregated_projection_gradcheck(names):
         assert torch.autograd.gradcheck(fn, inputs, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on CPU tensors: the interpreter")
+_CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="Triton runs on CUDA or in the interpreter")
 @pytest.mark.parametrize("names", [("mean", "min", "max", "std"), ("sum", "var", "max")], ids=",".join)
 def test_aggregated_projection_triton_matches_cpu(names):
-    """The same rule on the Triton kernels (interpreter): the C++ kernels' values and gradients
-    (those are gradchecked above; a Triton gradcheck would take minutes in the interpreter)."""
+    """The same rule on the Triton kernels (CUDA, else the interpreter): the C++ kernels' values
+    and gradients (gradchecked above); on CUDA a gradcheck of its own (in the interpreter it
+    would take minutes)."""
     csr, inputs = _projection_case(names)
+    device = "cuda" if _CUDA else "cpu"
+    csr_t = csr.to(device)
+    inputs_t = [t.detach().to(device).requires_grad_() for t in inputs]
     for chunk in (None, 3):
-        results = []
-        for backend in ("cpu", "triton"):
-            out = _projection(csr, names, backend, chunk)(*inputs)
-            results.append((out, *torch.autograd.grad((out * out).sum(), inputs)))
-        for got, want in zip(*results):
-            torch.testing.assert_close(got, want)
+        want = _projection(csr, names, "cpu", chunk)(*inputs)
+        got = _projection(csr_t, names, "triton", chunk)(*inputs_t)
+        torch.testing.assert_close(got.cpu(), want)
+        for g, w in zip(torch.autograd.grad((got * got).sum(), inputs_t), torch.autograd.grad((want * want).sum(),
+                                                                                               inputs)):
+            torch.testing.assert_close(g.cpu(), w)
+        if _CUDA:
+            assert torch.autograd.gradcheck(_projection(csr_t, names, "triton", chunk), inputs_t, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.skipif(not _CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("kwargs", PNA_CASES[:3])
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_pna_conv_matches_pyg_on_cuda(kwargs, chunk):
+    x, ei = _graph()
+    x, ei = x.cuda(), ei.cuda()
+    torch.manual_seed(0)
+    conv = gnnfuse.nn.PNAConv(6, 6, deg=DEG, post_layers=2, **kwargs).double().cuda()
+    conv.aggregation_chunk_features = chunk
+    ref = pyg_nn.PNAConv(6, 6, deg=DEG, post_layers=2, **kwargs).double().cuda()
+    ref.load_state_dict(conv.state_dict())
+    _compare(conv, ref, x, ei)
 
 
 def test_pna_conv_feature_chunks_match_whole():

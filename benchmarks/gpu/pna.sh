@@ -28,7 +28,7 @@ before=()
 [ -n "${BEFORE:-}" ] && before=(--before "$BEFORE")
 run bench "${BENCH_TIMEOUT_S:-150}" "$PY" -m benchmarks.bench_pna --device cuda --rounds "${ROUNDS:-10}" \
   --suffix "${SUFFIX:-}" --out "$WORK" "${before[@]}"
-for chunk in none 32 16; do
+for chunk in ${MEMORY_CHUNKS:-none 32 16}; do
   run "memory_$chunk" 60 "$PY" -m benchmarks.pna_memory --device cuda --nodes 170000 --edges 1170000 --chunk "$chunk" --top 30
 done
 wait

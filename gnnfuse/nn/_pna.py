@@ -13,8 +13,10 @@ factors, so that layer is applied to the aggregation, to z and to x separately a
 weighted and added (see ``_tower``; z only ever appears multiplied by weights, so it is never
 built): the [N, (S*K + 1) * F] input PyG builds per tower (S scalers, K aggregators) never exists.
 Memory: by default no tower keeps its [N, K*F] aggregation (nor its max/min winners) for the
-backward; the backward recomputes it, one tower and one chunk of features at a time
-(``recompute_aggregations``, ``aggregation_chunk_features``).
+backward. The aggregation times its post-layer blocks is one autograd rule
+(gnnfuse/nn/_pna_projection.py) that keeps only its inputs and whose backward recomputes the
+aggregation, one tower (and chunk of features) at a time, without ever forming the aggregation's
+gradient (``recompute_aggregations``, ``aggregation_chunk_features``).
 Further post-layers run unchanged. Same constructor, parameters
 and state_dict as PyG's class. PyG's own code runs for what this does not cover: edge features
 (``edge_dim``), more than one pre-layer, the "mul" aggregator, a sparse-tensor adjacency, explain
@@ -47,18 +49,20 @@ class PNAConv(pyg_nn.PNAConv):
 
     ``recompute_aggregations`` (class attribute, default True; set it on an instance to change
     one layer): keep no tower's aggregation for the backward, recompute it there, one tower at a
-    time (see :class:`_Recomputed`). False keeps each tower's [N, K*F] aggregation and its
-    max/min winners from the forward instead: a little faster, towers times the memory.
+    time (:class:`gnnfuse.nn._pna_projection.AggregatedProjection`: the backward holds at most 8
+    [N, F] arrays per tower, e.g. the recomputed [N, 4F] aggregation, its winners and the reductions'
+    coefficients, and never the aggregation's gradient). False keeps each tower's [N, K*F]
+    aggregation and its max/min winners from the forward instead: a little faster, towers times the
+    memory. Eager only: compiled code keeps them.
 
     ``aggregation_chunk_features`` (class attribute, default None: all features at once): with
     ``recompute_aggregations``, each tower aggregates (and recomputes and differentiates in the
-    backward) its features in chunks of this many, so the backward's working set (the chunk's
-    aggregation, its gradient, winners and the reduction's backward buffers) is about
-    4 x [N, aggregators * chunk] instead of 4 x [N, aggregators * F] (the reductions are per
-    feature: the results are the same, summed in another order). A memory-for-time trade, hence off
-    by default: on an H100, arxiv-like graph (170K nodes, F=64, 4 towers), chunks of 16 cut the
-    step's peak from about 860 to 300 MB but take the step from about 19 to 36 ms (more, narrower
-    launches; benchmarks/results/aggregation-pna_h100_*)."""
+    backward) its features in chunks of this many, so the backward's working set shrinks with the
+    chunk (the reductions are per feature: the results are the same, summed in another order). A
+    memory-for-time trade, hence off by default: on an H100, arxiv-like graph (170K nodes, F=64, 4
+    towers, benchmarks/results/aggregation-pna_h100_2026-11-23_fused-backward.md) the step's peak is
+    453 MB by default (17.5 ms, 4.5x PyG), 306 MB with chunks of 32 (19.8 ms) and 253 MB with chunks
+    of 16 (27.9 ms: more, narrower launches; there the benchmark loss's backward is the peak)."""
 
     recompute_aggregations = True
     aggregation_chunk_features = None

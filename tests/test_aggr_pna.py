@@ -187,6 +187,26 @@ def test_pna_conv_recomputes_aggregations_in_backward(divide_input, monkeypatch)
         torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
 
 
+def test_pna_conv_repeated_aggregator_matches_keep():
+    """An aggregator listed twice: its post-layer blocks are summed before the rule (one
+    aggregation block); outputs and gradients equal those of the layer that keeps them."""
+    x, ei = _graph()
+    torch.manual_seed(0)
+    lean = gnnfuse.nn.PNAConv(6, 6, ["max", "mean", "max"], ["identity", "linear"], DEG).double()
+    keep = copy.deepcopy(lean)
+    keep.recompute_aggregations = False
+    outs, grads = [], []
+    for conv in (lean, keep):
+        xg = x.clone().requires_grad_()
+        out = conv(xg, ei)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        outs.append(out)
+        grads.append({"x": xg.grad, **_grads(conv)})
+    torch.testing.assert_close(outs[0], outs[1])
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
+
+
 PROJECTION_NAMES = [("mean", "min", "max", "std"), ("sum", "var", "max"), ("std",), ("min", "mean"),
                     ("sum", "mean", "var", "std"), ("var", "min"), ("sum",)]
 

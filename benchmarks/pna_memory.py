@@ -59,9 +59,10 @@ class MemoryLog(TorchDispatchMode):
         if self.cuda:
             live, peak = torch.cuda.memory_allocated() - self.base, torch.cuda.max_memory_allocated() - self.base
         else:
-            for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                    self.live.add(t, f"{self.phase} #{len(self.rows)} {func.name()}")
+            if not func.is_view:  # a view shares its input's storage (counted where made, or an input)
+                for t in torch.utils._pytree.tree_leaves(out):
+                    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                        self.live.add(t, f"{self.phase} #{len(self.rows)} {func.name()}")
             live = peak = self.live.bytes
         shapes = [tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         self.rows.append((self.phase, str(func.name()), live, peak, shapes))
@@ -99,6 +100,7 @@ def main(argv=None):
     with log:
         loss = conv(x, edge_index).square().mean()
         log.phase = "backward"
+        saved = sorted(log.live.seen.values(), reverse=True)
         torch.autograd.grad(loss, params)
     mb = 2**20
     output = args.nodes * 4 * args.width * x.element_size()
@@ -109,6 +111,10 @@ def main(argv=None):
         print(f"{phase}: {len(rows)} ops, peak {top[3] / mb:.1f} MB ({top[3] / output:.2f} outputs) at {top[1]}, "
               f"live at its end {rows[-1][2] / mb:.1f} MB")
     if not cuda:
+        print(f"\nlive after the forward ({sum(n for n, *_ in saved) / mb:.1f} MB: the loss's input and what "
+              "autograd saved), the largest first (MB, made by, shape):")
+        for n, origin, shape in saved[:args.top]:
+            print(f"  {n / mb:8.2f}  {origin:55s} {shape}")
         print(f"\nlive at the peak ({log.live.peak / mb:.1f} MB), the largest first (MB, made by, shape):")
         for n, origin, shape in log.live.at_peak[:args.top]:
             print(f"  {n / mb:8.2f}  {origin:55s} {shape}")

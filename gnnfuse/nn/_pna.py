@@ -13,8 +13,10 @@ factors, so that layer is applied to the aggregation, to z and to x separately a
 weighted and added (see ``_tower``; z only ever appears multiplied by weights, so it is never
 built): the [N, (S*K + 1) * F] input PyG builds per tower (S scalers, K aggregators) never exists.
 Memory: by default no tower keeps its [N, K*F] aggregation (nor its max/min winners) for the
-backward; the backward recomputes it, one tower and one chunk of features at a time
-(``recompute_aggregations``, ``aggregation_chunk_features``).
+backward. The aggregation times its post-layer blocks is one autograd rule
+(gnnfuse/nn/_pna_projection.py) that keeps only its inputs and whose backward recomputes the
+aggregation, one tower (and chunk of features) at a time, without ever forming the aggregation's
+gradient (``recompute_aggregations``, ``aggregation_chunk_features``).
 Further post-layers run unchanged. Same constructor, parameters
 and state_dict as PyG's class. PyG's own code runs for what this does not cover: edge features
 (``edge_dim``), more than one pre-layer, the "mul" aggregator, a sparse-tensor adjacency, explain
@@ -30,6 +32,7 @@ from torch.nn.parameter import UninitializedParameter
 from ..csr import CSR
 from ..ops.gather_scatter import check_call
 from ..ops.multi_aggregate import multi_aggregate
+from ._pna_projection import AggregatedProjection, fold_repeated
 from .aggr import reduce_of
 
 __all__ = ["PNAConv"]
@@ -46,18 +49,20 @@ class PNAConv(pyg_nn.PNAConv):
 
     ``recompute_aggregations`` (class attribute, default True; set it on an instance to change
     one layer): keep no tower's aggregation for the backward, recompute it there, one tower at a
-    time (see :class:`_Recomputed`). False keeps each tower's [N, K*F] aggregation and its
-    max/min winners from the forward instead: a little faster, towers times the memory.
+    time (:class:`gnnfuse.nn._pna_projection.AggregatedProjection`: the backward holds at most 8
+    [N, F] arrays per tower, e.g. the recomputed [N, 4F] aggregation, its winners and the reductions'
+    coefficients, and never the aggregation's gradient). False keeps each tower's [N, K*F]
+    aggregation and its max/min winners from the forward instead: a little faster, towers times the
+    memory. Eager only: compiled code keeps them.
 
     ``aggregation_chunk_features`` (class attribute, default None: all features at once): with
     ``recompute_aggregations``, each tower aggregates (and recomputes and differentiates in the
-    backward) its features in chunks of this many, so the backward's working set (the chunk's
-    aggregation, its gradient, winners and the reduction's backward buffers) is about
-    4 x [N, aggregators * chunk] instead of 4 x [N, aggregators * F] (the reductions are per
-    feature: the results are the same, summed in another order). A memory-for-time trade, hence off
-    by default: on an H100, arxiv-like graph (170K nodes, F=64, 4 towers), chunks of 16 cut the
-    step's peak from about 860 to 300 MB but take the step from about 19 to 36 ms (more, narrower
-    launches; benchmarks/results/aggregation-pna_h100_*)."""
+    backward) its features in chunks of this many, so the backward's working set shrinks with the
+    chunk (the reductions are per feature: the results are the same, summed in another order). A
+    memory-for-time trade, hence off by default: on an H100, arxiv-like graph (170K nodes, F=64, 4
+    towers, benchmarks/results/aggregation-pna_h100_2026-11-23_fused-backward.md) the step's peak is
+    453 MB by default (17.5 ms, 4.5x PyG), 306 MB with chunks of 32 (19.8 ms) and 253 MB with chunks
+    of 16 (27.9 ms: more, narrower launches; there the benchmark loss's backward is the peak)."""
 
     recompute_aggregations = True
     aggregation_chunk_features = None
@@ -69,17 +74,17 @@ class PNAConv(pyg_nn.PNAConv):
             # propagate_type: (x: Tensor, edge_attr: OptTensor)
             return super().forward(x, edge_index, edge_attr)
         T, F, N = self.towers, self.F_in, x.shape[0]
-        csr = check_call(x, edge_index, "sum", None, N, "auto")[0]  # one validated graph for every tower
+        csr, backend = check_call(x, edge_index, "sum", None, N, "auto")  # one validated graph for every tower
         deg = csr.in_degree().to(x.dtype)
         scale = self._scalers(deg)  # [N, S]
         shift = {"deg": deg, "nonempty": (deg > 0).to(deg.dtype)}
         outs = []
         for t in range(T):
             x_t = x.view(N, T, F)[:, t] if self.divide_input else x
-            outs.append(self._tower(t, x_t, csr, scale, shift, names))
+            outs.append(self._tower(t, x_t, csr, backend, scale, shift, names))
         return self.lin(torch.cat(outs, dim=1))
 
-    def _tower(self, t: int, x_t: Tensor, csr: CSR, scale: Tensor, shift: dict, names) -> Tensor:
+    def _tower(self, t: int, x_t: Tensor, csr: CSR, backend: str, scale: Tensor, shift: dict, names) -> Tensor:
         """Tower t's post-layers on cat[x_t, scaler_s * (agg_k + shift_k z)] for every scaler s and
         aggregator k, without building that [N, (S*K + 1) F] input: the first post-layer is linear
         and the scalers and shifts are per-node numbers, so it is the sum of x_t W_x, of
@@ -94,18 +99,14 @@ class PNAConv(pyg_nn.PNAConv):
         w_agg = lin.weight[:, F:].view(Fo, S, K, F)
         w_mat = w_agg.permute(2, 3, 1, 0).reshape(K * F, S * Fo)
 
-        def project(x_t, b, w_mat):  # [N, S*Fo]: the aggregation of y = x_t B^T times its post-layer blocks
-            return multi_aggregate(x_t @ b.t(), csr, names) @ w_mat
-
-        recompute = self.recompute_aggregations and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        p = None
-        for f0, f1 in _feature_chunks(F, self.aggregation_chunk_features if recompute else None):
-            # the reductions are per feature: features [f0, f1) of y need rows f0:f1 of B and, of every
-            # aggregator's block of w_mat, the same rows
-            b_c = b[f0:f1]
-            w_c = w_mat.view(K, F, -1)[:, f0:f1].reshape(K * (f1 - f0), -1)
-            q = _Recomputed.apply(project, x_t, b_c, w_c) if recompute else project(x_t, b_c, w_c)
-            p = q if p is None else p + q
+        if self._recomputes(backend, x_t, b, w_mat):
+            # the aggregation times its post-layer blocks in one autograd rule that keeps only its
+            # inputs and, in the backward, never holds the aggregation and its gradient together
+            unique, w_blocks = fold_repeated(names, w_mat.view(K, F, S * Fo))
+            p = AggregatedProjection.apply(x_t, b, w_blocks, csr, unique, backend, self.aggregation_chunk_features,
+                                           shift["deg"])
+        else:
+            p = multi_aggregate(x_t @ b.t(), csr, names, backend=backend) @ w_mat
         for factor, ks in _shift_groups(names).items():
             w_z = w_agg[:, :, ks].sum(dim=2).permute(2, 1, 0).reshape(F, S * Fo)  # [F, S*Fo]
             z_w = x_t @ (a.t() @ w_z)
@@ -116,6 +117,13 @@ class PNAConv(pyg_nn.PNAConv):
         if lin.bias is not None:
             h = h + lin.bias
         return post[1:](h) if len(post) > 1 else h
+
+    def _recomputes(self, backend: str, *inputs: Tensor) -> bool:
+        """Whether this tower takes :class:`AggregatedProjection` (the aggregation recomputed in the
+        backward): when asked to and a gradient is wanted, in eager mode (torch.compile traces the
+        plain ops) and on a kernel backend (the reference backend is plain torch)."""
+        return (self.recompute_aggregations and torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+                and not torch.compiler.is_compiling() and backend != "reference")
 
     def _scalers(self, deg: Tensor) -> Tensor:
         """PyG's DegreeScalerAggregation scalers as per-node factors [N, S] (identity: 1)."""
@@ -157,39 +165,6 @@ class PNAConv(pyg_nn.PNAConv):
         if not names or any(n not in _SHIFTED and n not in ("var", "std") for n in names):
             return None
         return names
-
-
-class _Recomputed(torch.autograd.Function):
-    """``fn(*inputs)`` with only the inputs saved: the forward runs without autograd (so the
-    aggregation records no max/min winners and needs no transpose), the backward runs ``fn``
-    again with autograd and differentiates it (the idea of torch.utils.checkpoint, with an
-    untracked first pass). Used per tower and chunk of features, so at most one chunk's
-    aggregation, winners and aggregation gradient exist at a time. Eager only (the layer calls ``fn`` directly while
-    torch.compile traces)."""
-
-    @staticmethod
-    def forward(ctx, fn, *inputs):
-        ctx.fn = fn
-        ctx.save_for_backward(*inputs)
-        return fn(*inputs)  # autograd is off inside Function.forward
-
-    @staticmethod
-    def backward(ctx, grad):
-        inputs = [t.detach().requires_grad_(need) for t, need in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]
-        with torch.enable_grad():
-            out = ctx.fn(*inputs)
-        wanted = [t for t in inputs if t.requires_grad]
-        grads = iter(torch.autograd.grad(out, wanted, grad) if wanted else ())
-        return (None, *[next(grads) if t.requires_grad else None for t in inputs])
-
-
-def _feature_chunks(F: int, chunk: int | None) -> list[tuple[int, int]]:
-    """[f0, f1) ranges of at most ``chunk`` features covering [0, F) (one range when None)."""
-    if chunk is None or chunk >= F:
-        return [(0, F)]
-    if chunk < 1:
-        raise ValueError(f"aggregation_chunk_features must be a positive int or None; got {chunk!r}")
-    return [(f0, min(f0 + chunk, F)) for f0 in range(0, F, chunk)]
 
 
 def _shift_groups(names) -> dict[str, list[int]]:

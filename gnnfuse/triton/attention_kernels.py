@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._launch import fast_kernel
+
 NEG_INF = tl.constexpr(float("-inf"))  # a jit function may read only constexpr globals
 
 
@@ -100,6 +102,7 @@ def _piece_at(s, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG: tl.constexpr):
     return row, k, start, end, stop, tl.where(first >= 0, first + k, -1)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])  # .to() needs tensors, not constexpr 1
 def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot,
                     p_acc, p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
@@ -112,23 +115,18 @@ def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_
     feats = tl.arange(0, FB)
     fmask = feats < F
     ad = tl.load(a_dst + i * H + heads, mask=hmask, other=0).to(ACC)
-    m = tl.full((HB,), NEG_INF, ACC)
-    z = tl.zeros((HB,), ACC)
-    acc = tl.zeros((HB, FB), ACC)
+    m = tl.full((BE, HB), NEG_INF, ACC)  # one online softmax per edge lane (see _merge_lanes)
+    z = tl.zeros((BE, HB), ACC)
+    acc = tl.zeros((BE, HB, FB), ACC)
     for k0 in range(start, stop, BE):
         ks = k0 + tl.arange(0, BE)
         j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, _endpoints(col, ks, end),
                                         col, ad[None, :], N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE,
                                         HAS_LOOP_TERM, SELF_LOOPS, DROPOUT, ACC)
-        m_new = tl.maximum(m, tl.max(e, 0))
-        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # a block of skipped edges only
-        rescale = tl.exp(m - m_safe)
-        w = tl.exp(e - m_safe[None, :])
-        z = z * rescale + tl.sum(w, 0)
         xv = tl.load(x + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
                      mask=v2[:, :, None] & fmask[None, None, :], other=0).to(ACC)
-        acc = acc * rescale[:, None] + tl.sum((w * keep)[:, :, None] * xv, 0)
-        m = m_new
+        m, z, acc = _online_step(m, z, acc, e, keep, xv)
+    m, z, acc = _merge_lanes(m, z, acc)
     hf = hmask[:, None] & fmask[None, :]
     if part < 0:  # the whole row
         _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
@@ -164,6 +162,18 @@ def _online_step(m, z, acc, e, keep, xv):
 
 
 @triton.jit
+def _merge_lanes(m, z, acc):
+    """The per-lane states of a piece walked BE edges a step (lane l took edges l, l + BE, ...; m, z
+    [BE, HB], acc [BE, HB, FB]) folded into the piece's (max [HB], sum [HB], acc [HB, FB]) by the
+    piece merge's rule. The lanes keep the loop free of reductions over the tile's edges (across
+    warps, through shared memory and a barrier, three a step): they come once, here."""
+    m_row = tl.max(m, 0)
+    m_safe = tl.where(m_row == NEG_INF, 0.0, m_row)  # no edge in the piece
+    lane_scale = tl.exp(m - m_safe[None, :])  # 0 for lanes without an edge
+    return m_row, tl.sum(z * lane_scale, 0), tl.sum(acc * lane_scale[:, :, None], 0)
+
+
+@triton.jit
 def _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc):
     """_store_row for the rows of a row group (m, z [ROWS, HB], acc [ROWS, HB, FB])."""
     inv = tl.where(z > 0, 1.0 / tl.where(z > 0, z, 1.0), 0.0)
@@ -174,6 +184,7 @@ def _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F
     tl.store(z_out + rows[:, None] * H + heads[None, :], z, mask=rh)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _forward_groups_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
                            NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
@@ -215,6 +226,7 @@ def _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc):
     tl.store(z_out + i * H + heads, z, mask=hmask)
 
 
+@fast_kernel
 @triton.jit
 def _merge_pieces_kernel(p_acc, p_m, p_z, out, m_out, z_out, split_rows, seg_ptr, slot, H, F, ACC: tl.constexpr,
                          BK: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr):
@@ -247,6 +259,7 @@ def _merge_pieces_kernel(p_acc, p_m, p_z, out, m_out, z_out, split_rows, seg_ptr
     _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, rowptr, col, D, g_dst, g_edge, g_loop,
                           seg_row, seg_ptr, slot, p_dst, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
@@ -296,6 +309,7 @@ def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, r
             tl.store(p_dst + part * H + heads, acc, mask=hmask & ~whole)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_rowptr, t_col, t_pos, D, g_x, g_src,
                              seg_row, seg_ptr, slot, p_x, p_src, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold,

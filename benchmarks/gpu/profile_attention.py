@@ -199,24 +199,26 @@ def sweep(name, heads, width, lines):
     h = torch.randn(nodes, heads, width, device=dev)
     a_src, a_dst = torch.randn(nodes, heads, device=dev), torch.randn(nodes, heads, device=dev)
     fns = forwards(h, a_src, a_dst, edge_index)
-    rows0, gw0 = kernels._group_rows, kernels._group_warps
-    emit(lines, f"\n## sweep {name} {heads}x{width}: device us per call (profiler), rows per group / warps")
-    for rows in (0, 8, 16, 32):
-        for warps in (1, 2, 4, 8):
-            if rows == 0 and warps != 4:
-                continue
+    rows0, gw0, st0 = kernels._group_rows, kernels._group_warps, kernels._forward_stages
+    emit(lines, f"\n## sweep {name} {heads}x{width}: device us per call (profiler); G rows per group (0: none), "
+                f"GW their warps, S the edge loops' pipelining stages")
+    for rows, warps, stages in ((None, None, 1), (None, None, 2), (None, None, 3), (8, 2, 1), (8, 2, 2), (8, 2, 3),
+                                (32, 8, 2), (0, 4, 1), (0, 4, 2), (0, 4, 3)):
+        if rows is not None:
             kernels._group_rows = (lambda *a, r=rows: r)
             kernels._group_warps = (lambda *a, w=warps: w)
-            try:
-                res = []
-                for label in ("gat", "dot"):
-                    with torch.no_grad():
-                        res.append(kernel_table(fns[label], 10)[1])
-                emit(lines, f"    G{rows} GW{warps}: gat {res[0]:.1f}  dot {res[1]:.1f}")
-            except Exception as exc:
-                emit(lines, f"    G{rows} GW{warps}: {type(exc).__name__}: {str(exc)[:100]}")
-            finally:
-                kernels._group_rows, kernels._group_warps = rows0, gw0
+        kernels._forward_stages = (lambda s=stages: s)
+        try:
+            res = []
+            for label in ("gat", "gatv2", "dot"):
+                with torch.no_grad():
+                    res.append(kernel_table(fns[label], 10)[1])
+            emit(lines, f"    G{rows if rows is not None else 'default'} GW{warps or 'default'} S{stages}: "
+                        f"gat {res[0]:.1f}  gatv2 {res[1]:.1f}  dot {res[2]:.1f}")
+        except Exception as exc:
+            emit(lines, f"    G{rows} GW{warps} S{stages}: {type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            kernels._group_rows, kernels._group_warps, kernels._forward_stages = rows0, gw0, st0
 
 
 def main():

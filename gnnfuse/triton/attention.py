@@ -122,6 +122,12 @@ def _group_warps(rows: int, hb: int, fb: int) -> int:
     return 4
 
 
+def _forward_stages() -> int:
+    """Software-pipelining depth of the forward kernels' edge loops (``tl.range(num_stages=)``; 1:
+    none, each step's gathers issued after the step before has finished)."""
+    return 1
+
+
 def _forward_plan(rowptr, col, num_src, H, F, itemsize, wide_sparse=False):
     """The forward's split of the target rows: (the per-piece kernel's work list and edge block BE,
     the row-group kernel's rows (None: no row groups) and rows per group). The short rows come
@@ -173,12 +179,12 @@ def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos
                  DROPOUT=p > 0, ACC=acc, HB=hb, FB=fb)
     if short is not None and short.numel():
         _forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
-            x, a_src, a_dst, *terms, short, short.numel(), *scalars, ROWS=rows,
+            x, a_src, a_dst, *terms, short, short.numel(), *scalars, ROWS=rows, STAGES=_forward_stages(),
             num_warps=_group_warps(rows, hb, fb), **flags)
     if wl.num_pieces:
         _forward_kernel[(wl.num_pieces, cdiv(H, hb))](
             x, a_src, a_dst, *terms, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, BE=be,
-            SEG=SPLIT_EDGES, num_warps=_forward_warps(be, hb, fb), **flags)
+            SEG=SPLIT_EDGES, STAGES=_forward_stages(), num_warps=_forward_warps(be, hb, fb), **flags)
     if parts:
         _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
             p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=acc,

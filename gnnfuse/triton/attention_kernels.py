@@ -108,7 +108,7 @@ def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_
                     p_acc, p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
                     HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
                     DROPOUT: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                    SEG: tl.constexpr):
+                    SEG: tl.constexpr, STAGES: tl.constexpr):
     i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < H
@@ -118,7 +118,7 @@ def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_
     m = tl.full((BE, HB), NEG_INF, ACC)  # one online softmax per edge lane (see _merge_lanes)
     z = tl.zeros((BE, HB), ACC)
     acc = tl.zeros((BE, HB, FB), ACC)
-    for k0 in range(start, stop, BE):
+    for k0 in tl.range(start, stop, BE, num_stages=STAGES):
         ks = k0 + tl.arange(0, BE)
         j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, _endpoints(col, ks, end),
                                         col, ad[None, :], N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE,
@@ -190,7 +190,7 @@ def _forward_groups_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_
                            NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
                            HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
                            DROPOUT: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                           ROWS: tl.constexpr):
+                           ROWS: tl.constexpr, STAGES: tl.constexpr):
     """The forward over short rows, ROWS per program (attention.py: row groups): step t takes the
     t-th edge of every row at once, so a program keeps ROWS gathers in flight where the per-piece
     kernel spends a tile on a row of a few edges; the rows' online softmaxes advance side by side."""
@@ -204,7 +204,7 @@ def _forward_groups_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_
     z = tl.zeros((ROWS, HB), ACC)
     acc = tl.zeros((ROWS, HB, FB), ACC)
     ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
-    for t in range(0, tl.max(stop - start, 0)):
+    for t in tl.range(0, tl.max(stop - start, 0), num_stages=STAGES):  # STAGES > 1: loads pipelined
         ids = ids_next
         ids_next = _endpoints(col, start + t + 1, end)
         j, v2, s, e, keep = _edge_block(start + t, end, stop, rows, heads, hmask, a_src, a_edge, a_loop, ids, col, ad,

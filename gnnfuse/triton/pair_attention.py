@@ -63,12 +63,12 @@ def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_
     if short is not None and short.numel():
         group_flags = {key: val for key, val in flags.items() if key not in ("BE", "SEG", "num_warps")}
         _pair_forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
-            *tensors, short, short.numel(), *scalars, KV_SAME=_same(k, v), ROWS=rows,
+            *tensors, short, short.numel(), *scalars, KV_SAME=_same(k, v), ROWS=rows, STAGES=gat._forward_stages(),
             num_warps=gat._group_warps(rows, hb, fb), **group_flags)
     if wl.num_pieces:
         _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
             *tensors, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v),
-            **dict(flags, BE=be, num_warps=gat._forward_warps(be, hb, fb)))
+            STAGES=gat._forward_stages(), **dict(flags, BE=be, num_warps=gat._forward_warps(be, hb, fb)))
     if parts:
         _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
             p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=flags["ACC"], BK=32,
@@ -125,7 +125,8 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
         p_v = m.new_empty(parts, H, F) if need_v and parts else m
         _pair_backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
             grad_out, m, z, q, k, v, att_, edge_, perm_, t_rowptr, t_col, t_pos, D, g_k if need_k else k,
-            g_v if need_v else k, p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v, **flags)
+            g_v if need_v else k, p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v,
+            **flags)
         if need_k:
             gat._fold(p_k, g_k, wl, H * F)
         if need_v:

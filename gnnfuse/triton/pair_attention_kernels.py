@@ -88,7 +88,7 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
                          p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
                          SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
                          KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
-                         FB: tl.constexpr, SEG: tl.constexpr):
+                         FB: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr):
     i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < H
@@ -100,7 +100,7 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
     m = tl.full((BE, HB), NEG_INF, ACC)  # one online softmax per edge lane (attention_kernels._merge_lanes)
     z = tl.zeros((BE, HB), ACC)
     acc = tl.zeros((BE, HB, FB), ACC)
-    for k0 in range(start, stop, BE):
+    for k0 in tl.range(start, stop, BE, num_stages=STAGES):
         ks = k0 + tl.arange(0, BE)
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                       _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
@@ -129,7 +129,7 @@ def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_ou
                                 NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
                                 SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
                                 HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
-                                FB: tl.constexpr, ROWS: tl.constexpr):
+                                FB: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr):
     """The forward over short rows, ROWS per program, one edge of each row per step (as GAT's
     _forward_groups_kernel): tiles [ROWS, HB, FB]."""
     rows, rmask, start, end, stop = _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS)
@@ -145,7 +145,7 @@ def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_ou
     z = tl.zeros((ROWS, HB), ACC)
     acc = tl.zeros((ROWS, HB, FB), ACC)
     ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
-    for t in range(0, tl.max(stop - start, 0)):
+    for t in tl.range(0, tl.max(stop - start, 0), num_stages=STAGES):
         ids = ids_next
         ids_next = _endpoints(col, start + t + 1, end)
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(start + t, end, stop, rows, heads, hmask, feats, fmask, k, ids,

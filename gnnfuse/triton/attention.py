@@ -12,9 +12,9 @@ row write partials that a second pass folds in piece order. No atomics: determin
 walked in blocks of BE; a tile is [BE, HB, FB] (edges x heads x features).
 
 Forward: online softmax (flash-attention style): a running max m and sum z per head, the
-accumulator rescaled by exp(m_old - m_new) when an edge raises the max. The per-piece kernel keeps
-one such state per edge lane of its [BE, HB, FB] tile and folds the lanes once at the end
-(``_merge_lanes``), so its loop has no reduction over the tile's edges. A split row's pieces
+accumulator rescaled by exp(m_old - m_new) when an edge raises the max. On tiles of several warps
+the per-piece kernel keeps one such state per edge lane of its [BE, HB, FB] tile and folds the
+lanes once at the end (``_forward_lanes``), so its loop has no reduction across warps. A split row's pieces
 leave (m, z, unnormalised acc) each; ``_merge_pieces_kernel`` merges them the same way
 (M = max m_k, Z = sum z_k exp(m_k - M), acc = sum acc_k exp(m_k - M)). The backward's partials
 are plain sums (gradients of alpha_dst, x, alpha_src), folded by the gather-scatter's
@@ -122,6 +122,16 @@ def _group_warps(rows: int, hb: int, fb: int) -> int:
     return 4
 
 
+def _forward_lanes(be: int, hb: int, fb: int) -> bool:
+    """Whether the per-piece forward keeps one online softmax per edge lane (folded once at the
+    end) instead of reducing each [BE, HB, FB] block over its edges: where the tile spans several
+    warps, whose reductions go through shared memory with a barrier, three a step. On an H100 the
+    per-piece kernel (32-edge tiles, 4 warps) took 147 us of the GAT forward's 257 us at 8 x 8 on
+    arxiv-like, the row groups 89 us (benchmarks/results/attention-profile_h100_2026-11-23_before.md).
+    One-warp tiles (4-edge steps on sparse graphs) reduce within a thread and keep the block form."""
+    return _forward_warps(be, hb, fb) > 1
+
+
 def _forward_stages() -> int:
     """Software-pipelining depth of the forward kernels' edge loops (``tl.range(num_stages=)``; 1:
     none, each step's gathers issued after the step before has finished)."""
@@ -184,7 +194,8 @@ def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos
     if wl.num_pieces:
         _forward_kernel[(wl.num_pieces, cdiv(H, hb))](
             x, a_src, a_dst, *terms, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, BE=be,
-            SEG=SPLIT_EDGES, STAGES=_forward_stages(), num_warps=_forward_warps(be, hb, fb), **flags)
+            SEG=SPLIT_EDGES, STAGES=_forward_stages(), LANES=_forward_lanes(be, hb, fb),
+            num_warps=_forward_warps(be, hb, fb), **flags)
     if parts:
         _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
             p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=acc,

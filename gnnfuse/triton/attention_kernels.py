@@ -108,16 +108,15 @@ def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_
                     p_acc, p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
                     HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
                     DROPOUT: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                    SEG: tl.constexpr, STAGES: tl.constexpr):
+                    SEG: tl.constexpr, STAGES: tl.constexpr,
+                    LANES: tl.constexpr):
     i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < H
     feats = tl.arange(0, FB)
     fmask = feats < F
     ad = tl.load(a_dst + i * H + heads, mask=hmask, other=0).to(ACC)
-    m = tl.full((BE, HB), NEG_INF, ACC)  # one online softmax per edge lane (see _merge_lanes)
-    z = tl.zeros((BE, HB), ACC)
-    acc = tl.zeros((BE, HB, FB), ACC)
+    m, z, acc = _piece_state(BE, HB, FB, LANES, ACC)
     for k0 in tl.range(start, stop, BE, num_stages=STAGES):
         ks = k0 + tl.arange(0, BE)
         j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, _endpoints(col, ks, end),
@@ -125,8 +124,9 @@ def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_
                                         HAS_LOOP_TERM, SELF_LOOPS, DROPOUT, ACC)
         xv = tl.load(x + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
                      mask=v2[:, :, None] & fmask[None, None, :], other=0).to(ACC)
-        m, z, acc = _online_step(m, z, acc, e, keep, xv)
-    m, z, acc = _merge_lanes(m, z, acc)
+        m, z, acc = _piece_step(m, z, acc, e, keep, xv, LANES)
+    if LANES:
+        m, z, acc = _merge_lanes(m, z, acc)
     hf = hmask[:, None] & fmask[None, :]
     if part < 0:  # the whole row
         _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
@@ -162,11 +162,39 @@ def _online_step(m, z, acc, e, keep, xv):
 
 
 @triton.jit
+def _piece_state(BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, LANES: tl.constexpr, ACC: tl.constexpr):
+    """The per-piece forward's initial online-softmax state (m, z, acc): one per edge lane of the
+    [BE, HB, FB] tile with LANES (folded at the end by _merge_lanes), else one per head."""
+    if LANES:  # (one return: the compiler takes no return inside a branch)
+        m, z, acc = tl.full((BE, HB), NEG_INF, ACC), tl.zeros((BE, HB), ACC), tl.zeros((BE, HB, FB), ACC)
+    else:
+        m, z, acc = tl.full((HB,), NEG_INF, ACC), tl.zeros((HB,), ACC), tl.zeros((HB, FB), ACC)
+    return m, z, acc
+
+
+@triton.jit
+def _piece_step(m, z, acc, e, keep, xv, LANES: tl.constexpr):
+    """One [BE, HB] block of a piece's edges (logits e, dropout keep, values xv [BE, HB, FB]) into
+    the state of _piece_state: elementwise per lane with LANES, else reduced over the block's edges."""
+    if LANES:
+        m_new, z_new, acc_new = _online_step(m, z, acc, e, keep, xv)
+    else:
+        m_new = tl.maximum(m, tl.max(e, 0))
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # a block of skipped edges only
+        rescale = tl.exp(m - m_safe)
+        w = tl.exp(e - m_safe[None, :])
+        z_new = z * rescale + tl.sum(w, 0)
+        acc_new = acc * rescale[:, None] + tl.sum((w * keep)[:, :, None] * xv, 0)
+    return m_new, z_new, acc_new
+
+
+@triton.jit
 def _merge_lanes(m, z, acc):
     """The per-lane states of a piece walked BE edges a step (lane l took edges l, l + BE, ...; m, z
     [BE, HB], acc [BE, HB, FB]) folded into the piece's (max [HB], sum [HB], acc [HB, FB]) by the
-    piece merge's rule. The lanes keep the loop free of reductions over the tile's edges (across
-    warps, through shared memory and a barrier, three a step): they come once, here."""
+    piece merge's rule. On tiles spread over several warps the lanes keep the loop free of
+    reductions over the tile's edges (across warps: through shared memory and a barrier, three a
+    step); they come once, here."""
     m_row = tl.max(m, 0)
     m_safe = tl.where(m_row == NEG_INF, 0.0, m_row)  # no edge in the piece
     lane_scale = tl.exp(m - m_safe[None, :])  # 0 for lanes without an edge

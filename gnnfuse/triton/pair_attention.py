@@ -68,7 +68,8 @@ def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_
     if wl.num_pieces:
         _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
             *tensors, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v),
-            STAGES=gat._forward_stages(), **dict(flags, BE=be, num_warps=gat._forward_warps(be, hb, fb)))
+            STAGES=gat._forward_stages(), LANES=gat._forward_lanes(be, hb, fb),
+            **dict(flags, BE=be, num_warps=gat._forward_warps(be, hb, fb)))
     if parts:
         _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
             p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=flags["ACC"], BK=32,

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ._launch import fast_kernel
 from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _group, _merge_lanes, _online_step, _piece,
-                                _piece_at, _store_row, _store_rows)
+                                _piece_at, _piece_state, _piece_step, _store_row, _store_rows)
 
 
 @triton.jit
@@ -88,7 +88,8 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
                          p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
                          SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
                          KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
-                         FB: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr):
+                         FB: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr,
+                         LANES: tl.constexpr):
     i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < H
@@ -97,9 +98,7 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
     hf = hmask[:, None] & fmask[None, :]
     qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
     a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
-    m = tl.full((BE, HB), NEG_INF, ACC)  # one online softmax per edge lane (attention_kernels._merge_lanes)
-    z = tl.zeros((BE, HB), ACC)
-    acc = tl.zeros((BE, HB, FB), ACC)
+    m, z, acc = _piece_state(BE, HB, FB, LANES, ACC)  # (attention_kernels: per lane or per head)
     for k0 in tl.range(start, stop, BE, num_stages=STAGES):
         ks = k0 + tl.arange(0, BE)
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
@@ -113,8 +112,9 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
                          other=0).to(ACC)
             if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
                 xv += ev
-        m, z, acc = _online_step(m, z, acc, e, keep, xv)
-    m, z, acc = _merge_lanes(m, z, acc)
+        m, z, acc = _piece_step(m, z, acc, e, keep, xv, LANES)
+    if LANES:
+        m, z, acc = _merge_lanes(m, z, acc)
     if part < 0:
         _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
     else:

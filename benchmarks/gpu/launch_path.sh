@@ -6,20 +6,11 @@
 #   BASE=/path/to/baseline/tree PAIRS=2 OUT=/some/dir bash benchmarks/gpu/launch_path.sh
 # Everything lands in $OUT/launch_path.tgz, with $OUT/summary.txt.
 set -uo pipefail
-: "${OUT:?set OUT to the output directory}"
-PY="${PYTHON:-python}"
+source "${BASH_SOURCE%/*}/lib.sh"
 HERE="$PWD"
-W="$(mktemp -d)"
-export PYTHONPATH="$HERE" MAX_JOBS="${MAX_JOBS:-16}"
-step() {  # step NAME LIMIT_S CMD...: log to $W/NAME.log, rc and seconds to the summary
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout "$limit" "$@" > "$W/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - start))s (limit ${limit}s)" >> "$W/summary.txt"
-}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$W/summary.txt"
-"$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$W/summary.txt"
-step build "${BUILD_LIMIT_S:-150}" "$PY" -c "from gnnfuse._build import load_extension; load_extension('graph')" &
+export PYTHONPATH="$HERE"
+gpu_header
+build_extensions "${BUILD_LIMIT_S:-150}" graph > /dev/null &
 step tests_triton "${TESTS_LIMIT_S:-170}" "$PY" -m pytest -q -p no:cacheprovider -rfE --durations=8 \
   tests/test_triton_gather_scatter.py &
 step tests_parity "${TESTS_LIMIT_S:-170}" "$PY" -m pytest -q -p no:cacheprovider -rfE --durations=8 tests/test_op_parity.py \
@@ -33,6 +24,4 @@ for pair in $(seq 1 "${PAIRS:-1}"); do  # before, after, before, after, ...: one
   step "bench_this$pair" 90 "$PY" benchmarks/bench_gpu_overhead.py --widths "${WIDTHS:-32,128}" --out "$W/this$pair"
 done
 for f in "$W"/tests_*.log; do echo "$(basename "$f"): $(tail -n 1 "$f")" >> "$W/summary.txt"; done
-mkdir -p "$OUT"
-cp "$W/summary.txt" "$OUT/summary.txt"
-tar czf "$OUT/launch_path.tgz" -C "$W" .
+pack launch_path

@@ -10,25 +10,11 @@
 # benchmarks run; the benchmarks interleave their variants, so the build's CPU load falls on all
 # of them alike. Results, logs and summary land in $OUT (results.tgz holds everything).
 set -uo pipefail
-: "${OUT:?set OUT to the output directory}"
-export PYTHONPATH="${PYTHONPATH:-.}" PYTHONUNBUFFERED=1
-PY="${PYTHON:-python}"
-W="$(mktemp -d)"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$W/summary.txt"
+source "${BASH_SOURCE%/*}/lib.sh"
+gpu_header
 export MAX_JOBS="${MAX_JOBS:-12}"
-(
-  for ext in $("$PY" -c "from gnnfuse._build_cache import EXTENSIONS; print(*EXTENSIONS)"); do
-    timeout 300 "$PY" -c "from gnnfuse._build import load_extension; load_extension('$ext')" > "$W/build_$ext.log" 2>&1 &
-  done
-  wait
-) &
+build_extensions 300 > /dev/null &
 build=$!
-step() {  # step NAME TIMEOUT_S CMD...
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout "$limit" "$@" > "$W/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - start))s" | tee -a "$W/summary.txt"
-}
 step locality "${LOCALITY_TIMEOUT_S:-300}" "$PY" -m benchmarks.bench_gpu_locality \
   --graphs "${GRAPHS:-community-products,rmat-products,mesh-products}" --stress "${STRESS:-arxiv-like,products-like,hub-stress}" \
   --widths 32,64,128,256 --l2-ceiling --variants auto,cusparse --rounds 10 --out "$W"
@@ -38,7 +24,6 @@ wait "$build"
 step tests "${TESTS_TIMEOUT_S:-300}" "$PY" -m pytest -q -p no:cacheprovider tests/test_triton_gather_scatter.py \
   tests/test_triton_schedule.py tests/test_gather_scatter.py tests/test_op_parity.py -k "gather_scatter or triton or schedule"
 tail -n 3 "$W/tests.log" | tee -a "$W/summary.txt"
-cp "$W"/*.md "$W/summary.txt" "$OUT"/ 2>/dev/null
-tar czf "$OUT/results.tgz" -C "$W" .
+pack results "$W"/*.md
 grep -E "^- " "$W"/gpu-locality_*.md | cut -c1-220
 exit 0

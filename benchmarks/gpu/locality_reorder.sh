@@ -11,17 +11,8 @@
 # Nothing here needs the C++ extensions on CUDA, so none is built (no host CPU load during the
 # timings). Results, logs and summary land in $OUT (results.tgz holds everything).
 set -uo pipefail
-: "${OUT:?set OUT to the output directory}"
-export PYTHONPATH="${PYTHONPATH:-.}" PYTHONUNBUFFERED=1
-PY="${PYTHON:-python}"
-W="$(mktemp -d)"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$W/summary.txt"
-step() {  # step NAME TIMEOUT_S CMD...
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout "$limit" "$@" > "$W/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - start))s" | tee -a "$W/summary.txt"
-}
+source "${BASH_SOURCE%/*}/lib.sh"
+gpu_header
 step reorder "${REORDER_TIMEOUT_S:-150}" "$PY" -m benchmarks.bench_reorder --device cuda --graphs community-products \
   --width 128 --methods "${METHODS:-auto,community}" --out "$W" --tag "${TAG:-}"
 step reorder_second_process "${SECOND_TIMEOUT_S:-60}" "$PY" -m benchmarks.bench_reorder --device cuda \
@@ -32,8 +23,7 @@ if [ "${SKIP_LOCALITY:-0}" != 1 ]; then
     --graphs "${GRAPHS:-community-products,rmat-products,mesh-products}" --stress "" \
     --widths 32,64,128,256 --variants auto,cusparse --rounds "${ROUNDS:-8}" --out "$W"
 fi
-cp "$W"/*.md "$W/summary.txt" "$OUT"/ 2>/dev/null
-tar czf "$OUT/results.tgz" -C "$W" .
+pack results "$W"/*.md
 grep -E "^\| community-products" "$W"/reorder_*.md | cut -c1-400
 grep -E "^- " "$W"/gpu-locality_*.md 2>/dev/null | cut -c1-220
 exit 0

@@ -9,17 +9,8 @@
 #     [TESTS="pytest args"] bash benchmarks/gpu/locality_reuse.sh
 # (SWEEP_SET=evict: the default against itself without its evict_last hint, before/after in one call.)
 set -uo pipefail
-: "${OUT:?set OUT}"
-export PYTHONPATH="${PYTHONPATH:-.}" PYTHONUNBUFFERED=1
-PY="${PYTHON:-python}"
-W="$(mktemp -d)"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$W/summary.txt"
-step() {  # step NAME TIMEOUT_S CMD...
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout "$limit" "$@" > "$W/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - start))s" | tee -a "$W/summary.txt"
-}
+source "${BASH_SOURCE%/*}/lib.sh"
+gpu_header
 step reuse "${SWEEP_TIMEOUT_S:-280}" "$PY" -m benchmarks.bench_gpu_locality \
   --graphs "${GRAPHS:-community-products,rmat-products,mesh-products}" --orders "${ORDERS:-reordered}" \
   --stress "${STRESS:-products-like,hub-stress,arxiv-like}" --widths "${WIDTHS:-64,128,256}" --sweep "${SWEEP_SET:-reuse}" \
@@ -35,8 +26,7 @@ fi
 step tests "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest -q -p no:cacheprovider \
   ${TESTS:-tests/test_triton_schedule.py tests/test_triton_gather_scatter.py}
 tail -n 2 "$W/tests.log" | tee -a "$W/summary.txt"
-cp "$W"/*.md "$W/summary.txt" "$OUT"/ 2>/dev/null
-tar czf "$OUT/results.tgz" -C "$W" .
+pack results "$W"/*.md
 cat "$W/ncu_summary.txt" 2>/dev/null | head -60
 grep -E "^\| " "$W"/gpu-locality-*.md | cut -d'|' -f2-7,11,12,19- | cut -c1-400
 exit 0

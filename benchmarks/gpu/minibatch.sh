@@ -11,30 +11,19 @@
 # only a few files) next to $OUT/summary.txt; the Triton kernel cache goes to $OUT/triton_cache.tgz,
 # which a later call can unpack into TRITON_CACHE_DIR (TRITON_CACHE_TGZ) to skip the compiles.
 set -uo pipefail
-: "${OUT:?set OUT to the output directory}"
-export PYTHONPATH="${PYTHONPATH:-.}" PYTHONUNBUFFERED=1
+source "${BASH_SOURCE%/*}/lib.sh"
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/triton_cache}"
-PY="${PYTHON:-python}"
-FINAL="$OUT"
-OUT="$(mktemp -d)"
 NGPU=$(nvidia-smi -L | wc -l)
 mkdir -p "$TRITON_CACHE_DIR"
 [ -n "${TRITON_CACHE_TGZ:-}" ] && [ -f "$TRITON_CACHE_TGZ" ] && tar xzf "$TRITON_CACHE_TGZ" -C "$TRITON_CACHE_DIR"
-run() {  # run STEP TIMEOUT_S CMD...: log to $OUT/STEP.log, rc and seconds to $OUT/summary.txt
-  local step=$1 limit=$2
-  shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$step.log" 2>&1
-  echo "$step rc=$? $((SECONDS - start))s" | tee -a "$OUT/summary.txt"
-}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
+gpu_header
 tests() {
-  run tests "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest ${TEST_FILES:-tests/test_loader.py} ${PYTEST_FLAGS:--q} -p no:cacheprovider -rs \
+  step tests "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest ${TEST_FILES:-tests/test_loader.py} ${PYTEST_FLAGS:--q} -p no:cacheprovider -rs \
     -k "${TESTS_K:-cuda or fresh}"
 }
 if [ "${TESTS:-1}" != 0 ] && [ -z "${DDP_BESIDE_TESTS:-}" ]; then tests; fi
-[ "${BENCH:-1}" != 0 ] && run bench "${BENCH_TIMEOUT_S:-240}" "$PY" -m benchmarks.bench_minibatch --device cuda \
-  --out "$OUT/bench" --profile "$OUT/profile" ${BENCH_ARGS:-}
+[ "${BENCH:-1}" != 0 ] && step bench "${BENCH_TIMEOUT_S:-240}" "$PY" -m benchmarks.bench_minibatch --device cuda \
+  --out "$W/bench" --profile "$W/profile" ${BENCH_ARGS:-}
 ddp() {  # ddp GPUS:GLOBAL_BATCH[:MODE] [CUDA_VISIBLE_DEVICES]; MODE: prefetch, graph (--cuda-graph) or graph+prefetch
   local n batch mode name flags=""
   IFS=: read -r n batch mode <<< "$1"
@@ -42,9 +31,9 @@ ddp() {  # ddp GPUS:GLOBAL_BATCH[:MODE] [CUDA_VISIBLE_DEVICES]; MODE: prefetch, 
   name="ddp_${n}gpu_b${batch}${mode:+_${mode/+/_}}"
   [[ "$mode" == *prefetch* ]] && flags="$flags --prefetch"
   [[ "$mode" == *graph* ]] && flags="$flags --cuda-graph"
-  CUDA_VISIBLE_DEVICES="${2:-$CUDA_VISIBLE_DEVICES_ALL}" run "$name" "${DDP_TIMEOUT_S:-120}" "$PY" -m torch.distributed.run \
+  CUDA_VISIBLE_DEVICES="${2:-$CUDA_VISIBLE_DEVICES_ALL}" step "$name" "${DDP_TIMEOUT_S:-120}" "$PY" -m torch.distributed.run \
     --standalone --nproc-per-node "$n" \
-    examples/train_ddp.py --batch-size "$batch" --out "$OUT/$name" $flags ${DDP_ARGS:-}
+    examples/train_ddp.py --batch-size "$batch" --out "$W/$name" $flags ${DDP_ARGS:-}
 }
 CUDA_VISIBLE_DEVICES_ALL="$(seq -s, 0 $((NGPU - 1)))"
 if [ -n "${DDP_BESIDE_TESTS:-}" ]; then  # 1-GPU runs on GPU 0, the tests on the last GPU, at once
@@ -58,12 +47,9 @@ done
 for spec in ${DDP_RUNS:-1:1024 $NGPU:1024}; do  # GPUS:GLOBAL_BATCH[:MODE], one after the other
   ddp "$spec"
 done
-grep -hE "^\| (train step|graph prep|fused step split|sampling)" "$OUT"/bench/*.md 2>/dev/null
-for f in "$OUT"/ddp_*/*.md; do [ -f "$f" ] && { echo "== $f"; tail -n "${DDP_TAIL:-8}" "$f"; }; done
-tail -n 3 "$OUT/tests.log" 2>/dev/null
-mkdir -p "$FINAL"
-cp "$OUT/summary.txt" "$FINAL/summary.txt"
-cp "$OUT"/bench/*.md "$FINAL/" 2>/dev/null
-tar czf "$FINAL/results.tgz" -C "$OUT" .
-[ "${SAVE_TRITON_CACHE:-1}" != 0 ] && tar czf "$FINAL/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
+grep -hE "^\| (train step|graph prep|fused step split|sampling)" "$W"/bench/*.md 2>/dev/null
+for f in "$W"/ddp_*/*.md; do [ -f "$f" ] && { echo "== $f"; tail -n "${DDP_TAIL:-8}" "$f"; }; done
+tail -n 3 "$W/tests.log" 2>/dev/null
+pack results "$W"/bench/*.md
+[ "${SAVE_TRITON_CACHE:-1}" != 0 ] && tar czf "$OUT/triton_cache.tgz" -C "$TRITON_CACHE_DIR" .
 exit 0

@@ -2,7 +2,8 @@
 # The attention work's GPU session in one call: the compiled-kernel check of every attention op
 # against the reference (check_attention.py) next to the CUDA tests of the attention ops (Triton
 # backends: GAT, multi-head edge weights, GATv2/Transformer with edge features, hub splitting, row
-# groups), the step's memory timeline (attention_memory.py), the tile sweep, then the training-step
+# groups), where a call's time goes (profile_attention.py, when ATT_PROFILE_S > 0), the step's memory
+# timeline (attention_memory.py), the tile sweep, then the training-step
 # benchmark vs PyG (with and without edge features; products-like in its own file when
 # ATT_PRODUCTS_S > 0).
 # From the repo root on a CUDA machine:  PYTHONPATH=. OUT=/some/dir bash benchmarks/gpu/attention.sh
@@ -36,6 +37,7 @@ step tests "${ATT_TESTS_S:-120}" "$PY" -m pytest -q -p no:cacheprovider --durati
   tests/test_attention_head_weights.py tests/test_pair_attention.py tests/test_pair_attention_layers.py \
   -k "${ATT_TEST_K:-triton or hub or edge_features or row_groups}"
 wait "$CHECK"
+step profile "${ATT_PROFILE_S:-0}" "$PY" benchmarks/gpu/profile_attention.py --out "$W" ${ATT_PROFILE_ARGS:-}
 step memory "${ATT_MEMORY_S:-40}" "$PY" benchmarks/gpu/attention_memory.py
 step sweep "${ATT_SWEEP_S:-100}" "$PY" -m benchmarks.bench_attention --device cuda --layers "$SWEEP_LAYERS" \
   --graphs arxiv-like --edge-blocks "$SWEEP" --rounds 5 --out "$W"

@@ -27,10 +27,12 @@ def grads(fn, tensors):
 
 
 def compare(name, make, tensors):
-    got, ref = grads(lambda: make("triton"), tensors), grads(lambda: make("reference"), tensors)
+    first = grads(lambda: make("triton"), tensors)  # Triton's own launch (compiles)
+    got, ref = grads(lambda: make("triton"), tensors), grads(lambda: make("reference"), tensors)  # fast launch
     worst = max(float((a - b).abs().max() / (b.abs().max() + 1e-6)) for a, b in zip(got, ref))
     print(f"{name}: max relative error {worst:.2e}", flush=True)
     assert worst < 1e-4, name
+    assert all(torch.equal(a, b) for a, b in zip(first, got)), f"{name}: the two launch paths differ"
 
 
 def main():

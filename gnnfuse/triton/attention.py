@@ -12,7 +12,9 @@ row write partials that a second pass folds in piece order. No atomics: determin
 walked in blocks of BE; a tile is [BE, HB, FB] (edges x heads x features).
 
 Forward: online softmax (flash-attention style): a running max m and sum z per head, the
-accumulator rescaled by exp(m_old - m_new) when a block raises the max. A split row's pieces
+accumulator rescaled by exp(m_old - m_new) when an edge raises the max. On tiles of several warps
+the per-piece kernel keeps one such state per edge lane of its [BE, HB, FB] tile and folds the
+lanes once at the end (``_forward_lanes``), so its loop has no reduction across warps. A split row's pieces
 leave (m, z, unnormalised acc) each; ``_merge_pieces_kernel`` merges them the same way
 (M = max m_k, Z = sum z_k exp(m_k - M), acc = sum acc_k exp(m_k - M)). The backward's partials
 are plain sums (gradients of alpha_dst, x, alpha_src), folded by the gather-scatter's
@@ -27,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._tensor_cache import cached
 from ..reductions import SUM
 from ._grid import cdiv, next_power_of_2
 from .attention_kernels import (
@@ -119,6 +122,22 @@ def _group_warps(rows: int, hb: int, fb: int) -> int:
     return 4
 
 
+def _forward_lanes(be: int, hb: int, fb: int) -> bool:
+    """Whether the per-piece forward keeps one online softmax per edge lane (folded once at the
+    end) instead of reducing each [BE, HB, FB] block over its edges: where the tile spans several
+    warps, whose reductions go through shared memory with a barrier, three a step. On an H100 the
+    per-piece kernel (32-edge tiles, 4 warps) took 147 us of the GAT forward's 257 us at 8 x 8 on
+    arxiv-like, the row groups 89 us (benchmarks/results/attention-profile_h100_2026-11-23_before.md).
+    One-warp tiles (4-edge steps on sparse graphs) reduce within a thread and keep the block form."""
+    return _forward_warps(be, hb, fb) > 1
+
+
+def _forward_stages() -> int:
+    """Software-pipelining depth of the forward kernels' edge loops (``tl.range(num_stages=)``; 1:
+    none, each step's gathers issued after the step before has finished)."""
+    return 1
+
+
 def _forward_plan(rowptr, col, num_src, H, F, itemsize, wide_sparse=False):
     """The forward's split of the target rows: (the per-piece kernel's work list and edge block BE,
     the row-group kernel's rows (None: no row groups) and rows per group). The short rows come
@@ -132,7 +151,8 @@ def _forward_plan(rowptr, col, num_src, H, F, itemsize, wide_sparse=False):
     if not rows:
         return _work(rowptr), be, None, 0
     short_max = min(GROUP_MAX_DEGREE, SPLIT_EDGES)
-    window, _ = choose_window(rowptr, col, num_src, H * F, itemsize, rowptr.device)
+    window = cached("attention-window", (rowptr,), (num_src, H * F, itemsize),
+                    lambda: choose_window(rowptr, col, num_src, H * F, itemsize, rowptr.device)[0])
     return work_list(rowptr, SPLIT_EDGES, short_max), _blocks(H, F)[0], short_rows(rowptr, short_max, window), rows
 
 
@@ -167,19 +187,19 @@ def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos
     terms = (a_edge if a_edge is not None else x, a_loop if a_loop is not None else x, rowptr, col, out, m, z)
     flags = dict(HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None, SELF_LOOPS=bool(self_loops),
                  DROPOUT=p > 0, ACC=acc, HB=hb, FB=fb)
-    with torch.cuda.device(x.device) if x.is_cuda else _nullcontext():
-        if short is not None and short.numel():
-            _forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
-                x, a_src, a_dst, *terms, short, short.numel(), *scalars, ROWS=rows,
-                num_warps=_group_warps(rows, hb, fb), **flags)
-        if wl.num_pieces:
-            _forward_kernel[(wl.num_pieces, cdiv(H, hb))](
-                x, a_src, a_dst, *terms, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, BE=be,
-                SEG=SPLIT_EDGES, num_warps=_forward_warps(be, hb, fb), **flags)
-        if parts:
-            _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
-                p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=acc,
-                BK=32, HB=hb, FB=fb)
+    if short is not None and short.numel():
+        _forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
+            x, a_src, a_dst, *terms, short, short.numel(), *scalars, ROWS=rows, STAGES=_forward_stages(),
+            num_warps=_group_warps(rows, hb, fb), **flags)
+    if wl.num_pieces:
+        _forward_kernel[(wl.num_pieces, cdiv(H, hb))](
+            x, a_src, a_dst, *terms, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, BE=be,
+            SEG=SPLIT_EDGES, STAGES=_forward_stages(), LANES=_forward_lanes(be, hb, fb),
+            num_warps=_forward_warps(be, hb, fb), **flags)
+    if parts:
+        _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
+            p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=acc,
+            BK=32, HB=hb, FB=fb)
     return out, m, z
 
 
@@ -208,30 +228,29 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
     flags = dict(HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None, SELF_LOOPS=bool(self_loops),
                  DROPOUT=p > 0, ACC=acc, BE=be, HB=hb, FB=fb, SEG=SPLIT_EDGES, num_warps=_warps(be, hb, fb))
     a_edge_, a_loop_ = (a_edge if a_edge is not None else x), (a_loop if a_loop is not None else x)
-    with torch.cuda.device(x.device) if x.is_cuda else _nullcontext():
-        if num_dst and H:
-            wl = _work(rowptr)
-            p_dst = m.new_empty(wl.num_partials, H) if need_dst and wl.num_partials else m
-            _backward_rows_kernel[(wl.num_pieces, cdiv(H, hb))](
-                grad_out, out, m, z, x, a_src, a_dst, a_edge_, a_loop_, rowptr, col, D, g_dst if need_dst else x,
-                g_edge if need_edge else x, g_loop if need_loop else x, wl.seg_row, wl.seg_ptr, wl.slot, p_dst,
-                *scalars, PER_EDGE=need_dst or need_edge or need_loop, NEED_DST=need_dst, NEED_EDGE=need_edge,
-                NEED_LOOP=need_loop, **flags)
-            if need_dst:
-                _fold(p_dst, g_dst, wl, H)
-        if n_src and H and (need_x or need_src):
-            wl = _work(t_rowptr)
-            parts = wl.num_partials
-            p_x = m.new_empty(parts, H, F) if need_x and parts else m
-            p_src = m.new_empty(parts, H) if need_src and parts else m
-            _backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
-                grad_out, m, z, x, a_src, a_dst, a_edge_, a_loop_, t_rowptr, t_col, t_pos, D,
-                g_x if need_x else x, g_src if need_src else x, wl.seg_row, wl.seg_ptr, wl.slot, p_x, p_src,
-                *scalars, NEED_X=need_x, NEED_SRC=need_src, **flags)
-            if need_x:
-                _fold(p_x, g_x, wl, H * F)
-            if need_src:
-                _fold(p_src, g_src, wl, H)
+    if num_dst and H:
+        wl = _work(rowptr)
+        p_dst = m.new_empty(wl.num_partials, H) if need_dst and wl.num_partials else m
+        _backward_rows_kernel[(wl.num_pieces, cdiv(H, hb))](
+            grad_out, out, m, z, x, a_src, a_dst, a_edge_, a_loop_, rowptr, col, D, g_dst if need_dst else x,
+            g_edge if need_edge else x, g_loop if need_loop else x, wl.seg_row, wl.seg_ptr, wl.slot, p_dst,
+            *scalars, PER_EDGE=need_dst or need_edge or need_loop, NEED_DST=need_dst, NEED_EDGE=need_edge,
+            NEED_LOOP=need_loop, **flags)
+        if need_dst:
+            _fold(p_dst, g_dst, wl, H)
+    if n_src and H and (need_x or need_src):
+        wl = _work(t_rowptr)
+        parts = wl.num_partials
+        p_x = m.new_empty(parts, H, F) if need_x and parts else m
+        p_src = m.new_empty(parts, H) if need_src and parts else m
+        _backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
+            grad_out, m, z, x, a_src, a_dst, a_edge_, a_loop_, t_rowptr, t_col, t_pos, D,
+            g_x if need_x else x, g_src if need_src else x, wl.seg_row, wl.seg_ptr, wl.slot, p_x, p_src,
+            *scalars, NEED_X=need_x, NEED_SRC=need_src, **flags)
+        if need_x:
+            _fold(p_x, g_x, wl, H * F)
+        if need_src:
+            _fold(p_src, g_src, wl, H)
     return g_x, g_src, g_dst, g_edge, g_loop
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._launch import fast_kernel
+
 NEG_INF = tl.constexpr(float("-inf"))  # a jit function may read only constexpr globals
 
 
@@ -100,35 +102,31 @@ def _piece_at(s, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG: tl.constexpr):
     return row, k, start, end, stop, tl.where(first >= 0, first + k, -1)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])  # .to() needs tensors, not constexpr 1
 def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot,
                     p_acc, p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
                     HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
                     DROPOUT: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                    SEG: tl.constexpr):
+                    SEG: tl.constexpr, STAGES: tl.constexpr,
+                    LANES: tl.constexpr):
     i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < H
     feats = tl.arange(0, FB)
     fmask = feats < F
     ad = tl.load(a_dst + i * H + heads, mask=hmask, other=0).to(ACC)
-    m = tl.full((HB,), NEG_INF, ACC)
-    z = tl.zeros((HB,), ACC)
-    acc = tl.zeros((HB, FB), ACC)
-    for k0 in range(start, stop, BE):
+    m, z, acc = _piece_state(BE, HB, FB, LANES, ACC)
+    for k0 in tl.range(start, stop, BE, num_stages=STAGES):
         ks = k0 + tl.arange(0, BE)
         j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, _endpoints(col, ks, end),
                                         col, ad[None, :], N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE,
                                         HAS_LOOP_TERM, SELF_LOOPS, DROPOUT, ACC)
-        m_new = tl.maximum(m, tl.max(e, 0))
-        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # a block of skipped edges only
-        rescale = tl.exp(m - m_safe)
-        w = tl.exp(e - m_safe[None, :])
-        z = z * rescale + tl.sum(w, 0)
         xv = tl.load(x + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
                      mask=v2[:, :, None] & fmask[None, None, :], other=0).to(ACC)
-        acc = acc * rescale[:, None] + tl.sum((w * keep)[:, :, None] * xv, 0)
-        m = m_new
+        m, z, acc = _piece_step(m, z, acc, e, keep, xv, LANES)
+    if LANES:
+        m, z, acc = _merge_lanes(m, z, acc)
     hf = hmask[:, None] & fmask[None, :]
     if part < 0:  # the whole row
         _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
@@ -164,6 +162,46 @@ def _online_step(m, z, acc, e, keep, xv):
 
 
 @triton.jit
+def _piece_state(BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, LANES: tl.constexpr, ACC: tl.constexpr):
+    """The per-piece forward's initial online-softmax state (m, z, acc): one per edge lane of the
+    [BE, HB, FB] tile with LANES (folded at the end by _merge_lanes), else one per head."""
+    if LANES:  # (one return: the compiler takes no return inside a branch)
+        m, z, acc = tl.full((BE, HB), NEG_INF, ACC), tl.zeros((BE, HB), ACC), tl.zeros((BE, HB, FB), ACC)
+    else:
+        m, z, acc = tl.full((HB,), NEG_INF, ACC), tl.zeros((HB,), ACC), tl.zeros((HB, FB), ACC)
+    return m, z, acc
+
+
+@triton.jit
+def _piece_step(m, z, acc, e, keep, xv, LANES: tl.constexpr):
+    """One [BE, HB] block of a piece's edges (logits e, dropout keep, values xv [BE, HB, FB]) into
+    the state of _piece_state: elementwise per lane with LANES, else reduced over the block's edges."""
+    if LANES:
+        m_new, z_new, acc_new = _online_step(m, z, acc, e, keep, xv)
+    else:
+        m_new = tl.maximum(m, tl.max(e, 0))
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # a block of skipped edges only
+        rescale = tl.exp(m - m_safe)
+        w = tl.exp(e - m_safe[None, :])
+        z_new = z * rescale + tl.sum(w, 0)
+        acc_new = acc * rescale[:, None] + tl.sum((w * keep)[:, :, None] * xv, 0)
+    return m_new, z_new, acc_new
+
+
+@triton.jit
+def _merge_lanes(m, z, acc):
+    """The per-lane states of a piece walked BE edges a step (lane l took edges l, l + BE, ...; m, z
+    [BE, HB], acc [BE, HB, FB]) folded into the piece's (max [HB], sum [HB], acc [HB, FB]) by the
+    piece merge's rule. On tiles spread over several warps the lanes keep the loop free of
+    reductions over the tile's edges (across warps: through shared memory and a barrier, three a
+    step); they come once, here."""
+    m_row = tl.max(m, 0)
+    m_safe = tl.where(m_row == NEG_INF, 0.0, m_row)  # no edge in the piece
+    lane_scale = tl.exp(m - m_safe[None, :])  # 0 for lanes without an edge
+    return m_row, tl.sum(z * lane_scale, 0), tl.sum(acc * lane_scale[:, :, None], 0)
+
+
+@triton.jit
 def _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc):
     """_store_row for the rows of a row group (m, z [ROWS, HB], acc [ROWS, HB, FB])."""
     inv = tl.where(z > 0, 1.0 / tl.where(z > 0, z, 1.0), 0.0)
@@ -174,12 +212,13 @@ def _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F
     tl.store(z_out + rows[:, None] * H + heads[None, :], z, mask=rh)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _forward_groups_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
                            NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
                            HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
                            DROPOUT: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                           ROWS: tl.constexpr):
+                           ROWS: tl.constexpr, STAGES: tl.constexpr):
     """The forward over short rows, ROWS per program (attention.py: row groups): step t takes the
     t-th edge of every row at once, so a program keeps ROWS gathers in flight where the per-piece
     kernel spends a tile on a row of a few edges; the rows' online softmaxes advance side by side."""
@@ -193,7 +232,7 @@ def _forward_groups_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_
     z = tl.zeros((ROWS, HB), ACC)
     acc = tl.zeros((ROWS, HB, FB), ACC)
     ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
-    for t in range(0, tl.max(stop - start, 0)):
+    for t in tl.range(0, tl.max(stop - start, 0), num_stages=STAGES):  # STAGES > 1: loads pipelined
         ids = ids_next
         ids_next = _endpoints(col, start + t + 1, end)
         j, v2, s, e, keep = _edge_block(start + t, end, stop, rows, heads, hmask, a_src, a_edge, a_loop, ids, col, ad,
@@ -215,6 +254,7 @@ def _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc):
     tl.store(z_out + i * H + heads, z, mask=hmask)
 
 
+@fast_kernel
 @triton.jit
 def _merge_pieces_kernel(p_acc, p_m, p_z, out, m_out, z_out, split_rows, seg_ptr, slot, H, F, ACC: tl.constexpr,
                          BK: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr):
@@ -247,6 +287,7 @@ def _merge_pieces_kernel(p_acc, p_m, p_z, out, m_out, z_out, split_rows, seg_ptr
     _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, rowptr, col, D, g_dst, g_edge, g_loop,
                           seg_row, seg_ptr, slot, p_dst, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
@@ -296,6 +337,7 @@ def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, r
             tl.store(p_dst + part * H + heads, acc, mask=hmask & ~whole)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_rowptr, t_col, t_pos, D, g_x, g_src,
                              seg_row, seg_ptr, slot, p_x, p_src, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold,

@@ -42,10 +42,6 @@ def _same(k, v) -> bool:
     return v.data_ptr() == k.data_ptr() and v.shape == k.shape and v.stride() == k.stride()
 
 
-def _device(t):
-    return torch.cuda.device(t.device) if t.is_cuda else gat._nullcontext()
-
-
 def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
     n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
     flags["HAS_EDGE"] = edge is not None
@@ -64,20 +60,20 @@ def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_
     p_z = torch.empty_like(p_m) if parts else m
     tensors = (q, k, v, att if att is not None else k, edge if edge is not None else k,
                perm if perm is not None else col, rowptr, col, out, m, z)
-    with _device(k):
-        if short is not None and short.numel():
-            group_flags = {key: val for key, val in flags.items() if key not in ("BE", "SEG", "num_warps")}
-            _pair_forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
-                *tensors, short, short.numel(), *scalars, KV_SAME=_same(k, v), ROWS=rows,
-                num_warps=gat._group_warps(rows, hb, fb), **group_flags)
-        if wl.num_pieces:
-            _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
-                *tensors, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v),
-                **dict(flags, BE=be, num_warps=gat._forward_warps(be, hb, fb)))
-        if parts:
-            _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
-                p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=flags["ACC"], BK=32,
-                HB=hb, FB=flags["FB"])
+    if short is not None and short.numel():
+        group_flags = {key: val for key, val in flags.items() if key not in ("BE", "SEG", "num_warps")}
+        _pair_forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
+            *tensors, short, short.numel(), *scalars, KV_SAME=_same(k, v), ROWS=rows, STAGES=gat._forward_stages(),
+            num_warps=gat._group_warps(rows, hb, fb), **group_flags)
+    if wl.num_pieces:
+        _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
+            *tensors, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v),
+            STAGES=gat._forward_stages(), LANES=gat._forward_lanes(be, hb, fb),
+            **dict(flags, BE=be, num_warps=gat._forward_warps(be, hb, fb)))
+    if parts:
+        _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
+            p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=flags["ACC"], BK=32,
+            HB=hb, FB=flags["FB"])
     return out, m, z
 
 
@@ -100,40 +96,40 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
     edge_, perm_ = (edge, perm) if edge is not None else (k, col)
     kv_same = _same(k, v)
     d_given = out.numel() == 0 and num_dst and H  # the forward did not keep out: D from the saved statistics
-    with _device(k):
-        if num_dst and H:
-            wl = gat._work(rowptr)
-            if d_given:
-                p_d = m.new_empty(wl.num_partials, H) if wl.num_partials else m
-                _pair_row_term_kernel[(wl.num_pieces, cdiv(H, hb))](
-                    grad_out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, p_d, wl.seg_row, wl.seg_ptr, wl.slot,
-                    *scalars, KV_SAME=kv_same, **flags)
-                gat._fold(p_d, D, wl, H)
-            p_q = m.new_empty(wl.num_partials, H, F) if need_q and wl.num_partials else m
-            programs = min(wl.num_pieces, ATT_SLOTS) if need_att else wl.num_pieces
-            p_att = m.new_empty(programs, H, F) if need_att else m
-            _pair_backward_rows_kernel[(programs, cdiv(H, hb))](
-                grad_out, grad_out if d_given else out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D,
-                g_q if need_q else k, p_q, p_att, g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot,
-                wl.num_pieces, *scalars,
-                KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge, D_GIVEN=bool(d_given),
-                **flags)
-            if need_q:
-                gat._fold(p_q, g_q, wl, H * F)
-            if need_att:
-                g_att = p_att.sum(0).to(att.dtype)  # pieces in a fixed order: deterministic
-        elif need_att:
-            g_att = torch.zeros_like(att)
-        if n_src and H and (need_k or need_v):
-            wl = gat._work(t_rowptr)
-            parts = wl.num_partials
-            p_k = m.new_empty(parts, H, F) if need_k and parts else m
-            p_v = m.new_empty(parts, H, F) if need_v and parts else m
-            _pair_backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
-                grad_out, m, z, q, k, v, att_, edge_, perm_, t_rowptr, t_col, t_pos, D, g_k if need_k else k,
-                g_v if need_v else k, p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v, **flags)
-            if need_k:
-                gat._fold(p_k, g_k, wl, H * F)
-            if need_v:
-                gat._fold(p_v, g_v, wl, H * F)
+    if num_dst and H:
+        wl = gat._work(rowptr)
+        if d_given:
+            p_d = m.new_empty(wl.num_partials, H) if wl.num_partials else m
+            _pair_row_term_kernel[(wl.num_pieces, cdiv(H, hb))](
+                grad_out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, p_d, wl.seg_row, wl.seg_ptr, wl.slot,
+                *scalars, KV_SAME=kv_same, **flags)
+            gat._fold(p_d, D, wl, H)
+        p_q = m.new_empty(wl.num_partials, H, F) if need_q and wl.num_partials else m
+        programs = min(wl.num_pieces, ATT_SLOTS) if need_att else wl.num_pieces
+        p_att = m.new_empty(programs, H, F) if need_att else m
+        _pair_backward_rows_kernel[(programs, cdiv(H, hb))](
+            grad_out, grad_out if d_given else out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D,
+            g_q if need_q else k, p_q, p_att, g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot,
+            wl.num_pieces, *scalars,
+            KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge, D_GIVEN=bool(d_given),
+            **flags)
+        if need_q:
+            gat._fold(p_q, g_q, wl, H * F)
+        if need_att:
+            g_att = p_att.sum(0).to(att.dtype)  # pieces in a fixed order: deterministic
+    elif need_att:
+        g_att = torch.zeros_like(att)
+    if n_src and H and (need_k or need_v):
+        wl = gat._work(t_rowptr)
+        parts = wl.num_partials
+        p_k = m.new_empty(parts, H, F) if need_k and parts else m
+        p_v = m.new_empty(parts, H, F) if need_v and parts else m
+        _pair_backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
+            grad_out, m, z, q, k, v, att_, edge_, perm_, t_rowptr, t_col, t_pos, D, g_k if need_k else k,
+            g_v if need_v else k, p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v,
+            **flags)
+        if need_k:
+            gat._fold(p_k, g_k, wl, H * F)
+        if need_v:
+            gat._fold(p_v, g_v, wl, H * F)
     return g_q, g_k, g_v, g_att, g_edge

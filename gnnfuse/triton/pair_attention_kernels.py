@@ -12,8 +12,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _group, _online_step, _piece, _piece_at,
-                                _store_row, _store_rows)
+from ._launch import fast_kernel
+from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _group, _merge_lanes, _online_step, _piece,
+                                _piece_at, _piece_state, _piece_step, _store_row, _store_rows)
 
 
 @triton.jit
@@ -81,12 +82,14 @@ def _att_tile(att, heads, feats, hf, F, GATV2: tl.constexpr, ACC: tl.constexpr, 
     return tl.zeros((HB, FB), ACC)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot, p_acc,
                          p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
                          SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
                          KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
-                         FB: tl.constexpr, SEG: tl.constexpr):
+                         FB: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr,
+                         LANES: tl.constexpr):
     i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < H
@@ -95,20 +98,13 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
     hf = hmask[:, None] & fmask[None, :]
     qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
     a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
-    m = tl.full((HB,), NEG_INF, ACC)
-    z = tl.zeros((HB,), ACC)
-    acc = tl.zeros((HB, FB), ACC)
-    for k0 in range(start, stop, BE):
+    m, z, acc = _piece_state(BE, HB, FB, LANES, ACC)  # (attention_kernels: per lane or per head)
+    for k0 in tl.range(start, stop, BE, num_stages=STAGES):
         ks = k0 + tl.arange(0, BE)
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                       _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
                                                       N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
                                                       SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
-        m_new = tl.maximum(m, tl.max(e, 0))
-        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
-        rescale = tl.exp(m - m_safe)
-        w = tl.exp(e - m_safe[None, :])
-        z = z * rescale + tl.sum(w, 0)
         if KV_SAME:
             xv = kv
         else:
@@ -116,8 +112,9 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
                          other=0).to(ACC)
             if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
                 xv += ev
-        acc = acc * rescale[:, None] + tl.sum((w * keep)[:, :, None] * xv, 0)
-        m = m_new
+        m, z, acc = _piece_step(m, z, acc, e, keep, xv, LANES)
+    if LANES:
+        m, z, acc = _merge_lanes(m, z, acc)
     if part < 0:
         _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
     else:
@@ -126,12 +123,13 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
         tl.store(p_z + part * H + heads, z, mask=hmask)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
                                 NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
                                 SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
                                 HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
-                                FB: tl.constexpr, ROWS: tl.constexpr):
+                                FB: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr):
     """The forward over short rows, ROWS per program, one edge of each row per step (as GAT's
     _forward_groups_kernel): tiles [ROWS, HB, FB]."""
     rows, rmask, start, end, stop = _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS)
@@ -147,7 +145,7 @@ def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_ou
     z = tl.zeros((ROWS, HB), ACC)
     acc = tl.zeros((ROWS, HB, FB), ACC)
     ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
-    for t in range(0, tl.max(stop - start, 0)):
+    for t in tl.range(0, tl.max(stop - start, 0), num_stages=STAGES):
         ids = ids_next
         ids_next = _endpoints(col, start + t + 1, end)
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(start + t, end, stop, rows, heads, hmask, feats, fmask, k, ids,
@@ -165,6 +163,7 @@ def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_ou
     _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, g_q, p_q, p_att, g_edge,
                                seg_row, seg_ptr, slot, NUM_PIECES, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
@@ -243,6 +242,7 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
         tl.store(p_att + slot_a * H * F + heads[:, None] * F + feats[None, :], acc_a, mask=hf)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, p_d, seg_row, seg_ptr, slot,
                           NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
@@ -286,6 +286,7 @@ def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, 
     tl.store(p_d + part * H + heads, acc, mask=hmask & ~whole)
 
 
+@fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_rowptr, t_col, t_pos, D, g_k, g_v, p_k,
                                   p_v, seg_row, seg_ptr, slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,

@@ -1,0 +1,248 @@
+"""Where a fused attention call's time goes on a GPU: kernel versus host.
+
+For each graph (suite names, default arxiv-like and rfc-uniform) at heads x F (default 8 x 8):
+
+* forward alone (no gradients) of gat_attention / gatv2_attention / dot_attention and our sum
+  gather-scatter at the same width: per call the CUDA kernels (name, launches, device time from
+  torch.profiler), the wall time of 200 calls back to back (enqueue time without a sync, total
+  with the final sync), the host time of one call while the GPU is idle, and the replay time of
+  a CUDA graph of 20 calls (device time without host gaps);
+* the training step of the layers (gnnfuse.nn vs PyG): kernels and device time per step, wall
+  time per step, and the host's Python functions by own time (cProfile) for ours;
+* ``--sweep``: the GAT row-group kernel's device time with rows per group / warps forced.
+
+    PYTHONPATH=. python benchmarks/gpu/profile_attention.py --out "$OUT" [--graphs arxiv-like] [--sweep]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import gnnfuse
+import gnnfuse.nn as G
+from gnnfuse.graphs import suite_graph
+
+LAYERS = ("GATConv", "GATv2Conv", "TransformerConv")
+
+
+def forwards(h, a_src, a_dst, edge_index):
+    att = torch.randn(h.shape[1:], device=h.device)
+    flat = h.reshape(h.shape[0], -1)
+    return {
+        "gat": lambda: gnnfuse.gat_attention(h, a_src, a_dst, edge_index, add_self_loops=True),
+        "gatv2": lambda: gnnfuse.gatv2_attention(h, h, att, edge_index, add_self_loops=True),
+        "dot": lambda: gnnfuse.dot_attention(h, h, h, edge_index),
+        "sum": lambda: gnnfuse.fused_gather_scatter(flat, edge_index, "sum"),
+    }
+
+
+def kernel_table(fn, calls: int) -> tuple[list[tuple[str, float, float]], float, float]:
+    """(name, launches per call, device us per call) of fn's CUDA kernels, total device us per call,
+    wall us per call (profiled, so inflated)."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / calls * 1e6
+    per = defaultdict(lambda: [0, 0.0])
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            name = evt.name[:60]
+            per[name][0] += 1
+            per[name][1] += evt.device_time
+    rows = sorted(((n, c / calls, t / calls) for n, (c, t) in per.items()), key=lambda r: -r[2])
+    return rows, sum(r[2] for r in rows), wall
+
+
+def back_to_back(fn, calls: int = 200) -> tuple[float, float]:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    enqueue = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    total = time.perf_counter() - t0
+    return enqueue / calls * 1e6, total / calls * 1e6
+
+
+def host_alone(fn, calls: int = 50) -> float:
+    """Median host time of one call started on an idle GPU (us)."""
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    samples.sort()
+    return samples[len(samples) // 2] * 1e6
+
+
+def graph_replay(fn, calls: int = 20) -> float | str:
+    """Device us per call from replays of a CUDA graph of ``calls`` calls (no host gaps)."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                fn()
+        g.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        best = []
+        for _ in range(5):
+            start.record()
+            g.replay()
+            end.record()
+            torch.cuda.synchronize()
+            best.append(start.elapsed_time(end) * 1e3 / calls)
+        return sorted(best)[2]
+    except Exception as exc:  # capture may fail (a host sync inside): say so
+        return f"{type(exc).__name__}: {str(exc)[:80]}"
+
+
+def host_profile(fn, calls: int, top: int) -> str:
+    fn()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def make_step(layer, x, edge_index):
+    params = list(layer.parameters())
+
+    def step():
+        out = layer(x, edge_index)
+        torch.autograd.grad(out.square().mean(), params)
+    return step
+
+
+def emit(lines, text):
+    print(text, flush=True)
+    lines.append(text)
+
+
+def run_graph(name, heads, width, args, lines):
+    import torch_geometric.nn as pyg_nn
+
+    dev = torch.device("cuda")
+    edge_index, nodes = suite_graph(name, device=dev)
+    emit(lines, f"\n## {name}: {nodes} nodes, {edge_index.shape[1]} edges, {heads}x{width}")
+    torch.manual_seed(0)
+    h = torch.randn(nodes, heads, width, device=dev)
+    a_src, a_dst = torch.randn(nodes, heads, device=dev), torch.randn(nodes, heads, device=dev)
+    with torch.no_grad():
+        for label, fn in forwards(h, a_src, a_dst, edge_index).items():
+            rows, device_us, _ = kernel_table(fn, 20)
+            enq, tot = back_to_back(fn)
+            host = host_alone(fn)
+            emit(lines, f"### forward {label}: device {device_us:.1f} us/call in {sum(r[1] for r in rows):.0f} "
+                        f"launches; back-to-back enqueue {enq:.1f} / total {tot:.1f} us/call; host alone "
+                        f"{host:.1f} us")
+            for n, c, t in rows:
+                emit(lines, f"    {t:8.1f} us  x{c:.0f}  {n}")
+            if label in args.host_profile:
+                emit(lines, host_profile(fn, 200, 25))
+    x = torch.randn(nodes, 64, device=dev)
+    layers = [layer for layer in args.layers.split(",") if layer] if name in args.step_graphs.split(",") else []
+    for layer in layers:
+        torch.manual_seed(0)
+        stock = getattr(pyg_nn, layer)(64, width, heads=heads, dropout=0.6).to(dev).train()
+        ours = getattr(G, layer)(64, width, heads=heads, dropout=0.6).to(dev).train()
+        ours.load_state_dict(stock.state_dict())
+        for label, layer_obj in (("ours", ours), ("pyg", stock)):
+            step = make_step(layer_obj, x, edge_index)
+            rows, device_us, _ = kernel_table(step, 10)
+            enq, tot = back_to_back(step, 50)
+            host = host_alone(step, 20)
+            emit(lines, f"### step {layer} {label}: device {device_us:.1f} us/step in {sum(r[1] for r in rows):.0f} "
+                        f"launches; back-to-back enqueue {enq:.1f} / total {tot:.1f} us/step; host alone "
+                        f"{host:.1f} us")
+            for n, c, t in rows[:args.kernels]:
+                emit(lines, f"    {t:8.1f} us  x{c:.0f}  {n}")
+            if label == "ours" and name in args.step_profile:
+                emit(lines, host_profile(step, 50, 40))
+    with torch.no_grad():  # last: a failed capture may leave the stream unusable
+        for label, fn in forwards(h, a_src, a_dst, edge_index).items():
+            replay = graph_replay(fn)
+            emit(lines, f"### forward {label}: CUDA graph replay "
+                        f"{replay if isinstance(replay, str) else f'{replay:.1f} us/call'}")
+
+
+def sweep(name, heads, width, lines):
+    from gnnfuse.triton import attention as kernels
+
+    dev = torch.device("cuda")
+    edge_index, nodes = suite_graph(name, device=dev)
+    h = torch.randn(nodes, heads, width, device=dev)
+    a_src, a_dst = torch.randn(nodes, heads, device=dev), torch.randn(nodes, heads, device=dev)
+    fns = forwards(h, a_src, a_dst, edge_index)
+    rows0, gw0, st0 = kernels._group_rows, kernels._group_warps, kernels._forward_stages
+    emit(lines, f"\n## sweep {name} {heads}x{width}: device us per call (profiler); G rows per group (0: none), "
+                f"GW their warps, S the edge loops' pipelining stages")
+    for rows, warps, stages in ((None, None, 1), (None, None, 2), (None, None, 3), (8, 2, 2), (0, 4, 1), (0, 4, 2)):
+        if rows is not None:
+            kernels._group_rows = (lambda *a, r=rows: r)
+            kernels._group_warps = (lambda *a, w=warps: w)
+        kernels._forward_stages = (lambda s=stages: s)
+        try:
+            res = []
+            for label in ("gat", "gatv2", "dot"):
+                with torch.no_grad():
+                    res.append(kernel_table(fns[label], 10)[1])
+            emit(lines, f"    G{rows if rows is not None else 'default'} GW{warps or 'default'} S{stages}: "
+                        f"gat {res[0]:.1f}  gatv2 {res[1]:.1f}  dot {res[2]:.1f}")
+        except Exception as exc:
+            emit(lines, f"    G{rows} GW{warps} S{stages}: {type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            kernels._group_rows, kernels._group_warps, kernels._forward_stages = rows0, gw0, st0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--graphs", default="arxiv-like,rfc-uniform")
+    parser.add_argument("--shape", default="8x8")
+    parser.add_argument("--layers", default=",".join(LAYERS))
+    parser.add_argument("--host-profile", default="gat", help="forwards to profile the host of (cProfile)")
+    parser.add_argument("--step-graphs", default="arxiv-like,rfc-uniform", help="graphs whose training step is timed")
+    parser.add_argument("--step-profile", default="rfc-uniform", help="graphs whose step's host is profiled")
+    parser.add_argument("--kernels", type=int, default=12, help="kernels listed per step")
+    parser.add_argument("--sweep", default="", help="graphs to sweep the row-group kernel on")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    heads, width = (int(v) for v in args.shape.split("x"))
+    lines = [f"# attention profile, {torch.cuda.get_device_name()}, torch {torch.__version__}"]
+    for name in [g for g in args.sweep.split(",") if g]:
+        sweep(name, heads, width, lines)
+    for name in [g for g in args.graphs.split(",") if g]:
+        run_graph(name, heads, width, args, lines)
+    if args.out:
+        with open(f"{args.out}/attention-profile.txt", "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

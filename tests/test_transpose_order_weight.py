@@ -87,7 +87,7 @@ def test_kernel_checks_transpose_order_weight():
 def _grad(x, graph, reduce, w, backend="auto"):
     x = x.detach().requires_grad_()
     out = gnnfuse.fused_gather_scatter(x, graph, reduce, edge_weight=w, backend=backend)
-    out.backward(torch.arange(out.numel(), dtype=x.dtype).reshape(out.shape).sin())
+    out.backward(torch.arange(out.numel(), dtype=x.dtype, device=x.device).reshape(out.shape).sin())
     return x.grad
 
 

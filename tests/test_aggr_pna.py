@@ -187,16 +187,10 @@ def test_pna_conv_recomputes_aggregations_in_backward(divide_input, monkeypatch)
         torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
 
 
-def test_pna_conv_repeated_aggregator_matches_keep():
-    """An aggregator listed twice: its post-layer blocks are summed before the rule (one
-    aggregation block); outputs and gradients equal those of the layer that keeps them."""
-    x, ei = _graph()
-    torch.manual_seed(0)
-    lean = gnnfuse.nn.PNAConv(6, 6, ["max", "mean", "max"], ["identity", "linear"], DEG).double()
-    keep = copy.deepcopy(lean)
-    keep.recompute_aggregations = False
+def _assert_same_outputs_and_grads(conv_a, conv_b, x, ei):
+    """Both layers give the same output and the same gradients of x and of every parameter."""
     outs, grads = [], []
-    for conv in (lean, keep):
+    for conv in (conv_a, conv_b):
         xg = x.clone().requires_grad_()
         out = conv(xg, ei)
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
@@ -205,6 +199,17 @@ def test_pna_conv_repeated_aggregator_matches_keep():
     torch.testing.assert_close(outs[0], outs[1])
     for k in grads[0]:
         torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
+
+
+def test_pna_conv_repeated_aggregator_matches_keep():
+    """An aggregator listed twice: its post-layer blocks are summed before the rule (one
+    aggregation block); outputs and gradients equal those of the layer that keeps them."""
+    x, ei = _graph()
+    torch.manual_seed(0)
+    lean = gnnfuse.nn.PNAConv(6, 6, ["max", "mean", "max"], ["identity", "linear"], DEG).double()
+    keep = copy.deepcopy(lean)
+    keep.recompute_aggregations = False
+    _assert_same_outputs_and_grads(lean, keep, x, ei)
 
 
 PROJECTION_NAMES = [("mean", "min", "max", "std"), ("sum", "var", "max"), ("std",), ("min", "mean"),
@@ -291,16 +296,7 @@ def test_pna_conv_feature_chunks_match_whole():
     chunked.aggregation_chunk_features = 4  # chunks [0, 4) and [4, 6)
     keep = copy.deepcopy(chunked)
     keep.recompute_aggregations = False
-    outs, grads = [], []
-    for conv in (chunked, keep):
-        xg = x.clone().requires_grad_()
-        out = conv(xg, ei)
-        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
-        outs.append(out)
-        grads.append({"x": xg.grad, **_grads(conv)})
-    torch.testing.assert_close(outs[0], outs[1])
-    for k in grads[0]:
-        torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
+    _assert_same_outputs_and_grads(chunked, keep, x, ei)
     chunked.aggregation_chunk_features = 0
     with pytest.raises(ValueError, match="aggregation_chunk_features"):
         chunked(x.requires_grad_(), ei)

@@ -47,10 +47,26 @@ _is_dynamo_compiling = torch.compiler.is_dynamo_compiling  # (bound once: the at
 _device_types: dict[torch.device, str] = {}  # device.type builds a new string each time (~0.4 us)
 
 
+def triton_module(module: str) -> Callable:
+    """A function returning ``gnnfuse.triton.<module>``, imported on its first call and kept (CPU
+    users need no Triton; a function-level import would cost about 1 us on every call). Its
+    functions are looked up on every call, so a test may patch them."""
+    loaded = None
+
+    def get():
+        nonlocal loaded
+        if loaded is None:
+            loaded = importlib.import_module(f"gnnfuse.triton.{module}")
+        return loaded
+
+    return get
+
+
 def triton_kernel(module: str, function: str) -> Callable:
     """``gnnfuse.triton.<module>.<function>``, imported on its first call: CPU users need no Triton."""
+    get = triton_module(module)
 
     def call(*args):
-        return getattr(importlib.import_module(f"gnnfuse.triton.{module}"), function)(*args)
+        return getattr(get(), function)(*args)
 
     return call

@@ -14,17 +14,14 @@ import torch
 
 from .._validate import require_choice, require_floating, require_same_device, require_shape, require_tensor
 from ..csr import CSR
-from ._library import resolve_backend
+from ._library import resolve_backend, triton_module
 from ._opdef import CppKernel, OpDef
 from .gather_scatter import _as_csr
 
 REDUCTIONS = ("sum", "mean")
 
 
-def _triton():
-    from ..triton import edge_message
-
-    return edge_message
+_triton = triton_module("edge_message")
 
 
 def _save(ctx, inputs, output):

@@ -13,15 +13,12 @@ import torch
 from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
 from ..csr import CSR
-from ._library import resolve_backend
+from ._library import resolve_backend, triton_module
 from ._opdef import OpDef
 from .gather_scatter import _as_csr
 
 
-def _triton():
-    from ..triton import attention
-
-    return attention
+_triton = triton_module("attention")
 
 
 def _save(ctx, inputs, output):

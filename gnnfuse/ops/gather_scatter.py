@@ -30,7 +30,7 @@ from ..reductions import ARG as ARG_REDUCTIONS  # reductions whose forward recor
 from ..reductions import ALIASES
 from ..reductions import SINGLE as REDUCTIONS
 from ..reductions import canonical_reduce
-from ._library import resolve_backend
+from ._library import resolve_backend, triton_module
 from ._opdef import CppKernel, OpDef
 
 _VALUE_DTYPES = frozenset(VALUE_DTYPES)  # (a hash lookup: the tuple compares up to four dtypes)
@@ -50,24 +50,16 @@ _FORWARD_CPU = CppKernel("graph", "gather_scatter")
 _BACKWARD_CPU = CppKernel("graph", "gather_scatter_backward")
 
 
-def _triton():
-    from ..triton import gather_scatter  # lazy: Triton is only needed on GPU
-
-    global _triton_module
-    _triton_module = gather_scatter
-    return gather_scatter
-
-
-_triton_module = None  # set on first use: a function-level import costs ~1 us on every call
+_triton = triton_module("gather_scatter")
 
 
 def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, reduce):
-    return (_triton_module or _triton()).forward(x, rowptr, col, weight, reduce, track_arg=t_rowptr is not None)
+    return _triton().forward(x, rowptr, col, weight, reduce, track_arg=t_rowptr is not None)
 
 
 def _backward_triton(grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad,
                      t_weight=None):
-    return (_triton_module or _triton()).backward(
+    return _triton().backward(
         grad_out, x, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, reduce, need_x_grad, need_w_grad,
         t_weight=t_weight)
 

@@ -27,6 +27,7 @@ from .._build import load_extension
 from ..csr import CSR, transpose_parts_of
 from ..reductions import CODES, MULTI, canonical_reduce
 from ..reductions import MAX, MEAN, MIN, MUL, STD, SUM, VAR
+from ._library import triton_module
 from ._opdef import OpDef
 from .gather_scatter import BACKWARD as GATHER_SCATTER_BACKWARD
 from .gather_scatter import FORWARD as GATHER_SCATTER
@@ -68,19 +69,11 @@ def _forward_cpu(x, rowptr, col, weight, t_rowptr, t_col, t_pos, aggrs):
                                                                      t_rowptr is not None))
 
 
-def _triton():
-    from ..triton import multi_aggregate as kernels  # lazy: Triton is only needed on GPU
-
-    global _triton_module
-    _triton_module = kernels
-    return kernels
-
-
-_triton_module = None  # set on first use: a function-level import costs ~1 us on every call
+_triton = triton_module("multi_aggregate")
 
 
 def _forward_triton(x, rowptr, col, weight, t_rowptr, t_col, t_pos, aggrs):
-    return (_triton_module or _triton()).forward(x, rowptr, col, weight, _codes(aggrs), t_rowptr is not None)
+    return _triton().forward(x, rowptr, col, weight, _codes(aggrs), t_rowptr is not None)
 
 
 def _backward_cpu(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, aggrs, need_x, need_w):
@@ -89,7 +82,7 @@ def _backward_cpu(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos,
 
 
 def _backward_triton(grad_out, x, out, rowptr, col, weight, t_rowptr, t_col, t_pos, arg, aggrs, need_x, need_w):
-    kernels = _triton_module or _triton()
+    kernels = _triton()
     codes = _codes(aggrs)
     if kernels.fast_backward_applies(x, weight, codes, need_w):
         mean = None

@@ -32,7 +32,7 @@ from .._validate import (
     require_tensor,
 )
 from ..constants import INDEX_DTYPES, VALUE_DTYPES
-from ._library import resolve_backend
+from ._library import resolve_backend, triton_module
 from ._opdef import OpDef
 
 POSITION_DTYPES = (torch.float32, torch.float64)
@@ -44,10 +44,7 @@ POSITION_DTYPES = (torch.float32, torch.float64)
 # scatter. The backward returns grad_xyz [A, 3] and grad_sigmas [sum_b P_b] ([0] if not needed).
 
 
-def _triton():
-    from ..triton import planarity as kernels  # imported lazily: CPU users need no Triton
-
-    return kernels
+_triton = triton_module("planarity")
 
 
 # ---- kernels --------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from .._validate import (
     require_tensor,
 )
 from ..constants import INT32_MAX
-from ._library import resolve_backend
+from ._library import resolve_backend, triton_module
 from ._opdef import OpDef
 
 # The scatter's contract: density_cube [C, nx, ny, nz] contiguous floating; wa [C, nx] and wbwc
@@ -40,10 +40,7 @@ from ._opdef import OpDef
 # structured_gather: grad_out [map_size] contiguous -> [C, nx, ny, nz] in grad_out's dtype.
 
 
-def _triton():
-    from ..triton import structured_scatter as kernels  # lazy: Triton is only needed on GPU
-
-    return kernels
+_triton = triton_module("structured_scatter")
 
 
 # ---- kernels --------------------------------------------------------------------------------

@@ -151,6 +151,30 @@ def test_fused_layers_take_multi_aggregation_in_one_pass(multi, monkeypatch):
     assert gnnfuse.nn._mixin.fused_reduce(pyg_aggr.MultiAggregation(["mean", "max"], mode="sum")) is None
 
 
+def _outputs_and_grads(convs, x, ei):
+    """Each layer's output and its gradients of x and of every parameter."""
+    outs, grads = [], []
+    for conv in convs:
+        xg = x.clone().requires_grad_()
+        out = conv(xg, ei)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        outs.append(out)
+        grads.append({"x": xg.grad, **_grads(conv)})
+    return outs, grads
+
+
+def _assert_same(outs, grads):
+    torch.testing.assert_close(outs[0], outs[1])
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
+
+
+def _assert_same_outputs_and_grads(conv_a, conv_b, x, ei):
+    """Both layers give the same output and the same gradients of x and of every parameter."""
+    _assert_same(*_outputs_and_grads((conv_a, conv_b), x, ei))
+
+
 @pytest.mark.parametrize("divide_input", [False, True])
 def test_pna_conv_recomputes_aggregations_in_backward(divide_input, monkeypatch):
     """By default no tower keeps its aggregation for the backward: the forward aggregates each
@@ -173,32 +197,11 @@ def test_pna_conv_recomputes_aggregations_in_backward(divide_input, monkeypatch)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(_pna_projection, "MULTI_FORWARD", spy)
-    outs, grads = [], []
-    for conv in (lean, keep):
-        xg = x.clone().requires_grad_()
-        out = conv(xg, ei)
-        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
-        outs.append(out)
-        grads.append({"x": xg.grad, **_grads(conv)})
+    outs, grads = _outputs_and_grads((lean, keep), x, ei)
     assert calls == [False, False, True, True]  # lean: 2 untracked, then 2 recomputed with winners; keep: none
-    torch.testing.assert_close(outs[0], outs[1])
-    assert grads[0].keys() == grads[1].keys()
-    for k in grads[0]:
-        torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
+    _assert_same(outs, grads)
 
 
-def _assert_same_outputs_and_grads(conv_a, conv_b, x, ei):
-    """Both layers give the same output and the same gradients of x and of every parameter."""
-    outs, grads = [], []
-    for conv in (conv_a, conv_b):
-        xg = x.clone().requires_grad_()
-        out = conv(xg, ei)
-        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
-        outs.append(out)
-        grads.append({"x": xg.grad, **_grads(conv)})
-    torch.testing.assert_close(outs[0], outs[1])
-    for k in grads[0]:
-        torch.testing.assert_close(grads[0][k], grads[1][k], msg=k)
 
 
 def test_pna_conv_repeated_aggregator_matches_keep():

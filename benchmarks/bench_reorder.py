@@ -8,7 +8,9 @@ Each realistic graph is taken in three orders: as generated (its ids carry the p
 the best case), scrambled (random ids), and the scrambled graph reordered by each method. Per order:
 the locality statistic (gnnfuse.locality_stats), the reorder time (reorder() + relabelling the edges
 + permuting the features; ``reorder_s`` warm, as the epochs are timed, ``reorder_cold_s`` the
-process's first call, which also compiles the propagation kernels), the CSR rebuild of the
+method's first call: for the first method (``auto`` by default) the process's first gnnfuse call, made
+right after the graphs are generated; ``triton_cache_files_at_start`` says whether Triton's on-disk
+cache was empty), the CSR rebuild of the
 relabelled graph, the sum forward of our kernel and of torch.sparse.mm at F = --width, and one
 training epoch of a 2-layer GCN (gnnfuse.nn, hidden --hidden, cached normalisation, Adam step).
 Forwards and epochs of all orders are timed in turns (benchmarks.common.bench_interleaved).
@@ -21,7 +23,9 @@ that the reorder recovers.
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -60,20 +64,37 @@ def gcn_epoch(x, edge_index, y, hidden, device):
     return epoch
 
 
+def time_phases(edge_index, n, device):
+    """The steps of ``reorder(method="community-refined")`` (what ``auto`` runs on a large scrambled
+    graph) timed one by one: where a first call's time goes."""
+    from gnnfuse.ordering import cluster_embedding, refine_blocks, zorder
+
+    csr, t_csr = _timed(lambda: CSR.from_edge_index(edge_index, n), device)
+    _, t_stats = _timed(lambda: locality_stats(csr), device)
+    x, t_embed = _timed(lambda: cluster_embedding(csr), device)
+    perm, t_zorder = _timed(lambda: zorder(x), device)
+    _, t_refine = _timed(lambda: refine_blocks(csr, perm), device)
+    return dict(csr=t_csr, locality_stats=t_stats, embedding=t_embed, zorder=t_zorder, refine=t_refine)
+
+
 def run_graph(name, args, device, rows):
     methods = [m for m in args.methods.split(",") if m]
     scrambled, n = suite_graph(name, scale=args.scale, order="scrambled", device=device)
     generated = None if args.reorder_only else suite_graph(name, scale=args.scale, device=device)[0]
     print(f"{name}: {n} nodes, {scrambled.shape[1]} edges", flush=True)
-    warm = CSR.from_edge_index(scrambled[:, :1000], n)  # load the extension / compile kernels outside the timings
-    fused_gather_scatter(torch.ones(n, 1, device=device), warm, "sum")
+    if args.phases:
+        for when in ("first call", "second call"):
+            phases = time_phases(scrambled, n, device)
+            print(f"  phases ({when}): " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in phases.items())
+                  + f", total {1e3 * sum(phases.values()):.1f} ms", flush=True)
     g = torch.Generator(device=device).manual_seed(0)
     x0 = torch.randn(n, args.width, generator=g, device=device)
     y0 = torch.randint(0, args.classes, (n,), generator=g, device=device)
     variants = {"generated": dict(edge_index=generated, x=x0, y=y0),
                 "scrambled": dict(edge_index=scrambled, x=x0, y=y0)}
     for method in methods:
-        try:  # the first call in the process also compiles kernels (Triton JIT) and grows allocator pools
+        try:  # the first method's first call is the process's first gnnfuse call: it pays whatever is loaded or
+            # compiled on first use (extensions, Triton kernels) and grows the allocator's pools
             _, t_cold = _timed(lambda: reorder(scrambled, n, method), device)
             perm, t_reorder = _timed(lambda: reorder(scrambled, n, method), device)
             (ei, x, y), t_apply = _timed(lambda: (relabel(scrambled, perm), x0[perm], y0[perm]), device)
@@ -86,6 +107,8 @@ def run_graph(name, args, device, rows):
               flush=True)
     if args.reorder_only:
         return
+    warm = CSR.from_edge_index(scrambled[:, :1000], n)  # load the extension / compile kernels outside the timings
+    fused_gather_scatter(torch.ones(n, 1, device=device), warm, "sum")
     forwards, epochs = {}, {}
     for label, v in variants.items():
         csr, t_csr = _timed(lambda: CSR.from_edge_index(v["edge_index"], n), device)
@@ -150,6 +173,9 @@ def main(argv=None):
     ap.add_argument("--reorder-only", action="store_true",
                     help="time the reorder calls only (first and second call of this process), print, save nothing: "
                          "run after a full run, it shows what a later process pays once the kernels are compiled")
+    ap.add_argument("--phases", action="store_true",
+                    help="first time the steps of community-refined one by one (the process's first call, then a "
+                         "second), before the methods")
     ap.add_argument("--max-seconds", type=float, default=3.0)
     ap.add_argument("--quick", action="store_true", help="a 2%% scale smoke run")
     ap.add_argument("--out", default=None)
@@ -166,9 +192,14 @@ def main(argv=None):
     meta = dict(machine(device), benchmark="bench_reorder", device=device_label(device), scale=args.scale,
                 width=args.width, hidden=args.hidden)
     try:
-        meta["load_average_1min"] = round(__import__("os").getloadavg()[0], 2)
+        meta["load_average_1min"] = round(os.getloadavg()[0], 2)
     except OSError:
         pass
+    if device.type == "cuda":
+        cache = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+        meta["triton_cache_files_at_start"] = sum(1 for p in cache.rglob("*") if p.is_file()) if cache.is_dir() else 0
+    if "triton_cache_files_at_start" in meta:
+        print(f"Triton cache files at start: {meta['triton_cache_files_at_start']}", flush=True)
     name = f"reorder_{device_label(device)}{args.tag}"
     for gname in graphs.split(","):
         run_graph(gname, args, device, rows)

@@ -304,9 +304,10 @@ def _average_gathered(x: torch.Tensor, src: torch.Tensor, scale: torch.Tensor, s
     n, dim = x.shape
     k = src.shape[1]
     table = torch.cat([x, x.new_zeros(k, dim)])  # the nodes' rows, then the padding slots' zero rows
+    rows = table.view(torch.int64) if dim % 2 == 0 else table  # the gather moves bits: 8-byte items, half as many
     flat = src.reshape(-1)
     for _ in range(steps):
-        total = table.index_select(0, flat).view(n, k, dim).sum(1)
+        total = rows.index_select(0, flat).view(x.dtype).view(n, k, dim).sum(1)
         table[:n] = total.add_(table[:n]).mul_(scale)
     return table[:n]
 

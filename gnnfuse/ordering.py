@@ -249,13 +249,13 @@ def _vote_torch(csr: CSR, votes: int, labels: int):
     is the length of its run (two binary searches of the sorted row), and the best vote maximises
     ``(count - 1) * labels + label`` (ties: the highest label); a padding vote scores below zero, so
     a row with none but padding keeps its label. Integer ops only: exact, the same on any device."""
-    src = first_in_edges(csr, votes).reshape(-1)
+    src = first_in_edges(csr, votes)
     narrow = votes * labels <= INT32_MAX and csr.num_src < INT32_MAX  # int32 scores: half the traffic
     dtype = torch.int32 if narrow else torch.int64
     padding = -1 - torch.arange(votes, device=src.device, dtype=dtype)
 
     def vote(label: torch.Tensor) -> torch.Tensor:
-        lab = torch.cat([label.to(dtype), padding]).index_select(0, src).view(-1, votes)
+        lab = torch.cat([label.to(dtype), padding])[src]
         s = lab.sort(dim=1).values
         count = torch.searchsorted(s, s, right=True, out_int32=narrow) - torch.searchsorted(s, s, out_int32=narrow)
         best = count.sub_(1).mul_(labels).add_(s).amax(1)
@@ -299,15 +299,17 @@ def cluster_embedding(csr: CSR, *, dim: int = EMBED_DIM, steps: int = EMBED_STEP
 
 
 def _average_gathered(x: torch.Tensor, src: torch.Tensor, scale: torch.Tensor, steps: int) -> torch.Tensor:
-    """The propagation steps in torch ops: each gathers the [n, k, dim] rows of ``src`` (padding
-    rows: zero) and sums over k, in a fixed order (deterministic)."""
+    """The propagation steps in torch ops: each gathers the rows of ``src`` slot by slot, [k, n, dim]
+    (padding rows: zero), and sums over k, in a fixed order (deterministic). Slot-major, the sum runs
+    over the outermost dimension, which torch reduces at memory speed (over the middle dimension of
+    [n, k, dim] it did not), and the gather is advanced indexing (index_select is slower at this shape)."""
     n, dim = x.shape
     k = src.shape[1]
     table = torch.cat([x, x.new_zeros(k, dim)])  # the nodes' rows, then the padding slots' zero rows
     rows = table.view(torch.int64) if dim % 2 == 0 else table  # the gather moves bits: 8-byte items, half as many
-    flat = src.reshape(-1)
+    flat = src.t().reshape(-1)  # slot-major
     for _ in range(steps):
-        total = rows.index_select(0, flat).view(x.dtype).view(n, k, dim).sum(1)
+        total = rows[flat].view(x.dtype).view(k, n, dim).sum(0)
         table[:n] = total.add_(table[:n]).mul_(scale)
     return table[:n]
 

@@ -9,7 +9,9 @@
 # 2. bench_reorder --reorder-only --phases in a second process, now that Triton's on-disk cache holds
 #    the kernels the first process compiled: the steps of community-refined timed one by one on its
 #    first and second call, then each method's calls;
-# 3. the reorder tests that exercise the CUDA path (tests/test_ordering.py -k cuda; no C++ needed);
+# 3. with DIAG=1: the first call traced op by op in a fresh process, and again after two GCN epochs (what a
+#    reorder adds to a training process: only the kernels training does not load anyway);
+#    the reorder tests that exercise the CUDA path (tests/test_ordering.py -k cuda; no C++ needed);
 # 4. bench_gpu_locality: the realistic graphs in three orders (as generated, scrambled, after
 #    gnnfuse.reorder "auto") at F = 32..256, ours vs cuSPARSE (stress graphs: locality.sh); SKIP_LOCALITY=1 skips it.
 # Nothing here needs the C++ extensions on CUDA, so none is built (no host CPU load during the
@@ -23,6 +25,14 @@ step reorder "${REORDER_TIMEOUT_S:-150}" "$PY" -m benchmarks.bench_reorder --dev
 step reorder_second_process "${SECOND_TIMEOUT_S:-60}" "$PY" -m benchmarks.bench_reorder --device cuda \
   --graphs community-products --methods "${METHODS:-auto,community}" --reorder-only --phases
 grep -E "phases|reorder .* s \(first call" "$W/reorder_second_process.log" | sed 's/^/second process:/' | tee -a "$W/summary.txt"
+if [ "${DIAG:-0}" = 1 ]; then  # where a first call's time goes: per-op first-use cost, then after training's kernels
+  step reorder_op_trace 45 "$PY" -m benchmarks.bench_reorder --device cuda --graphs community-products --methods auto \
+    --reorder-only --op-trace
+  step reorder_after_epoch 60 "$PY" -m benchmarks.bench_reorder --device cuda --graphs community-products --methods auto \
+    --reorder-only --after-epoch --op-trace
+  grep -hE "op trace|first call|after two" "$W/reorder_op_trace.log" "$W/reorder_after_epoch.log" | cut -c1-900 \
+    | tee -a "$W/summary.txt"
+fi
 step tests_cuda "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest tests/test_ordering.py -q -p no:cacheprovider -k cuda
 tail -n 1 "$W/tests_cuda.log" | tee -a "$W/summary.txt"
 if [ "${SKIP_LOCALITY:-0}" != 1 ]; then

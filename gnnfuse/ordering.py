@@ -15,19 +15,15 @@ Methods (``method=``):
   meshes and other low-degree graphs with large diameter).
 - ``"metis"``: METIS partitions of ~``PART_NODES`` nodes, nodes ordered by part (pymetis, the optional
   extra ``gnnfuse[reorder]``).
-- ``"community"``: a cluster order (CPU and GPU): a few propagation steps of random vectors over each
-  node's first :data:`SAMPLE_IN_EDGES` in-edges (:func:`cluster_embedding`) contract every community
-  to a point, and a Z-order curve through those points (:func:`zorder`) puts each community's nodes in
-  one id range. Linear in the nodes, one sort of the nodes: it scales to products-sized graphs.
+- ``"community"``: a cluster order in torch ops (CPU and GPU): a few propagation steps of random vectors
+  (:func:`cluster_embedding`, one ``fused_gather_scatter`` each) contract every community to a point,
+  and a Z-order curve through those points (:func:`zorder`) puts each community's nodes in one id
+  range. Linear in the edges, one sort of the nodes: it scales to products-sized graphs.
 - ``"community-refined"``: ``"community"``, then :data:`REFINE_ROUNDS` rounds of majority voting
   (:func:`refine_blocks`): the order is cut into blocks of :data:`REFINE_BLOCK` nodes and every node
   moves to the block most of its in-neighbours are in, which reunites communities the curve cut in
-  two. Each round is one pass over every row's first :data:`REFINE_VOTES` in-edges (C++ on CPU, torch
-  ops on GPU).
-
-On the GPU both run in torch ops alone (no Triton kernel, nothing compiled at run time), so a
-process's first call costs what later calls cost; on CPU the propagation is ``fused_gather_scatter``
-and the vote a C++ pass (csrc/reorder.cpp).
+  two. Each round is one pass over every row's first :data:`REFINE_VOTES` in-edges (C++ on CPU, a
+  Triton kernel on GPU; no sort of the edges).
 - ``"identity"``: ``arange(num_nodes)``.
 - ``"auto"``: see :func:`choose_method`.
 
@@ -49,16 +45,12 @@ PART_NODES = 1024  # METIS part size: a part's rows of F = 128 fp32 features (51
 EMBED_DIM, EMBED_STEPS, ZORDER_BITS = 8, 8, 7  # "community": 8 coordinates, 8 steps, 7 levels (56-bit keys)
 AUTO_MIN_NODES = 65_536  # "auto": below this the whole feature matrix stays in cache, reordering gains nothing
 AUTO_LOCAL_ENOUGH = 0.5  # "auto": keep the order when windows already read < this share of the random case's rows
-# "community": in-edges per node that the propagation averages over (a row's first, in CSR order). Measured on
-# community-1m (scrambled; distinct rows/edge: generated order 0.36): all in-edges 0.50, refined 0.39; the first
-# 16: 0.55, refined 0.39; the first 32: 0.52, refined 0.40 (250K nodes: 8 in-edges refined 0.41, 16 0.41, all 0.40).
-SAMPLE_IN_EDGES = 16
 # "community-refined": nodes per voting block, rounds of voting, votes per node (a row's first in-edges).
-# Measured on community-1m with the propagation over all in-edges ("community" 0.50):
+# Measured on community-1m (scrambled; distinct rows/edge: generated order 0.36, "community" 0.50):
 # blocks of 512 nodes, 3 rounds of 16 votes 0.39 (2 rounds: 0.44 with 16 or 32 votes, 0.42 with 64 or
 # all; 3 rounds of 8 votes 0.50, of 32 or 64 0.40; blocks of 2048 0.44, of 256 with 3 rounds 0.64);
 # 12-16 propagation steps instead of 8 gave no gain (0.50).
-REFINE_BLOCK, REFINE_ROUNDS, REFINE_VOTES = 512, 3, SAMPLE_IN_EDGES
+REFINE_BLOCK, REFINE_ROUNDS, REFINE_VOTES = 512, 3, 16
 MAX_VOTES = 64  # the C++ vote's per-row buffer
 
 
@@ -199,8 +191,8 @@ def refine_blocks(csr: CSR, perm: torch.Tensor, *, block: int = REFINE_BLOCK, ro
     positions; each round every node takes the label most of its first ``votes`` in-neighbours (in
     CSR order) carry (ties: the highest label; nodes without in-edges keep theirs). The result
     orders nodes by final label, keeping ``perm``'s order within a label. Deterministic, and the
-    same labels on CPU (a C++ pass over the rows) and in torch ops (:func:`_vote_torch`: the GPU path
-    and the CPU fallback)."""
+    same labels on CPU (a C++ pass over the rows), on GPU (a Triton kernel, gnnfuse/triton/vote.py) and
+    in torch ops (:func:`_vote_torch`, the fallback): no sort of the edges."""
     n = csr.num_dst
     if n == 0 or csr.num_edges == 0:
         return perm
@@ -216,11 +208,14 @@ def refine_blocks(csr: CSR, perm: torch.Tensor, *, block: int = REFINE_BLOCK, ro
 
 def _vote_function(csr: CSR, votes: int, labels: int):
     """label -> the next round's label (see :func:`refine_blocks`); labels lie in ``[0, labels)``."""
-    if csr.device.type == "cpu":
-        ext = _reorder_extension()
-        if ext is not None:
-            rowptr, col = csr.rowptr.contiguous(), csr.col.contiguous()
-            return lambda label: ext.majority_vote(rowptr, col, label, votes)
+    rowptr, col = csr.rowptr.contiguous(), csr.col.contiguous()
+    if csr.device.type == "cuda":
+        from .triton.vote import majority_vote
+
+        return lambda label: majority_vote(rowptr, col, label, votes, labels)
+    ext = _reorder_extension()
+    if ext is not None:
+        return lambda label: ext.majority_vote(rowptr, col, label, votes)
     return _vote_torch(csr, votes, labels)
 
 
@@ -230,7 +225,7 @@ def _reorder_extension():
     return optional_extension("reorder", "reorder helper unavailable, voting with torch ops", stacklevel=4)
 
 
-def first_in_edges(csr: CSR, k: int) -> torch.Tensor:
+def _first_in_edges(csr: CSR, k: int) -> torch.Tensor:
     """[num_dst, k]: each row's first ``k`` in-neighbours (sources), in CSR order. A row with fewer
     has padding ids past every node in its free slots: ``num_src + j`` in slot ``j``, so a table of
     ``num_src + k`` rows (the nodes, then one row per slot) answers every entry with one gather."""
@@ -243,13 +238,14 @@ def first_in_edges(csr: CSR, k: int) -> torch.Tensor:
 
 
 def _vote_torch(csr: CSR, votes: int, labels: int):
-    """The majority vote in torch ops (the GPU path; CPU without the C++ helper), for labels in
-    ``[0, labels)``: each row's first ``votes`` in-neighbours' labels as a [rows, votes] matrix
+    """The majority vote in torch ops (CPU without the C++ helper; the tests' reference), for labels
+    in ``[0, labels)``: each row's first ``votes`` in-neighbours' labels as a [rows, votes] matrix
     (padding slot ``j`` votes ``-1 - j``: distinct, negative), sorted along the row; a label's count
     is the length of its run (two binary searches of the sorted row), and the best vote maximises
     ``(count - 1) * labels + label`` (ties: the highest label); a padding vote scores below zero, so
-    a row with none but padding keeps its label. Integer ops only: exact, the same on any device."""
-    src = first_in_edges(csr, votes)
+    a row with none but padding keeps its label. Integer ops only, [rows, votes] tensors (no
+    [rows, votes, votes] comparison: 3.4x faster on CPU at 250K rows)."""
+    src = _first_in_edges(csr, votes)
     narrow = votes * labels <= INT32_MAX and csr.num_src < INT32_MAX  # int32 scores: half the traffic
     dtype = torch.int32 if narrow else torch.int64
     padding = -1 - torch.arange(votes, device=src.device, dtype=dtype)
@@ -264,30 +260,27 @@ def _vote_torch(csr: CSR, votes: int, labels: int):
     return vote
 
 
-def cluster_embedding(csr: CSR, *, dim: int = EMBED_DIM, steps: int = EMBED_STEPS, seed: int = 0,
-                      in_edges: int = SAMPLE_IN_EDGES) -> torch.Tensor:
-    """[num_nodes, dim] float32 coordinates in which nodes of one community lie close together
-    (``csr``: a square graph).
+def cluster_embedding(csr: CSR, *, dim: int = EMBED_DIM, steps: int = EMBED_STEPS, seed: int = 0) -> torch.Tensor:
+    """[num_nodes, dim] float32 coordinates in which nodes of one community lie close together.
 
-    Random vectors averaged ``steps`` times over each node and its first ``in_edges`` in-neighbours
-    (the power iteration of spectral clustering): inside a community the average mixes within a few
-    steps, across communities only through the few edges between them, so each community contracts
-    to its own point. A node's first in-edges are a sample of its neighbourhood that costs the same
-    for a hub as for a leaf and orders as well as all of them (see :data:`SAMPLE_IN_EDGES`). A step is
-    one gather of the [num_nodes, in_edges, dim] neighbour rows and a sum over them in torch ops on the
-    GPU (no kernel compiled at run time), ``fused_gather_scatter`` over the sampled edges on CPU. The
+    Random vectors averaged ``steps`` times over each node and its in-neighbours (the power iteration
+    of spectral clustering): inside a community the average mixes within a few steps, across
+    communities only through the few edges between them, so each community contracts to its own
+    point. Each step is one ``fused_gather_scatter`` (linear in the edges, on CPU or GPU). The
     average keeps constants and shrinks nothing else to zero in a few steps, so the coordinates are
     centred and scaled once, at the end (that commutes with the steps). Nodes without in-edges take
     the coordinates of one node they point to.
     """
+    from .ops.gather_scatter import fused_gather_scatter
+
     n, device = csr.num_dst, csr.device
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(n, dim, generator=g, device=device)
     if csr.num_edges == 0:
         return x
-    src = first_in_edges(csr, in_edges)
-    scale = 1.0 / (csr.in_degree().clamp(max=in_edges).float() + 1.0)[:, None]
-    x = (_average_gathered if device.type == "cuda" else _average_fused)(x, src, scale, steps)
+    scale = 1.0 / (csr.in_degree().float() + 1.0)[:, None]
+    for _ in range(steps):
+        x = fused_gather_scatter(x, csr, "sum").add_(x).mul_(scale)
     x -= x.mean(0)
     x /= x.std(0).clamp_(min=1e-30)
     no_in = csr.in_degree() == 0
@@ -295,35 +288,6 @@ def cluster_embedding(csr: CSR, *, dim: int = EMBED_DIM, steps: int = EMBED_STEP
         col = csr.col.long()
         orphans = no_in[col]  # edges out of nodes without in-edges
         x[col[orphans]] = x[csr.row().long()[orphans]]
-    return x
-
-
-def _average_gathered(x: torch.Tensor, src: torch.Tensor, scale: torch.Tensor, steps: int) -> torch.Tensor:
-    """The propagation steps in torch ops: each gathers the rows of ``src`` slot by slot, [k, n, dim]
-    (padding rows: zero), and sums over k, in a fixed order (deterministic). Slot-major, the sum runs
-    over the outermost dimension, which torch reduces at memory speed (over the middle dimension of
-    [n, k, dim] it did not), and the gather is advanced indexing (index_select is slower at this shape)."""
-    n, dim = x.shape
-    k = src.shape[1]
-    table = torch.cat([x, x.new_zeros(k, dim)])  # the nodes' rows, then the padding slots' zero rows
-    rows = table.view(torch.int64) if dim % 2 == 0 else table  # the gather moves bits: 8-byte items, half as many
-    flat = src.t().reshape(-1)  # slot-major
-    for _ in range(steps):
-        total = rows[flat].view(x.dtype).view(k, n, dim).sum(0)
-        table[:n] = total.add_(table[:n]).mul_(scale)
-    return table[:n]
-
-
-def _average_fused(x: torch.Tensor, src: torch.Tensor, scale: torch.Tensor, steps: int) -> torch.Tensor:
-    """The propagation steps as ``fused_gather_scatter`` over the sampled edges (the CPU's C++ kernel)."""
-    from .ops.gather_scatter import fused_gather_scatter
-
-    n = x.shape[0]
-    present = src < n
-    targets = torch.repeat_interleave(torch.arange(n, device=src.device), present.sum(1))
-    sampled = CSR.from_sorted_edge_index(torch.stack([src[present].long(), targets]), n, fresh=False)
-    for _ in range(steps):
-        x = fused_gather_scatter(x, sampled, "sum").add_(x).mul_(scale)
     return x
 
 

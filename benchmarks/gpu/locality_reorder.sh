@@ -11,7 +11,7 @@
 #    first and second call, then each method's calls;
 # 3. with DIAG=1: the first call traced op by op in a fresh process, and again after two GCN epochs (what a
 #    reorder adds to a training process: only the kernels training does not load anyway);
-#    the reorder tests that exercise the CUDA path (tests/test_ordering.py -k cuda; no C++ needed);
+#    the reorder tests of the GPU vote kernel (tests/test_ordering.py -k triton; no C++ needed);
 # 4. bench_gpu_locality: the realistic graphs in three orders (as generated, scrambled, after
 #    gnnfuse.reorder "auto") at F = 32..256, ours vs cuSPARSE (stress graphs: locality.sh); SKIP_LOCALITY=1 skips it.
 # Nothing here needs the C++ extensions on CUDA, so none is built (no host CPU load during the
@@ -33,7 +33,7 @@ if [ "${DIAG:-0}" = 1 ]; then  # where a first call's time goes: per-op first-us
   grep -hE "op trace|first call|after two" "$W/reorder_op_trace.log" "$W/reorder_after_epoch.log" | cut -c1-900 \
     | tee -a "$W/summary.txt"
 fi
-step tests_cuda "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest tests/test_ordering.py -q -p no:cacheprovider -k cuda
+step tests_cuda "${TESTS_TIMEOUT_S:-120}" "$PY" -m pytest tests/test_ordering.py -q -p no:cacheprovider -k triton
 tail -n 1 "$W/tests_cuda.log" | tee -a "$W/summary.txt"
 if [ "${SKIP_LOCALITY:-0}" != 1 ]; then
   step locality "${LOCALITY_TIMEOUT_S:-170}" "$PY" -m benchmarks.bench_gpu_locality \

@@ -64,6 +64,18 @@ def gcn_epoch(x, edge_index, y, hidden, device):
     return epoch
 
 
+def triton_cache_files():
+    """Files in Triton's on-disk kernel cache (TRITON_CACHE_DIR or its default), or None where this
+    Triton does not say where that is (``triton.knobs``: Triton 3.4 and later)."""
+    try:
+        import triton
+
+        cache = Path(triton.knobs.cache.dir)
+    except (ImportError, AttributeError):
+        return None
+    return sum(1 for p in cache.rglob("*") if p.is_file()) if cache.is_dir() else 0
+
+
 def time_phases(edge_index, n, device):
     """The steps of ``reorder(method="community-refined")`` (what ``auto`` runs on a large scrambled
     graph) timed one by one: where a first call's time goes."""
@@ -249,8 +261,7 @@ def main(argv=None):
     except OSError:
         pass
     if device.type == "cuda":
-        cache = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
-        meta["triton_cache_files_at_start"] = sum(1 for p in cache.rglob("*") if p.is_file()) if cache.is_dir() else 0
+        meta["triton_cache_files_at_start"] = triton_cache_files()
     if "triton_cache_files_at_start" in meta:
         print(f"Triton cache files at start: {meta['triton_cache_files_at_start']}", flush=True)
     name = f"reorder_{device_label(device)}{args.tag}"

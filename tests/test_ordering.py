@@ -275,7 +275,7 @@ def _vote_case(labels, device="cpu", index_dtype=None):
 @pytest.mark.parametrize("votes", [1, 3, 16])
 @pytest.mark.parametrize("labels", [7, 2**27])  # int32 scores, and int64 ones (votes * labels past int32)
 def test_majority_vote_torch_cpp_and_by_hand(index_dtype, votes, labels):
-    """The refinement's vote: the torch ops (the GPU path) and the C++ pass (CPU) give the labels
+    """The refinement's vote: the torch ops (CPU fallback) and the C++ pass (CPU) give the labels
     counted by hand, with ties to the highest label, only a row's first ``votes`` in-edges counted,
     rows without in-edges kept."""
     from gnnfuse.ordering import _reorder_extension, _vote_torch

@@ -89,12 +89,10 @@ def time_phases(edge_index, n, device):
     return dict(csr=t_csr, locality_stats=t_stats, embedding=t_embed, zorder=t_zorder, refine=t_refine)
 
 
-def traced_ops(fn, device):
+def traced_ops(fn, device, TorchDispatchMode):
     """``fn()`` with every aten op timed on its own (synchronised before and after): seconds per op
     name and first tensor's dtype. Diffing a first call's trace with a second's shows what each op
     pays on first use (CUDA loads a kernel's module on its first launch)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     times: dict[str, float] = {}
 
     class Trace(TorchDispatchMode):
@@ -114,7 +112,12 @@ def traced_ops(fn, device):
 
 
 def print_op_trace(scrambled, n, method, device, top=25):
-    first, second = (traced_ops(lambda: reorder(scrambled, n, method), device) for _ in range(2))
+    try:  # torch's dispatch-mode hook (private module, as in the other memory and trace tools here)
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError:
+        print("  op trace: this torch has no torch.utils._python_dispatch.TorchDispatchMode; skipped", flush=True)
+        return
+    first, second = (traced_ops(lambda: reorder(scrambled, n, method), device, TorchDispatchMode) for _ in range(2))
     extra = sorted(((first[k] - second.get(k, 0.0), k) for k in first), reverse=True)
     print(f"  op trace of {method}: first call {1e3 * sum(first.values()):.1f} ms in ops, second "
           f"{1e3 * sum(second.values()):.1f} ms; first-use extra by op (ms): "

@@ -87,7 +87,6 @@ def _keeps_output(ctx, q, gatv2: bool) -> bool:
 def _save(ctx, inputs, output):
     q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, *scalars = inputs
     ctx.scalars = tuple(scalars)
-    ctx.mark_non_differentiable(output[1], output[2])
     out = output[0] if _keeps_output(ctx, q, scalars[1]) else None
     return (out, output[1], output[2], q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos)
 
@@ -108,7 +107,8 @@ FORWARD = OpDef(
     "pair_attention(Tensor q, Tensor k, Tensor v, Tensor? att, Tensor? edge, Tensor rowptr, Tensor col, "
     "Tensor? perm, Tensor? t_rowptr, Tensor? t_col, Tensor? t_pos, bool self_loops, bool gatv2, "
     "float negative_slope, float scale, float dropout, int seed) -> (Tensor, Tensor, Tensor)",
-    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward,
+    non_differentiable_outputs=(1, 2))  # row max / sum: beside the autograd node (no zero gradients made for them)
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "pair_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor q, Tensor k, "
     "Tensor v, Tensor? att, Tensor? edge, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, Tensor t_col, "

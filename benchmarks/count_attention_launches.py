@@ -44,7 +44,7 @@ NO_KERNEL = {
 # composite ops whose launches are their children's (counted one level down)
 COMPOSITE = {"aten::linear", "aten::matmul", "aten::einsum", "aten::contiguous", "aten::to", "aten::_to_copy",
              "aten::reshape", "aten::zeros_like", "aten::zeros", "aten::new_zeros", "aten::ones_like",
-             "aten::flatten", "aten::square", "aten::pow", "aten::dropout", "aten::leaky_relu_",
+             "aten::flatten", "aten::square", "aten::dropout", "aten::leaky_relu_",
              "aten::clone", "aten::reshape_as", "aten::cat", "aten::index_select"} - {"aten::cat", "aten::index_select"}
 
 

@@ -36,6 +36,7 @@ from ..csr import CSR
 from ..ops.attention import gat_attention
 from ._layers import FUSED_CLASSES
 from ._mixin import _HOOK_DICTS, csr_to_edge_index, edge_endpoints
+from ._projections import GATProjection, plain_linear
 from ._recompute import recompute
 
 __all__ = ["GATConv"]
@@ -52,6 +53,7 @@ class GATConv(pyg_nn.GATConv):
     """:class:`torch_geometric.nn.GATConv` with fused attention (see the module doc)."""
 
     gnnfuse_backend: str = "auto"
+    gnnfuse_fused_projections = True  # attention terms as one autograd node (nn/_projections.py); False: autograd's
     gnnfuse_checks_per_call = True  # fuse(): this class decides per call whether the fused path applies
     # PyG builds the fallback's propagate/edge_updater templates from these comments in the class source:
     # propagate_type: (x: OptPairTensor, alpha: Tensor)
@@ -72,10 +74,12 @@ class GATConv(pyg_nn.GATConv):
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         res = self.res(x_dst) if self.res is not None else None
         lin_src, lin_dst = (self.lin, self.lin) if self.lin is not None else (self.lin_src, self.lin_dst)
-        h_src = lin_src(x_src).view(-1, H, C)
-        if lin_src is lin_dst and x_src is x_dst and lin_src.bias is None:  # PyG's default layer: one node for both
-            alpha_src, alpha_dst = _AttentionTerms.apply(x_src, lin_src.weight, self.att_src, self.att_dst)
+        if (self.gnnfuse_fused_projections and lin_src is lin_dst and x_src is x_dst and plain_linear(lin_src)
+                and lin_src.bias is None):  # PyG's default layer
+            h_src, alpha_src, alpha_dst = GATProjection.apply(x_src, lin_src.weight, self.att_src, self.att_dst)
+            h_src = h_src.view(-1, H, C)
         else:
+            h_src = lin_src(x_src).view(-1, H, C)
             alpha_src = attention_logits(lin_src, x_src, self.att_src)
             alpha_dst = attention_logits(lin_dst, x_dst, self.att_dst)
         alpha_edge = alpha_loop = None
@@ -123,42 +127,6 @@ def attention_logits(lin, x: Tensor, att: Tensor) -> Tensor:
     w_att = torch.einsum("hci,hc->hi", lin.weight.view(H, C, -1), att.view(H, C))
     b_att = None if lin.bias is None else torch.einsum("hc,hc->h", lin.bias.view(H, C), att.view(H, C))
     return F.linear(x, w_att, b_att)
-
-
-class _AttentionTerms(torch.autograd.Function):
-    """``attention_logits`` of both roles over one input and one bias-free projection (PyG's
-    default GATConv), as one autograd node with its own backward: ``(x @ w[:, 0].T, x @ w[:, 1].T)``
-    with ``w = [H, 2, in]`` folded from the weight ``[H * C, in]`` and ``att_src`` / ``att_dst``
-    ``[1, H, C]`` in one batched product. Two einsums and two linears through autograd cost ~16
-    nodes and ~14 launches a training step; this is 4 launches forward and 4-5 backward."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor):
-        H, C = att_src.shape[-2], att_src.shape[-1]
-        att = torch.stack((att_src.view(H, C), att_dst.view(H, C)), 1)  # [H, 2, C]
-        w = torch.bmm(att, weight.view(H, C, -1))  # [H, 2, in]
-        ctx.save_for_backward(x, weight, att, w)
-        return F.linear(x, w[:, 0]), F.linear(x, w[:, 1])
-
-    @staticmethod
-    def backward(ctx, g_src: Tensor | None, g_dst: Tensor | None):
-        x, weight, att, w = ctx.saved_tensors
-        H, _, C = att.shape
-        n = x.shape[0]
-        g_src = g_src if g_src is not None else x.new_zeros(n, H)
-        g_dst = g_dst if g_dst is not None else x.new_zeros(n, H)
-        g = torch.stack((g_src, g_dst), 2).view(n, 2 * H)  # columns in w's (head, role) order
-        need_x, need_w, need_src, need_dst = ctx.needs_input_grad
-        g_x = g @ w.view(2 * H, -1) if need_x else None
-        g_weight = g_att_src = g_att_dst = None
-        if need_w or need_src or need_dst:
-            g_w = (g.t() @ x).view(H, 2, -1)  # [H, 2, in]
-            if need_w:
-                g_weight = torch.bmm(att.transpose(1, 2), g_w).view(weight.shape)
-            if need_src or need_dst:
-                g_att = torch.bmm(g_w, weight.view(H, C, -1).transpose(1, 2))  # [H, 2, C]
-                g_att_src, g_att_dst = g_att[:, 0].unsqueeze(0), g_att[:, 1].unsqueeze(0)
-        return g_x, g_weight, g_att_src, g_att_dst
 
 
 def self_loop_attr(edge_attr: Tensor, graph, num_dst: int, fill) -> Tensor:

@@ -23,29 +23,18 @@ import torch  # noqa: E402
 LAYERS = ("GATConv", "GATv2Conv", "TransformerConv")
 # torch ops that launch nothing on a GPU (views, metadata, allocation without a fill)
 NO_KERNEL = {
-    "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::_unsafe_view", "aten::as_strided", "aten::t",
-    "aten::transpose", "aten::permute", "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::detach",
-    "aten::alias", "aten::slice", "aten::select", "aten::split", "aten::unbind", "aten::empty", "aten::empty_like",
+    "aten::view", "aten::_reshape_alias", "aten::_unsafe_view", "aten::as_strided", "aten::t", "aten::transpose",
+    "aten::permute", "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::detach", "aten::alias",
+    "aten::slice", "aten::select", "aten::split", "aten::unbind", "aten::empty", "aten::empty_like",
     "aten::new_empty", "aten::empty_strided", "aten::new_empty_strided", "aten::resize_", "aten::lift_fresh",
-    "aten::numpy_T", "aten::result_type", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense",
-    "aten::set_", "aten::_has_compatible_shallow_copy_type", "aten::contiguous", "aten::to", "aten::_to_copy",
-    "aten::reshape_as", "aten::view_as", "aten::expand_as", "aten::flatten", "aten::chunk", "aten::narrow",
-    "aten::randint", "aten::random_", "aten::scalar_tensor", "aten::zeros_like", "aten::zeros", "aten::new_zeros",
-    "aten::ones_like", "aten::sum", "aten::mean", "aten::linear", "aten::matmul", "aten::einsum", "aten::bmm",
-    "aten::mm", "aten::addmm", "aten::mul", "aten::add", "aten::sub", "aten::div", "aten::copy_", "aten::fill_",
-    "aten::zero_",
-} - {
-    # (listed above for readability, but these do launch work: see _launches)
-    "aten::zeros_like", "aten::zeros", "aten::new_zeros", "aten::ones_like", "aten::sum", "aten::mean",
-    "aten::linear", "aten::matmul", "aten::einsum", "aten::bmm", "aten::mm", "aten::addmm", "aten::mul", "aten::add",
-    "aten::sub", "aten::div", "aten::copy_", "aten::fill_", "aten::zero_", "aten::contiguous", "aten::to",
-    "aten::_to_copy",
+    "aten::result_type", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense", "aten::view_as",
+    "aten::expand_as", "aten::narrow", "aten::resolve_conj", "aten::resolve_neg",
+    "aten::randint", "aten::random_",  # (the dropout seed: drawn on the CPU generator)
 }
-# composite ops whose launches are their children's (counted one level down)
+# composite ops: what they launch is their children's (counted one level down)
 COMPOSITE = {"aten::linear", "aten::matmul", "aten::einsum", "aten::contiguous", "aten::to", "aten::_to_copy",
-             "aten::reshape", "aten::zeros_like", "aten::zeros", "aten::new_zeros", "aten::ones_like",
-             "aten::flatten", "aten::square", "aten::dropout", "aten::leaky_relu_",
-             "aten::clone", "aten::reshape_as", "aten::cat", "aten::index_select"} - {"aten::cat", "aten::index_select"}
+             "aten::reshape", "aten::reshape_as", "aten::flatten", "aten::zeros_like", "aten::zeros",
+             "aten::new_zeros", "aten::ones_like", "aten::square", "aten::dropout", "aten::clone", "aten::stack"}
 
 
 @contextmanager
@@ -72,8 +61,6 @@ def _launches(events) -> tuple[Counter, Counter]:
     """(device launches by name, host-only ops by name) of profiler events: the top-level aten ops
     (and, for composite ops, their children that launch) and the Triton marks."""
     launches, host = Counter(), Counter()
-    by_id = {id(e): e for e in events}
-    del by_id
 
     def visit(evt):
         name = evt.name

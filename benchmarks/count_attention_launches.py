@@ -1,7 +1,8 @@
 """What one attention layer's training step asks of the device: per layer and phase (forward /
 backward), the Triton kernel launches and the torch ops, split into those that launch a CUDA kernel
-(or a memset / copy) and those that only make views or allocate. Runs anywhere: on CPU tensors the
-Triton kernels run in the interpreter (TRITON_INTERPRET=1, set here), and each torch op is counted
+(or a memset / copy) and those that only make views or allocate. Runs anywhere: on CUDA tensors where a GPU
+is present, else on CPU tensors with the Triton kernels in the interpreter (TRITON_INTERPRET=1, set
+by ``main`` and by the tests' conftest); either way each torch op is counted
 as the CUDA build would run it (torch.profiler's top-level ``aten::`` events; a Triton launch's own
 inner work is not counted). On a GPU the profile (benchmarks/gpu/profile_attention.py) counts the
 real kernels; this count is what the Python side issues, so it can pin the count in a test
@@ -16,9 +17,7 @@ import os
 from collections import Counter
 from contextlib import contextmanager
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import torch  # noqa: E402
+import torch
 
 LAYERS = ("GATConv", "GATv2Conv", "TransformerConv")
 # torch ops that launch nothing on a GPU (views, metadata, allocation without a fill)
@@ -90,15 +89,17 @@ def _launches(events) -> tuple[Counter, Counter]:
 def count_step(layer_name: str, heads: int = 8, width: int = 8, nodes: int = 12, dropout: float = 0.6,
                seed: int = 0) -> dict[str, tuple[Counter, Counter]]:
     """{"forward": (launches, host ops), "backward": (...)} of one training step of gnnfuse.nn's
-    ``layer_name`` on a small random graph (every row short: no split rows), Triton backend."""
+    ``layer_name`` on a small random graph (every row short: no split rows), Triton backend (CUDA
+    tensors where a GPU is present, else CPU tensors: the interpreter)."""
     import gnnfuse.nn as G
 
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(seed)
     src = torch.randint(0, nodes, (4 * nodes,))
     dst = torch.randint(0, nodes, (4 * nodes,))
-    edge_index = torch.stack([src, dst])
-    x = torch.randn(nodes, 16)
-    layer = getattr(G, layer_name)(16, width, heads=heads, dropout=dropout).train()
+    edge_index = torch.stack([src, dst]).to(device)
+    x = torch.randn(nodes, 16, device=device)
+    layer = getattr(G, layer_name)(16, width, heads=heads, dropout=dropout).to(device).train()
     layer.gnnfuse_backend = "triton"
     params = list(layer.parameters())
     out = layer(x, edge_index)  # first call: builds and caches the graph's CSR, transpose, work lists
@@ -116,6 +117,8 @@ def count_step(layer_name: str, heads: int = 8, width: int = 8, nodes: int = 12,
 
 
 def main() -> None:
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first Triton kernel module is imported
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default=",".join(LAYERS))
     parser.add_argument("--heads", type=int, default=8)
@@ -133,7 +136,8 @@ def main() -> None:
             details.append((layer, phase, launches, host))
     if args.ops:
         for layer, phase, launches, host in details:
-            print(f"\n{layer} {phase}:\n  launches: {dict(sorted(launches.items()))}\n  host: {dict(sorted(host.items()))}")
+            print(f"\n{layer} {phase}:\n  launches: {dict(sorted(launches.items()))}")
+            print(f"  host: {dict(sorted(host.items()))}")
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ class GATConv(pyg_nn.GATConv):
             alpha_edge, alpha_loop = self._edge_terms(edge_attr, edge_index, x_dst.shape[0])
         # the op saves h_src for its backward: keep x_src (kept anyway) and make h_src again there
         with recompute(h_src, lambda: F.linear(x_src, lin_src.weight, lin_src.bias).view(-1, H, C),
-                       (x_src, *lin_src.parameters())):
+                       (x_src, lin_src.weight) if lin_src.bias is None else (x_src, lin_src.weight, lin_src.bias)):
             out = gat_attention(
                 h_src, alpha_src, alpha_dst, edge_index, alpha_edge=alpha_edge, alpha_loop=alpha_loop,
                 negative_slope=self.negative_slope, dropout=self.dropout if self.training else 0.0,

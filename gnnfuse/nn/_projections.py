@@ -59,17 +59,19 @@ class GATProjection(torch.autograd.Function):
 def plain_linear(lin) -> bool:
     """Whether ``lin`` is a plain, initialised linear layer without hooks (its forward is
     ``F.linear(x, weight, bias)``, so a stacked product may stand in for it)."""
+    weight = getattr(lin, "weight", None)
     return (type(lin) in (PygLinear, torch.nn.Linear) and not lin._forward_hooks and not lin._forward_pre_hooks
-            and isinstance(lin.weight, Tensor) and not isinstance(lin.weight, torch.nn.parameter.UninitializedParameter))
+            and isinstance(weight, Tensor) and not isinstance(weight, torch.nn.parameter.UninitializedParameter))
 
 
 class StackedLinear(torch.autograd.Function):
     """``[F.linear(x, w_s, b_s) for s]`` for k linears of one input, as one batched product:
     ``StackedLinear.apply(x, w_0..w_k-1, b_0..b_k-1)`` (every bias given). Forward: the weights and
-    biases stacked (2 launches) and one ``baddbmm`` into ``[k, N, out]`` whose slices are the
-    contiguous outputs; backward: the gradients stacked, one ``bmm`` for every weight, one sum for
-    every bias (and one ``bmm`` + sum for x). TransformerConv's four linears take 3 launches
-    forward and 3 backward this way instead of 4 and 8, and one autograd node instead of eight."""
+    biases stacked (2 launches) and one ``baddbmm`` (the bias broadcast, then one product) into
+    ``[k, N, out]`` whose slices are the contiguous outputs; backward: the gradients stacked, one
+    ``bmm`` for every weight, one sum for every bias (and one ``bmm`` + sum for x). TransformerConv's
+    four linears take 4 launches forward and 3 backward this way instead of 4 and 8 (each product
+    possibly with a split-K reduction of its own), and one autograd node instead of eight."""
 
     @staticmethod
     def forward(ctx, x: Tensor, *params: Tensor):
@@ -102,12 +104,4 @@ def stacked_linears(x: Tensor, linears) -> list[Tensor] | None:
         if (not plain_linear(lin) or lin.bias is None or lin.weight.shape != first.shape
                 or lin.weight.dtype != x.dtype or lin.weight.device != x.device):
             return None
-    if _NATIVE:
-        k = len(linears)
-        weight = torch.stack([lin.weight for lin in linears])
-        bias = torch.stack([lin.bias for lin in linears]).unsqueeze(1)
-        return list(torch.baddbmm(bias, x.expand(k, *x.shape), weight.transpose(1, 2)).unbind(0))
     return list(StackedLinear.apply(x, *(lin.weight for lin in linears), *(lin.bias for lin in linears)))
-
-
-_NATIVE = False

@@ -83,6 +83,7 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
     flags["HAS_EDGE"] = edge is not None
     num_dst = q.shape[0]
     need_q, need_k, need_v, need_att = needs[0], needs[1], needs[2], needs[3] and bool(gatv2)
+    kv_sum = len(needs) > 5 and bool(needs[5]) and need_k and not need_v and _same(k, v)  # (ops/pair_attention.py)
     need_edge = needs[4] and edge is not None
     empty = k.new_empty(0)
     g_q = torch.empty_like(q) if need_q else empty
@@ -128,7 +129,7 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
         _pair_backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
             grad_out, m, z, q, k, v, att_, edge_, perm_, t_rowptr, t_col, t_pos, D, g_k if need_k else k,
             g_v if need_v else k, p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v,
-            **flags)
+            KV_SUM=kv_sum, **flags)
         if need_k:
             gat._fold(p_k, g_k, wl, H * F)
         if need_v:

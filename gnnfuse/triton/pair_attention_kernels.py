@@ -312,9 +312,11 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
                                   p_v, seg_row, seg_ptr, slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
                                   threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
                                   GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
-                                  NEED_K: tl.constexpr, NEED_V: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr,
-                                  HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr):
-    """grad k[j] and grad v[j] over j's out-edges (the transpose's row; partials for split rows)."""
+                                  NEED_K: tl.constexpr, NEED_V: tl.constexpr, KV_SUM: tl.constexpr,
+                                  ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
+                                  SEG: tl.constexpr):
+    """grad k[j] and grad v[j] over j's out-edges (the transpose's row; partials for split rows).
+    KV_SUM (k and v are one tensor, GATv2's source features): their sum, into g_k / p_k alone."""
     j, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, t_rowptr, NUM_LOOPS, SEG)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < H
@@ -338,7 +340,7 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
         p = tl.where(v2, tl.exp(e - mi) / tl.where(zi > 0, zi, 1.0), 0.0)
         gi = tl.load(g + i[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
                      other=0).to(ACC)
-        if NEED_V:
+        if NEED_V or KV_SUM:
             acc_v += tl.sum((p * keep)[:, :, None] * gi, 0)
         if NEED_K:
             di = tl.load(D + ih, mask=v2, other=0)
@@ -356,6 +358,8 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
                 acc_k += tl.sum(ds[:, :, None] * qv, 0) * qk_scale
     whole = (part + 0 * heads < 0)[:, None]  # the row is one piece
     offs = heads[:, None] * F + feats[None, :]
+    if KV_SUM:
+        acc_k += acc_v
     if NEED_K:
         tl.store(g_k + j * H * F + offs, acc_k.to(g_k.dtype.element_ty), mask=hf & whole)
         tl.store(p_k + part * H * F + offs, acc_k, mask=hf & ~whole)

@@ -17,11 +17,12 @@ steady state), ``*_first_peak_MB`` of the very first step, which for us includes
 transpose and work lists; ``gnnfuse_cache_MB`` is what those caches keep allocated. ``fwd/sum`` is our fused attention forward over our
 sum gather-scatter of the same [N, H*F] features on the same graph (no gradients); ``fwd_no_groups_ms`` (CUDA)
 the same forward with the Triton kernels' row groups off (every row in the per-piece kernel), interleaved with it.
-A variant that fails (e.g. PyG out of memory) becomes a row with its error. ``--separate-projections`` adds
-our step with the layers' dense projections one linear each through autograd (``gnnfuse_fused_projections``
-off; ``gnnfuse_separate_ms``), interleaved with the others. ``--edge-dim D`` gives
-both layers edge features (edge_attr [E, D]). ``--edge-blocks 4,16,W1,BE8W1,HB4W2`` times our training step and forward
-with the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks), heads per program
+A variant that fails (e.g. PyG out of memory) becomes a row with its error. ``--separate-projections``
+adds our step with GATConv's projection and attention terms through autograd op by op
+(``gnnfuse_fused_projections`` off; ``gnnfuse_separate_ms``; the other layers have no such switch and
+run their default), interleaved with the others. ``--edge-dim D`` gives both layers edge features
+(edge_attr [E, D]). ``--edge-blocks 4,16,W1,BE8W1,HB4W2`` times our training step and forward with
+the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks), heads per program
 ("HB<n>"), warps per program (``_warps`` and ``_forward_warps``; "W<n>"), rows per row group of the forward
 ("G<n>", G0: none) or its warps ("GW<n>") forced to each value or combination,
 interleaved, against the default choice
@@ -110,7 +111,7 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, laye
     if separate_projections:  # ours with the projections one linear each (nn/_projections.py off)
         separate = getattr(G, layer)(IN_CHANNELS, width, **kw).to(device).train()
         separate.load_state_dict(stock.state_dict())
-        separate.gnnfuse_fused_projections = False
+        separate.gnnfuse_fused_projections = False  # (GATConv's switch; a plain attribute on the others)
         steps["gnnfuse_separate"] = make_step(separate, x, edge_index, ea)
     first_steps(row, steps, device)
     time_training_steps(row, steps, device, rounds, spread="iqr_ms")  # its peaks: a step after the first
@@ -228,7 +229,8 @@ def main(argv=None):
     parser.add_argument("--layers", default="GATConv", help=f"comma-separated, of {', '.join(LAYERS)}")
     parser.add_argument("--edge-dim", type=int, default=0, help="edge features per edge (0: none)")
     parser.add_argument("--separate-projections", action="store_true",
-                        help="also time our step with the projections one linear each (gnnfuse_separate_ms)")
+                        help="also time our step with GATConv's projections through autograd op by op "
+                        "(gnnfuse_separate_ms)")
     parser.add_argument("--edge-blocks", default="", help="comma-separated BE values (e.g. 8) and warp counts "
                         "(e.g. W2) to sweep (CUDA)")
     args = parser.parse_args(argv)

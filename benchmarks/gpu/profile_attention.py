@@ -8,8 +8,8 @@ For each graph (suite names, default arxiv-like and rfc-uniform) at heads x F (d
   with the final sync), the host time of one call while the GPU is idle, and the replay time of
   a CUDA graph of 20 calls (device time without host gaps);
 * the training step of the layers (gnnfuse.nn vs PyG, and ours with ``gnnfuse_fused_projections``
-  off: the projections as separate linears through autograd): kernels and device time per step,
-  wall time per step, and the host's Python functions by own time (cProfile) for ours;
+  off: GATConv's projections op by op through autograd; the others have no such switch): kernels and
+  device time per step, wall time per step, and the host's Python functions by own time (cProfile) for ours;
 * ``--sweep``: the GAT row-group kernel's device time with rows per group / warps forced.
 
     PYTHONPATH=. python benchmarks/gpu/profile_attention.py --out "$OUT" [--graphs arxiv-like] [--sweep]
@@ -176,7 +176,7 @@ def run_graph(name, heads, width, args, lines):
         ours.load_state_dict(stock.state_dict())
         separate = getattr(G, layer)(64, width, heads=heads, dropout=0.6).to(dev).train()
         separate.load_state_dict(stock.state_dict())
-        separate.gnnfuse_fused_projections = False  # its projections one linear each, through autograd
+        separate.gnnfuse_fused_projections = False  # GATConv: projections op by op through autograd
         for label, layer_obj in (("ours", ours), ("ours-separate", separate), ("pyg", stock)):
             step = make_step(layer_obj, x, edge_index)
             rows, device_us, _ = kernel_table(step, 10)

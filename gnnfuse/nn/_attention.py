@@ -53,7 +53,7 @@ class GATConv(pyg_nn.GATConv):
     """:class:`torch_geometric.nn.GATConv` with fused attention (see the module doc)."""
 
     gnnfuse_backend: str = "auto"
-    gnnfuse_fused_projections = True  # attention terms as one autograd node (nn/_projections.py); False: autograd's
+    gnnfuse_fused_projections = True  # projection + attention terms as one autograd node (nn/_projections.py)
     gnnfuse_checks_per_call = True  # fuse(): this class decides per call whether the fused path applies
     # PyG builds the fallback's propagate/edge_updater templates from these comments in the class source:
     # propagate_type: (x: OptPairTensor, alpha: Tensor)

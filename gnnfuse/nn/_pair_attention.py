@@ -32,13 +32,8 @@ from ..ops.pair_attention import dot_attention, gatv2_attention
 from ._attention import _warn_once, self_loop_attr, why_not_fused
 from ._layers import FUSED_CLASSES
 from ._mixin import csr_to_edge_index
-from ._projections import stacked_linears
 
 __all__ = ["GATv2Conv", "TransformerConv"]
-
-
-def _lazy(lin) -> bool:
-    return isinstance(lin.weight, torch.nn.parameter.UninitializedParameter)
 
 
 def _fallback(base, layer, reason, x, edge_index, edge_attr, return_attention_weights):
@@ -53,7 +48,6 @@ class GATv2Conv(pyg_nn.GATv2Conv):
     """:class:`torch_geometric.nn.GATv2Conv` with fused attention (see the module doc)."""
 
     gnnfuse_backend: str = "auto"
-    gnnfuse_fused_projections = True  # projections as one autograd node (nn/_projections.py); False: one linear each
     gnnfuse_checks_per_call = True  # fuse(): this class decides per call whether the fused path applies
     # PyG builds the fallback's propagate/edge_updater templates from these comments in the class source:
     # propagate_type: (x: PairTensor, alpha: Tensor)
@@ -72,13 +66,8 @@ class GATv2Conv(pyg_nn.GATv2Conv):
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         res = self.res(x_dst) if self.res is not None else None
-        both = None if self.share_weights or x_dst is not x_src or not self.gnnfuse_fused_projections \
-            else stacked_linears(x_src, [self.lin_l, self.lin_r])
-        if both is not None:
-            x_l, x_r = both[0].view(-1, H, C), both[1].view(-1, H, C)
-        else:
-            x_l = self.lin_l(x_src).view(-1, H, C)
-            x_r = x_l if (self.share_weights and x_dst is x_src) else self.lin_r(x_dst).view(-1, H, C)
+        x_l = self.lin_l(x_src).view(-1, H, C)
+        x_r = x_l if (self.share_weights and x_dst is x_src) else self.lin_r(x_dst).view(-1, H, C)
         edge = None
         if edge_attr is not None:
             edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
@@ -101,7 +90,6 @@ class TransformerConv(pyg_nn.TransformerConv):
     """:class:`torch_geometric.nn.TransformerConv` with fused attention (see the module doc)."""
 
     gnnfuse_backend: str = "auto"
-    gnnfuse_fused_projections = True  # projections as one autograd node (nn/_projections.py); False: one linear each
     gnnfuse_checks_per_call = True
     # propagate_type: (query: Tensor, key:Tensor, value: Tensor, edge_attr: OptTensor)
     # PyG records `cls.propagate` as the class's original propagate (used in explain mode and for
@@ -117,8 +105,9 @@ class TransformerConv(pyg_nn.TransformerConv):
             return _fallback(pyg_nn.TransformerConv, self, reason, x, edge_index, edge_attr, return_attention_weights)
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
-        projected = self._projections(x_src, x_dst)
-        query, key, value = (t.view(-1, H, C) for t in projected[:3])
+        query = self.lin_query(x_dst).view(-1, H, C)
+        key = self.lin_key(x_src).view(-1, H, C)
+        value = self.lin_value(x_src).view(-1, H, C)
         edge = None
         if self.lin_edge is not None:
             edge = self.lin_edge(edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr).view(-1, H, C)
@@ -126,24 +115,13 @@ class TransformerConv(pyg_nn.TransformerConv):
                             dropout=self.dropout if self.training else 0.0, backend=self.gnnfuse_backend)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
-            x_r = projected[3] if len(projected) > 3 else self.lin_skip(x_dst)
+            x_r = self.lin_skip(x_dst)
             if self.lin_beta is not None:
                 beta = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
                 out = beta * x_r + (1 - beta) * out
             else:
                 out = out + x_r
         return out
-
-    def _projections(self, x_src: Tensor, x_dst: Tensor) -> list[Tensor]:
-        """[query, key, value(, skip)]: one stacked product where the layer's input is one tensor
-        (the skip joins it where its width matches, i.e. concat=True), else one linear each."""
-        linears = [self.lin_query, self.lin_key, self.lin_value]
-        if self.root_weight and not _lazy(self.lin_skip) and self.lin_skip.weight.shape == self.lin_query.weight.shape:
-            linears.append(self.lin_skip)
-        stacked = stacked_linears(x_src, linears) if x_dst is x_src and self.gnnfuse_fused_projections else None
-        if stacked is not None:
-            return stacked
-        return [self.lin_query(x_dst), self.lin_key(x_src), self.lin_value(x_src)]
 
 
 FUSED_CLASSES[pyg_nn.GATv2Conv] = GATv2Conv

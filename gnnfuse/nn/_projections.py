@@ -1,11 +1,14 @@
-"""The dense projections of the attention layers as single autograd nodes with their own backward.
+"""GATConv's dense projections as one autograd node with its own backward.
 
 On small graphs a training step of an attention layer is bound by the host: every torch op costs a
 launch and every autograd node its share of the engine's work, both more than the kernels
-themselves (benchmarks/results/attention-profile_*). The layers' projections are a handful of
-small products that autograd would run as separate nodes (a linear is a product, a transpose and a
-view node; an einsum a dozen permute/reshape nodes around one batched product); here each group is
-one node whose forward and backward issue as few launches as the maths needs.
+themselves (benchmarks/results/attention-profile_*). GATConv's projection and its two folded
+attention terms are a handful of small products that autograd would run as ~20 nodes (a linear is
+a product, a transpose and a view node; an einsum a dozen permute/reshape nodes around one batched
+product); here they are one node whose forward and backward issue as few launches as the maths
+needs. (GATv2Conv's and TransformerConv's linears stay PyG's own: stacking them into one batched
+product of an expanded input measured slower on an H100, the expanded input being copied:
+benchmarks/results/attention_gatconv-gatv2conv-transformerconv_h100_2026-11-23_attgpu-*.md.)
 """
 from __future__ import annotations
 
@@ -58,50 +61,7 @@ class GATProjection(torch.autograd.Function):
 
 def plain_linear(lin) -> bool:
     """Whether ``lin`` is a plain, initialised linear layer without hooks (its forward is
-    ``F.linear(x, weight, bias)``, so a stacked product may stand in for it)."""
+    ``F.linear(x, weight, bias)``, so GATProjection's product may stand in for it)."""
     weight = getattr(lin, "weight", None)
     return (type(lin) in (PygLinear, torch.nn.Linear) and not lin._forward_hooks and not lin._forward_pre_hooks
             and isinstance(weight, Tensor) and not isinstance(weight, torch.nn.parameter.UninitializedParameter))
-
-
-class StackedLinear(torch.autograd.Function):
-    """``[F.linear(x, w_s, b_s) for s]`` for k linears of one input, as one batched product:
-    ``StackedLinear.apply(x, w_0..w_k-1, b_0..b_k-1)`` (every bias given). Forward: the weights and
-    biases stacked (2 launches) and one ``baddbmm`` (the bias broadcast, then one product) into
-    ``[k, N, out]`` whose slices are the contiguous outputs; backward: the gradients stacked, one
-    ``bmm`` for every weight, one sum for every bias (and one ``bmm`` + sum for x). TransformerConv's
-    four linears take 4 launches forward and 3 backward this way instead of 4 and 8 (each product
-    possibly with a split-K reduction of its own), and one autograd node instead of eight."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, *params: Tensor):
-        k = len(params) // 2
-        weight = torch.stack(params[:k])  # [k, out, in]
-        bias = torch.stack(params[k:]).unsqueeze(1)  # [k, 1, out]
-        ctx.save_for_backward(x, weight)
-        return torch.baddbmm(bias, x.expand(k, *x.shape), weight.transpose(1, 2)).unbind(0)
-
-    @staticmethod
-    def backward(ctx, *grads: Tensor | None):
-        x, weight = ctx.saved_tensors
-        k, out_width = weight.shape[0], weight.shape[1]
-        g = torch.stack([gr if gr is not None else x.new_zeros(x.shape[0], out_width) for gr in grads])  # [k, N, out]
-        needs = ctx.needs_input_grad
-        g_x = torch.bmm(g, weight).sum(0) if needs[0] else None
-        g_weight = torch.bmm(g.transpose(1, 2), x.expand(k, *x.shape)).unbind(0) if any(needs[1:k + 1]) else (None,) * k
-        g_bias = g.sum(1).unbind(0) if any(needs[k + 1:]) else (None,) * k
-        return (g_x, *g_weight, *g_bias)
-
-
-def stacked_linears(x: Tensor, linears) -> list[Tensor] | None:
-    """``[lin(x) for lin in linears]`` through :class:`StackedLinear` where it applies (every
-    linear initialised, with a bias, the same input and output widths, x of their dtype, at least
-    two of them); None where it does not (the caller applies them one by one)."""
-    if len(linears) < 2 or not isinstance(x, Tensor) or x.dim() != 2:
-        return None
-    first = getattr(linears[0], "weight", None)
-    for lin in linears:
-        if (not plain_linear(lin) or lin.bias is None or lin.weight.shape != first.shape
-                or lin.weight.dtype != x.dtype or lin.weight.device != x.device):
-            return None
-    return list(StackedLinear.apply(x, *(lin.weight for lin in linears), *(lin.bias for lin in linears)))

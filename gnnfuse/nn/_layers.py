@@ -25,7 +25,8 @@ from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from ..csr import CSR, csr_for_edge_index
 from ._message_form import message_form
-from ._mixin import REDUCE_OF_AGGR, FusedMessagePassing, constant_result, csr_to_edge_index, edge_endpoints, graph_tensors
+from ._mixin import (REDUCE_OF_AGGR, FusedMessagePassing, constant_result, csr_to_edge_index, edge_endpoints,
+                     graph_tensors)
 
 __all__ = ["GCNConv", "GINConv", "GraphConv", "SAGEConv", "gcn_norm_weights"]
 

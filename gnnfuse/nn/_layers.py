@@ -131,7 +131,7 @@ class GCNConv(FusedMessagePassing, pyg_nn.GCNConv):
         if not self.gnnfuse_aggregate_first or type(lin) is not PygLinear or lin._forward_hooks \
                 or lin._forward_pre_hooks or isinstance(lin.weight, torch.nn.parameter.UninitializedParameter):
             return False
-        if not isinstance(x, Tensor) or x.dim() != 2 or isinstance(x, torch.nn.parameter.UninitializedParameter):
+        if not isinstance(x, Tensor) or x.dim() != 2:
             return False
         aggregate_first, linear_first = pass_widths(lin, x, lin.weight.shape[0])
         return aggregate_first < linear_first

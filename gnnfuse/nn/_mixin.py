@@ -232,8 +232,9 @@ def constant_result(kind: str, sources: tuple[Tensor, ...], key: tuple, compute:
     call (inference on fresh activations) holds no memory beyond its output. The entry lives in
     gnnfuse._tensor_cache: it dies with the first freed source, and a source changed in place (its
     stamp) or a returned tensor changed in place by the caller (its version counter) is computed
-    anew. Memory: one output per (input, graph, weights, ``key``). Not while torch.compile traces;
-    ``GNNFUSE_CACHE_CONSTANT_AGGREGATION=0`` turns it off."""
+    anew. While kept, every call returns the same tensor (the layers only read it: they apply their
+    linear maps to it). Memory: one output per (input, graph, weights, ``key``). Not while
+    torch.compile traces; ``GNNFUSE_CACHE_CONSTANT_AGGREGATION=0`` turns it off."""
     if _computing[0] or torch.compiler.is_compiling() or not config.enabled("GNNFUSE_CACHE_CONSTANT_AGGREGATION"):
         return compute()
     if any(t.requires_grad for t in sources):

@@ -55,6 +55,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "for reuse by the next call of the same size, which then skips the page faults of fresh memory; 0 "
             "turns it off.",
             "runtime"),
+    Setting("GNNFUSE_CACHE_CONSTANT_AGGREGATION", "flag", "1",
+            "every fused layer call whose input and edge weights need no gradient",
+            "0: a layer's aggregation of a constant input (raw node features, with grad enabled or not) is "
+            "computed on every call instead of being kept from the second call with the same input, graph and "
+            "weights (gnnfuse.nn._mixin.constant_result).", "runtime"),
     # ---- building the C++ kernels --------------------------------------------------------------------------
     Setting("GNNFUSE_BUILD_DIR", "path", "$XDG_CACHE_HOME/gnnfuse, else ~/.cache/gnnfuse",
             "each build or load of the C++ kernels",

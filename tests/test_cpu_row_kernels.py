@@ -146,6 +146,39 @@ def test_winners_are_the_first_in_csr_order_and_get_the_gradient(reduce, dtype, 
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_winner_mask_backward_adds_in_the_transpose_order_bitwise(reduce, index_dtype):
+    """The unweighted float max/min backward (per-edge winner masks, won lanes only, from 32
+    features) adds exactly what the weighted path with weights of one adds, in the same order:
+    random floats (order-sensitive sums), duplicate edges, ties at zero, NaNs, empty rows, widths
+    past one 64-feature block, 1 and 2 threads."""
+    edge_index = long_and_empty_rows(seed=9)
+    edge_index = torch.cat([edge_index, edge_index[:, :40]], 1)  # duplicate edges
+    n = 300
+    csr = CSR.from_edge_index(edge_index, n, index_dtype=index_dtype)
+    t_rowptr, t_col, t_pos = csr.transpose_parts()
+    ones = torch.ones(csr.num_edges)
+    threads = torch.get_num_threads()
+    try:
+        for F in (31, 32, 64, 100, 130):
+            g = torch.Generator().manual_seed(F)
+            x = torch.randn(n, F, generator=g).relu()  # many ties at 0
+            x[torch.rand(n, F, generator=g) < 0.01] = float("nan")
+            grad_out = torch.randn(n, F, generator=g)
+            _, win = torch.ops.gnnfuse.gather_scatter(x, csr.rowptr, csr.col, None, t_rowptr, t_col, t_pos, reduce)
+            grads = []
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                for w in (None, ones):
+                    grads.append(torch.ops.gnnfuse.gather_scatter_backward(
+                        grad_out, x, csr.rowptr, csr.col, w, t_rowptr, t_col, t_pos, win, reduce, True, False)[0])
+            for other in grads[1:]:
+                assert torch.equal(grads[0], other), F
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("graph", GRAPHS)
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
 def test_weighted_rows_and_gradients_same_for_any_thread_count(reduce, graph):

@@ -380,6 +380,7 @@ def test_mixin_falls_back_for_hooks_explain_and_flow(monkeypatch):
 def _aggregated_widths(monkeypatch):
     import gnnfuse.nn._mixin as mixin
 
+    monkeypatch.setenv("GNNFUSE_CACHE_CONSTANT_AGGREGATION", "0")  # count every aggregation, none kept
     widths, real = [], mixin.fused_gather_scatter
     monkeypatch.setattr(mixin, "fused_gather_scatter", lambda x, *a, **k: widths.append(x.shape[-1]) or real(x, *a, **k))
     return widths

@@ -25,7 +25,8 @@ from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from ..csr import CSR, csr_for_edge_index
 from ._message_form import message_form
-from ._mixin import REDUCE_OF_AGGR, FusedMessagePassing, csr_to_edge_index, edge_endpoints
+from ._mixin import (REDUCE_OF_AGGR, FusedMessagePassing, constant_result, csr_to_edge_index, edge_endpoints,
+                     graph_tensors)
 
 __all__ = ["GCNConv", "GINConv", "GraphConv", "SAGEConv", "gcn_norm_weights"]
 
@@ -76,7 +77,16 @@ class GCNConv(FusedMessagePassing, pyg_nn.GCNConv):
     With ``cached=True`` the normalisation is computed on the first call and reused (as in PyG);
     it lives in ``_gnnfuse_cached`` (PyG's ``_cached_edge_index`` is left None, and if a stock
     layer already filled it before :func:`gnnfuse.nn.fuse`, that cache is used as is).
+
+    PyG applies ``lin`` first and aggregates ``x @ W.T``. Where aggregating ``x`` itself moves
+    fewer features (the pass counts of :class:`_LinearFirst`: a first layer, whose raw input needs
+    no gradient, aggregates it once forward, where ``x @ W.T`` needs a forward and a backward
+    pass), this layer computes ``lin(A_w x + loop_norm * x)`` instead: same maths, different
+    rounding. That propagated input is then constant across epochs and is kept
+    (:func:`gnnfuse.nn._mixin.constant_result`). ``gnnfuse_aggregate_first = False`` keeps PyG's order.
     """
+
+    gnnfuse_aggregate_first: bool = True
 
     def reset_parameters(self):
         super().reset_parameters()
@@ -99,13 +109,32 @@ class GCNConv(FusedMessagePassing, pyg_nn.GCNConv):
             if self.cached:
                 self._gnnfuse_cached = cache
         norm, loop_norm = cache
-        x = self.lin(x)
-        out = self.propagate(edge_index, x=x, edge_weight=norm)
-        if loop_norm is not None:
-            out = out + loop_norm.view(-1, 1) * x
+        if self._aggregates_first(x):
+            def propagated() -> Tensor:
+                h = self.propagate(edge_index, x=x, edge_weight=norm)
+                return h if loop_norm is None else h + loop_norm.view(-1, 1) * x
+
+            sources = (x, *graph_tensors(edge_index), norm) + (() if loop_norm is None else (loop_norm,))
+            out = self.lin(constant_result("gcn_propagate", sources, (self.gnnfuse_backend,), propagated))
+        else:
+            x = self.lin(x)
+            out = self.propagate(edge_index, x=x, edge_weight=norm)
+            if loop_norm is not None:
+                out = out + loop_norm.view(-1, 1) * x
         if self.bias is not None:
             out = out + self.bias
         return out
+
+    def _aggregates_first(self, x: Tensor) -> bool:
+        """Whether aggregating ``x`` before ``lin`` moves fewer features than PyG's order (see the class)."""
+        lin = self.lin
+        if not self.gnnfuse_aggregate_first or type(lin) is not PygLinear or lin._forward_hooks \
+                or lin._forward_pre_hooks or isinstance(lin.weight, torch.nn.parameter.UninitializedParameter):
+            return False
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            return False
+        aggregate_first, linear_first = pass_widths(lin, x, lin.weight.shape[0])
+        return aggregate_first < linear_first
 
     def _fused_norm_applies(self, x, edge_index) -> bool:
         """The self-loop term is added outside message(): only valid when the message is PyG's
@@ -117,6 +146,15 @@ class GCNConv(FusedMessagePassing, pyg_nn.GCNConv):
         if self._gnnfuse_form != _PYG_GCN_FORM or self._gnnfuse_why_pyg() is not None:
             return False  # PyG's forward; its propagate call says why (once)
         return isinstance(edge_index, CSR) or (isinstance(edge_index, Tensor) and edge_index.layout == torch.strided)
+
+
+def pass_widths(lin, x_src: Tensor, out_width: int, backward_cost: float = 1.5) -> tuple[float, float]:
+    """(features moved aggregating ``x_src`` then applying ``lin``, the same for ``x_src @ W.T`` then
+    aggregating), a backward pass counted as ``backward_cost`` forward ones (see _LinearFirst)."""
+    grad = torch.is_grad_enabled()
+    x_pass = 1 + backward_cost * (grad and x_src.requires_grad)
+    xw_pass = 1 + backward_cost * (grad and (x_src.requires_grad or lin.weight.requires_grad))
+    return x_src.shape[1] * x_pass, out_width * xw_pass
 
 
 # _LinearFirst is mixed into fused MessagePassing layers; type checkers see it as one.
@@ -143,10 +181,8 @@ class _LinearFirst(_LinearFirstBase):  # type: ignore[misc,valid-type]
     _BACKWARD_COST = 1.5
 
     def _linear_first_pays(self, lin, x_src: Tensor, out_width: int) -> bool:
-        grad = torch.is_grad_enabled()
-        x_pass = 1 + self._BACKWARD_COST * (grad and x_src.requires_grad)
-        xw_pass = 1 + self._BACKWARD_COST * (grad and (x_src.requires_grad or lin.weight.requires_grad))
-        return out_width * xw_pass < x_src.shape[1] * x_pass
+        aggregate_first, linear_first = pass_widths(lin, x_src, out_width, self._BACKWARD_COST)
+        return linear_first < aggregate_first
 
     def _narrowing_weight(self, lin, x, edge_index, size, extra) -> Tensor | None:
         """``lin``'s weight when aggregating ``x[0] @ W.T`` runs fused and costs less, else None."""

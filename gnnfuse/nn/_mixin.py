@@ -22,6 +22,7 @@ by rounding only.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +32,8 @@ from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation, MinAggrega
                                     MultiAggregation, SumAggregation)
 from torch_geometric.nn.conv import MessagePassing
 
+from .. import config
+from .._tensor_cache import cached
 from ..csr import CSR, csr_for_edge_index
 from ..ops.gather_scatter import fused_gather_scatter
 from ._message_form import message_form
@@ -114,12 +117,22 @@ class FusedMessagePassing(_MixinBase):  # type: ignore[misc,valid-type]
                 warn_pyg_path(type(self).__name__, plan)
             return self._gnnfuse_fallback(edge_index, size, kwargs)
         x_src, weight, num_dst, reduce = plan
-        out = fused_gather_scatter(x_src, edge_index, reduce, edge_weight=weight, num_nodes=num_dst,
-                                   backend=self.gnnfuse_backend)
-        if reduce == "mul":  # PyG's product over no edges is 1, gnnfuse's is 0
-            csr = edge_index if isinstance(edge_index, CSR) else _csr_of(edge_index, x_src.shape[0], num_dst)
-            empty = (csr.in_degree() == 0).view(-1, *([1] * (out.dim() - 1)))
-            out = torch.where(empty, torch.ones_like(out), out)
+
+        def aggregate() -> Tensor:
+            out = fused_gather_scatter(x_src, edge_index, reduce, edge_weight=weight, num_nodes=num_dst,
+                                       backend=self.gnnfuse_backend)
+            if reduce == "mul":  # PyG's product over no edges is 1, gnnfuse's is 0
+                csr = edge_index if isinstance(edge_index, CSR) else _csr_of(edge_index, x_src.shape[0], num_dst)
+                empty = (csr.in_degree() == 0).view(-1, *([1] * (out.dim() - 1)))
+                out = torch.where(empty, torch.ones_like(out), out)
+            return out
+
+        if x_src.requires_grad or (weight is not None and weight.requires_grad):
+            out = aggregate()
+        else:  # a constant input (raw node features): the same result in every epoch
+            sources = (x_src, *graph_tensors(edge_index)) + (() if weight is None else (weight,))
+            key = (tuple(reduce) if isinstance(reduce, list) else reduce, num_dst, self.gnnfuse_backend)
+            out = constant_result("aggregate", sources, key, aggregate)
         if self._gnnfuse_custom_update:
             out = self._gnnfuse_update(out, edge_index, size, kwargs)
         return out
@@ -203,6 +216,47 @@ class FusedMessagePassing(_MixinBase):  # type: ignore[misc,valid-type]
             return self.update(out)
         coll = self._collect(names, edge_index, self._check_input(edge_index, size), kwargs)
         return self.update(out, **self.inspector.collect_param_data("update", coll))
+
+
+# ---- constant inputs ------------------------------------------------------------------------------
+_computing = [0]  # > 0 while constant_result computes: aggregations inside it are not kept a second time
+
+
+def constant_result(kind: str, sources: tuple[Tensor, ...], key: tuple, compute: Callable[[], Tensor]) -> Tensor:
+    """``compute()``, kept across calls while its ``sources`` (input features, the graph's tensors,
+    edge weights) stay unchanged and none of them needs a gradient.
+
+    A layer's aggregation of raw node features gives the same result in every epoch of full-graph
+    training (the dense layers around it change, it does not), yet would cost a whole gather-scatter
+    pass per epoch. The result is kept from the *second* call with the same sources, so a one-off
+    call (inference on fresh activations) holds no memory beyond its output. The entry lives in
+    gnnfuse._tensor_cache: it dies with the first freed source, and a source changed in place (its
+    stamp) or a returned tensor changed in place by the caller (its version counter) is computed
+    anew. While kept, every call returns the same tensor (the layers only read it: they apply their
+    linear maps to it). Memory: one output per (input, graph, weights, ``key``). Not while
+    torch.compile traces; ``GNNFUSE_CACHE_CONSTANT_AGGREGATION=0`` turns it off."""
+    if _computing[0] or torch.compiler.is_compiling() or not config.enabled("GNNFUSE_CACHE_CONSTANT_AGGREGATION"):
+        return compute()
+    if any(t.requires_grad for t in sources):
+        return compute()
+    slot = cached("constant_result:" + kind, sources, key, lambda: [None, 0, False])  # [value, version, seen]
+    value = slot[0]
+    if value is not None and value._version == slot[1]:
+        return value
+    _computing[0] += 1
+    try:
+        value = compute()
+    finally:
+        _computing[0] -= 1
+    if slot[2]:  # the second call with these sources: keep it
+        slot[0], slot[1] = value, value._version
+    slot[2] = True
+    return value
+
+
+def graph_tensors(graph: Tensor | CSR) -> tuple[Tensor, ...]:
+    """The tensors that define a graph argument, as cache sources (an EdgeIndex subclass is never cached)."""
+    return (graph.rowptr, graph.col) if isinstance(graph, CSR) else (graph,)
 
 
 def fused_reduce(aggr_module: Any) -> str | list[str] | None:

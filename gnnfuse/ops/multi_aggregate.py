@@ -5,14 +5,16 @@ returns ``[N_dst, len(aggrs) * F]``: columns ``k*F:(k+1)*F`` hold ``aggrs[k]`` (
 ``MultiAggregation(mode="cat")``). Any list of sum, mean, max, min, mul, var, std (and aliases).
 
 Forward: one kernel reads every source row once per edge and keeps every statistic the list needs
-(sum, sum of squares, max/min with winners, product): C++ in csrc/multi_aggregate.cpp (CPU),
+(sum, sum of squares, max/min with winners, product): C++ in csrc/multi_aggregate.cpp (CPU: registered
+for the op in C++ and bound for the eager route like the sum's, see ops/_opdef.py's CppKernel),
 Triton in gnnfuse/triton/multi_aggregate.py (CUDA: statistics per piece of at most 128 edges, then
 one fold per row). No E x F tensor.
 
 Backward (``gnnfuse::multi_aggregate_backward``): the gradient of each message is linear in the
 message for sum/mean/var/std (dm = c[i] + d[i] * m with per-target c, d); max/min send theirs to the
 recorded winner, mul to the product of the other messages. On CPU one C++ pass over the transpose
-adds them all up; on CUDA (:func:`_gradients`) the sum/mean/var/std part costs one or two passes of
+adds them all up (a gradient that is one row expanded over all rows, as ``out.sum()`` gives, is read
+in place); on CUDA (:func:`_gradients`) the sum/mean/var/std part costs one or two passes of
 the gather-scatter backward kernels and each max/min/mul one more. No E x F tensor either.
 """
 from __future__ import annotations

@@ -668,8 +668,9 @@ void multi_backward_x(const T* grad_out, const T* x, const T* out, const index_t
   const index_t* win_min = k_min >= 0 ? arg + min_slot * num_rows * F : nullptr;
   // A row's winners in a vector of L features are at most its degree distinct edges: a row of at most
   // L edges adds each edge's gradient into the lanes that edge won, one vector read-modify-write of
-  // the edge's source row per edge, where one scalar read-modify-write per feature cost ~5x the
-  // forward on short-row graphs. Lanes an edge did not win are written back unchanged, and each
+  // the edge's source row per edge, instead of one scalar read-modify-write per feature (1 thread,
+  // min+max backward: Cora 313 -> 244 us; Facebook, 15 edges a row, unchanged within noise). Lanes an
+  // edge did not win are written back unchanged, and each
   // (source, feature) still receives its additions in the same order (targets ascending, max then
   // min): the results are the scalar loop's, bitwise. Longer rows (and the tail) go one feature at a time.
   constexpr int64_t L = kLanes<T>;

@@ -17,9 +17,12 @@ steady state), ``*_first_peak_MB`` of the very first step, which for us includes
 transpose and work lists; ``gnnfuse_cache_MB`` is what those caches keep allocated. ``fwd/sum`` is our fused attention forward over our
 sum gather-scatter of the same [N, H*F] features on the same graph (no gradients); ``fwd_no_groups_ms`` (CUDA)
 the same forward with the Triton kernels' row groups off (every row in the per-piece kernel), interleaved with it.
-A variant that fails (e.g. PyG out of memory) becomes a row with its error. ``--edge-dim D`` gives
-both layers edge features (edge_attr [E, D]). ``--edge-blocks 4,16,W1,BE8W1,HB4W2`` times our training step and forward
-with the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks), heads per program
+A variant that fails (e.g. PyG out of memory) becomes a row with its error. ``--separate-projections``
+adds our step with GATConv's projection and attention terms through autograd op by op
+(``gnnfuse_fused_projections`` off; ``gnnfuse_separate_ms``; the other layers have no such switch and
+run their default), interleaved with the others. ``--edge-dim D`` gives both layers edge features
+(edge_attr [E, D]). ``--edge-blocks 4,16,W1,BE8W1,HB4W2`` times our training step and forward with
+the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks), heads per program
 ("HB<n>"), warps per program (``_warps`` and ``_forward_warps``; "W<n>"), rows per row group of the forward
 ("G<n>", G0: none) or its warps ("GW<n>") forced to each value or combination,
 interleaved, against the default choice
@@ -88,7 +91,8 @@ def fused_forward(layer, h, a_src, a_dst, edge_index):
     return lambda: gnnfuse.dot_attention(h, h, h, edge_index)
 
 
-def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, layer="GATConv", edge_dim=0):
+def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, layer="GATConv", edge_dim=0,
+            separate_projections=False):
     import torch_geometric.nn as pyg_nn
 
     import gnnfuse
@@ -104,6 +108,11 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, laye
     ours.load_state_dict(stock.state_dict())
     ea = torch.randn(edge_index.shape[1], edge_dim, device=device) if edge_dim else None
     steps = {"gnnfuse": make_step(ours, x, edge_index, ea), "pyg": make_step(stock, x, edge_index, ea)}
+    if separate_projections:  # ours with the projections one linear each (nn/_projections.py off)
+        separate = getattr(G, layer)(IN_CHANNELS, width, **kw).to(device).train()
+        separate.load_state_dict(stock.state_dict())
+        separate.gnnfuse_fused_projections = False  # (GATConv's switch; a plain attribute on the others)
+        steps["gnnfuse_separate"] = make_step(separate, x, edge_index, ea)
     first_steps(row, steps, device)
     time_training_steps(row, steps, device, rounds, spread="iqr_ms")  # its peaks: a step after the first
     for tag in ("", "first_"):
@@ -219,6 +228,9 @@ def main(argv=None):
     parser.add_argument("--graphs", default="", help="comma-separated graph names (CUDA: suite names; CPU: Cora, Facebook, products-down); default all")
     parser.add_argument("--layers", default="GATConv", help=f"comma-separated, of {', '.join(LAYERS)}")
     parser.add_argument("--edge-dim", type=int, default=0, help="edge features per edge (0: none)")
+    parser.add_argument("--separate-projections", action="store_true",
+                        help="also time our step with GATConv's projections through autograd op by op "
+                        "(gnnfuse_separate_ms)")
     parser.add_argument("--edge-blocks", default="", help="comma-separated BE values (e.g. 8) and warp counts "
                         "(e.g. W2) to sweep (CUDA)")
     args = parser.parse_args(argv)
@@ -233,7 +245,8 @@ def main(argv=None):
         return sweep(args, graphs, configs, device)
     rows = each_row(args, graphs, configs, device,
                     lambda name, ei, nodes, heads, width, dropout, layer: run_row(
-                        name, ei, nodes, heads, width, dropout, device, args.rounds, layer, args.edge_dim))
+                        name, ei, nodes, heads, width, dropout, device, args.rounds, layer, args.edge_dim,
+                        args.separate_projections))
     speedups = [r["speedup"] for r in rows if "speedup" in r]
     meta = dict(machine(device), benchmark=f"{args.layers} training step and forward vs sum gather-scatter",
                 geomean_speedup=round(geomean(speedups), 3),
@@ -242,6 +255,8 @@ def main(argv=None):
                "speedup", "gnnfuse_peak_MB", "pyg_peak_MB", "mem_ratio", "gnnfuse_first_peak_MB", "pyg_first_peak_MB",
                "first_mem_ratio", "gnnfuse_cache_MB", "fwd_attention_ms", "fwd_sum_ms", "fwd/sum",
                "fwd_no_groups_ms", "error"]
+    if args.separate_projections:
+        columns[columns.index("pyg_ms"):columns.index("pyg_ms")] = ["gnnfuse_separate_ms", "gnnfuse_separate_iqr_ms"]
     tag = "" if args.layers == "GATConv" else "_" + args.layers.replace(",", "-").lower()
     tag += f"_edge-dim{args.edge_dim}" if args.edge_dim else ""
     md = save_results(f"attention{tag}_{device_label(device)}", meta, rows, columns, args.out)

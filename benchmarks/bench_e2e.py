@@ -21,6 +21,10 @@ zero_grad (``other_ms``); the forward + backward is split into aggregation and d
 same gnnfuse model with every aggregation replaced by zeros (``dense_ms``, the linear layers, activations, dropout and autograd; the
 same dense work for the stock variants except that gnnfuse's SAGE aggregates after its linear map when
 that narrows): ``aggregation_ms`` = forward + backward - dense_ms.
+
+``--conv GCNConv`` trains the graph's configuration with another layer (e.g. a GCN on products-like);
+``--lookup`` adds "gnnfuse (lookup)" to GCN runs: the backward looks its cached edge weights up through
+the transpose's positions on every call instead of reading their transpose-order copy.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import device_label, geomean, machine, save_results, synchronize
+from benchmarks.common import device_label, geomean, machine, save_results, synchronize, transpose_weights_looked_up
 from gnnfuse import CSR, locality_stats
 from gnnfuse.graphs import SUITE, suite_graph
 from gnnfuse.ordering import relabel, reorder
@@ -138,6 +142,8 @@ def run_graph(name, args, device, rows):
     import gnnfuse.nn as G
 
     key, (conv, kw, f_in, hidden, classes, layers) = config_of(name)
+    if args.conv:
+        conv, kw = args.conv, (dict(cached=True) if args.conv == "GCNConv" else {})
     scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else CPU_SCALES[key])
     n, variants = orders(name, scale, device, args.reorder)
     g = torch.Generator(device=device).manual_seed(1)
@@ -153,21 +159,26 @@ def run_graph(name, args, device, rows):
         m.load_state_dict(weights)
         return m
 
+    runs = VARIANTS + (("gnnfuse (lookup)",) if args.lookup and conv == "GCNConv" else ())
     for order, (ei, perm, info) in variants.items():
         x, y = (x0, y0) if perm is None else (x0[perm], y0[perm])
         stats = locality_stats(CSR.from_edge_index(ei, n))
         base = dict(graph=name, dataset=f"{name} ({order})", order=order, model=model_desc, nodes=n,
                     edges=ei.shape[1], scale=scale, distinct_per_edge=round(stats.distinct_fraction, 3), **info)
         times, errors = {}, {}
-        for variant in VARIANTS:
+        for variant in runs:
             if variant in args.skip:
                 continue
             graph = ei
             try:
                 if variant == "stock sparse adj_t":
                     graph = to_torch_csr_tensor(ei.flip(0), size=(n, n))  # transposed adjacency: rows = targets
-                model = make(G if variant == "gnnfuse" else P)
-                times[variant] = time_epochs(model, x, graph, y, device, args.warmup, args.epochs)
+                model = make(G if variant.startswith("gnnfuse") else P)
+                if variant == "gnnfuse (lookup)":
+                    with transpose_weights_looked_up():
+                        times[variant] = time_epochs(model, x, graph, y, device, args.warmup, args.epochs)
+                else:
+                    times[variant] = time_epochs(model, x, graph, y, device, args.warmup, args.epochs)
             except (RuntimeError, MemoryError, NotImplementedError) as e:  # e.g. stock PyG out of memory
                 errors[variant] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
             model = graph = None
@@ -219,6 +230,10 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="tiny graphs, 1 + 2 epochs (smoke test)")
     ap.add_argument("--max-seconds", type=float, default=None, help="(kept for the entry point; unused)")
     ap.add_argument("--out", default=None, help="directory for e2e_<device>.json/.md (default benchmarks/results)")
+    ap.add_argument("--conv", default=None, choices=["GCNConv", "SAGEConv"],
+                    help="train every graph with this layer (default: the graph's configuration)")
+    ap.add_argument("--lookup", action="store_true",
+                    help='GCN runs also time "gnnfuse (lookup)": edge weights looked up per backward call')
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
     device = torch.device(args.device)

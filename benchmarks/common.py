@@ -277,3 +277,13 @@ def benchmark_device(args: argparse.Namespace) -> torch.device:
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     return device
+
+
+def transpose_weights_looked_up():
+    """A context in which the GCN backward looks its edge weights up through the transpose's positions on
+    every call, as before the transpose-order copy was cached: the "before" of that change's A/B."""
+    from unittest import mock
+
+    from gnnfuse.ops import gather_scatter
+
+    return mock.patch.object(gather_scatter, "_weight_in_transpose_order", lambda weight, t_pos: None)

@@ -250,45 +250,69 @@ def test_layers_give_the_same_results_after_unpermuting(conv, kw, weighted):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
+def _vote_by_hand(csr, label, votes, labels):
+    """Row r's first ``votes`` in-neighbours (CSR order), most common label, highest on ties; rows
+    without in-edges keep theirs."""
+    rowptr, col, out = csr.rowptr.tolist(), csr.col.cpu().long(), label.clone()
+    for r in range(csr.num_dst):
+        lo, hi = rowptr[r], min(rowptr[r + 1], rowptr[r] + votes)
+        if lo < hi:
+            counts = torch.bincount(label[col[lo:hi]], minlength=labels)
+            out[r] = int((counts == counts.max()).nonzero().max())
+    return out
+
+
+def _vote_case(labels, device="cpu", index_dtype=None):
+    """A power-law graph with rows without in-edges, and labels in [labels - 7, labels)."""
+    ei = random_graph(400, 400, 3000, seed=11, power_law=True)
+    csr = CSR.from_edge_index(ei.to(device), 400, index_dtype=index_dtype)
+    label = torch.randint(0, 7, (400,), generator=torch.Generator().manual_seed(12)) + (labels - 7)
+    assert bool((csr.in_degree() == 0).any())  # rows that keep their label
+    return csr, label
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("votes", [1, 3, 16])
-def test_majority_vote_cpp_matches_torch(index_dtype, votes):
-    """The refinement's vote: the C++ pass (CPU) and the torch ops (GPU) give the same labels, with
-    ties to the highest label, only a row's first ``votes`` in-edges counted, rows without in-edges kept."""
+@pytest.mark.parametrize("labels", [7, 2**27])  # int32 scores, and int64 ones (votes * labels past int32)
+def test_majority_vote_torch_cpp_and_by_hand(index_dtype, votes, labels):
+    """The refinement's vote: the torch ops (CPU fallback) and the C++ pass (CPU) give the labels
+    counted by hand, with ties to the highest label, only a row's first ``votes`` in-edges counted,
+    rows without in-edges kept."""
     from gnnfuse.ordering import _reorder_extension, _vote_torch
 
+    csr, label = _vote_case(labels, index_dtype=index_dtype)
+    expected = _vote_by_hand(csr, label - (labels - 7), votes, 7) + (labels - 7)
+    assert torch.equal(_vote_torch(csr, votes, labels)(label), expected)
     ext = _reorder_extension()
-    if ext is None:
-        pytest.skip("no C++ reorder helper")
-    ei = random_graph(400, 400, 3000, seed=11, power_law=True)
-    csr = CSR.from_edge_index(ei, 400, index_dtype=index_dtype)
-    label = torch.randint(0, 7, (400,), generator=torch.Generator().manual_seed(12))
-    got = ext.majority_vote(csr.rowptr, csr.col, label, votes)
-    assert torch.equal(got, _vote_torch(csr, votes)(label))
-    # by hand: row r's first `votes` in-neighbours (CSR order), most common label, highest on ties
+    if ext is not None:
+        assert torch.equal(ext.majority_vote(csr.rowptr, csr.col, label, votes), expected)
+        with pytest.raises(RuntimeError, match="max_votes"):
+            ext.majority_vote(csr.rowptr, csr.col, label, 65)
+
+
+def test_first_in_edges():
+    """Each row's first k in-neighbours (CSR order), the padding ids in the free slots."""
+    from gnnfuse.ordering import _first_in_edges
+
+    csr = CSR.from_edge_index(random_graph(300, 300, 2500, seed=15, power_law=True), 300)
+    src = _first_in_edges(csr, 5)
     rowptr = csr.rowptr.tolist()
-    for r in range(400):
-        lo, hi = rowptr[r], min(rowptr[r + 1], rowptr[r] + votes)
-        if lo == hi:
-            assert got[r] == label[r]
-            continue
-        counts = torch.bincount(label[csr.col[lo:hi].long()], minlength=7)
-        assert got[r] == int((counts == counts.max()).nonzero().max())
-    with pytest.raises(RuntimeError, match="max_votes"):
-        ext.majority_vote(csr.rowptr, csr.col, label, 65)
+    for r in range(300):
+        own = csr.col[rowptr[r]:min(rowptr[r + 1], rowptr[r] + 5)].long()
+        assert torch.equal(src[r, :own.numel()].long(), own)
+        assert torch.equal(src[r, own.numel():].long(), 300 + torch.arange(own.numel(), 5))
 
 
 @pytest.mark.parametrize("votes", [1, 5, 16])
-def test_majority_vote_triton_matches_torch(votes):
-    """The GPU vote kernel (under TRITON_INTERPRET=1 in CI) gives the torch-ops labels, int32 and int64 CSRs."""
+def test_majority_vote_triton_matches_by_hand(votes):
+    """The GPU vote kernel (under TRITON_INTERPRET=1 in CI) gives the labels counted by hand, int32
+    and int64 CSRs, labels past the int32 score range too."""
     pytest.importorskip("triton")
-    from gnnfuse.ordering import _vote_torch
     from gnnfuse.triton.vote import majority_vote
 
-    ei = random_graph(150, 150, 900, seed=13, power_law=True)
-    label = torch.randint(0, 6, (150,), generator=torch.Generator().manual_seed(14))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     for index_dtype in (torch.int32, torch.int64):
-        csr = CSR.from_edge_index(ei, 150, index_dtype=index_dtype)
-        csr = csr.to("cuda") if torch.cuda.is_available() else csr
-        got = majority_vote(csr.rowptr, csr.col, label.to(csr.device), votes, 6)
-        assert torch.equal(got.cpu(), _vote_torch(csr, votes)(label.to(csr.device)).cpu())
+        for labels in (7, 2**28):
+            csr, label = _vote_case(labels, device=device, index_dtype=index_dtype)
+            expected = _vote_by_hand(csr, label - (labels - 7), votes, 7) + (labels - 7)
+            assert torch.equal(majority_vote(csr.rowptr, csr.col, label.to(device), votes, labels).cpu(), expected)

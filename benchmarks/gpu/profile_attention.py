@@ -7,8 +7,9 @@ For each graph (suite names, default arxiv-like and rfc-uniform) at heads x F (d
   torch.profiler), the wall time of 200 calls back to back (enqueue time without a sync, total
   with the final sync), the host time of one call while the GPU is idle, and the replay time of
   a CUDA graph of 20 calls (device time without host gaps);
-* the training step of the layers (gnnfuse.nn vs PyG): kernels and device time per step, wall
-  time per step, and the host's Python functions by own time (cProfile) for ours;
+* the training step of the layers (gnnfuse.nn vs PyG, and ours with ``gnnfuse_fused_projections``
+  off: GATConv's projections op by op through autograd; the others have no such switch): kernels and
+  device time per step, wall time per step, and the host's Python functions by own time (cProfile) for ours;
 * ``--sweep``: the GAT row-group kernel's device time with rows per group / warps forced.
 
     PYTHONPATH=. python benchmarks/gpu/profile_attention.py --out "$OUT" [--graphs arxiv-like] [--sweep]
@@ -173,7 +174,10 @@ def run_graph(name, heads, width, args, lines):
         stock = getattr(pyg_nn, layer)(64, width, heads=heads, dropout=0.6).to(dev).train()
         ours = getattr(G, layer)(64, width, heads=heads, dropout=0.6).to(dev).train()
         ours.load_state_dict(stock.state_dict())
-        for label, layer_obj in (("ours", ours), ("pyg", stock)):
+        separate = getattr(G, layer)(64, width, heads=heads, dropout=0.6).to(dev).train()
+        separate.load_state_dict(stock.state_dict())
+        separate.gnnfuse_fused_projections = False  # GATConv: projections op by op through autograd
+        for label, layer_obj in (("ours", ours), ("ours-separate", separate), ("pyg", stock)):
             step = make_step(layer_obj, x, edge_index)
             rows, device_us, _ = kernel_table(step, 10)
             enq, tot = back_to_back(step, 50)

@@ -36,6 +36,7 @@ from ..csr import CSR
 from ..ops.attention import gat_attention
 from ._layers import FUSED_CLASSES
 from ._mixin import _HOOK_DICTS, csr_to_edge_index, edge_endpoints
+from ._projections import GATProjection, plain_linear
 from ._recompute import recompute
 
 __all__ = ["GATConv"]
@@ -52,6 +53,7 @@ class GATConv(pyg_nn.GATConv):
     """:class:`torch_geometric.nn.GATConv` with fused attention (see the module doc)."""
 
     gnnfuse_backend: str = "auto"
+    gnnfuse_fused_projections = True  # projection + attention terms as one autograd node (nn/_projections.py)
     gnnfuse_checks_per_call = True  # fuse(): this class decides per call whether the fused path applies
     # PyG builds the fallback's propagate/edge_updater templates from these comments in the class source:
     # propagate_type: (x: OptPairTensor, alpha: Tensor)
@@ -72,15 +74,20 @@ class GATConv(pyg_nn.GATConv):
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         res = self.res(x_dst) if self.res is not None else None
         lin_src, lin_dst = (self.lin, self.lin) if self.lin is not None else (self.lin_src, self.lin_dst)
-        h_src = lin_src(x_src).view(-1, H, C)
-        alpha_src = attention_logits(lin_src, x_src, self.att_src)
-        alpha_dst = attention_logits(lin_dst, x_dst, self.att_dst)
+        if (self.gnnfuse_fused_projections and lin_src is lin_dst and x_src is x_dst and plain_linear(lin_src)
+                and lin_src.bias is None):  # PyG's default layer
+            h_src, alpha_src, alpha_dst = GATProjection.apply(x_src, lin_src.weight, self.att_src, self.att_dst)
+            h_src = h_src.view(-1, H, C)
+        else:
+            h_src = lin_src(x_src).view(-1, H, C)
+            alpha_src = attention_logits(lin_src, x_src, self.att_src)
+            alpha_dst = attention_logits(lin_dst, x_dst, self.att_dst)
         alpha_edge = alpha_loop = None
         if edge_attr is not None and self.lin_edge is not None:
             alpha_edge, alpha_loop = self._edge_terms(edge_attr, edge_index, x_dst.shape[0])
         # the op saves h_src for its backward: keep x_src (kept anyway) and make h_src again there
         with recompute(h_src, lambda: F.linear(x_src, lin_src.weight, lin_src.bias).view(-1, H, C),
-                       (x_src, *lin_src.parameters())):
+                       (x_src, lin_src.weight) if lin_src.bias is None else (x_src, lin_src.weight, lin_src.bias)):
             out = gat_attention(
                 h_src, alpha_src, alpha_dst, edge_index, alpha_edge=alpha_edge, alpha_loop=alpha_loop,
                 negative_slope=self.negative_slope, dropout=self.dropout if self.training else 0.0,

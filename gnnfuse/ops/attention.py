@@ -76,7 +76,6 @@ def _backward_fake(grad_out, out, row_max, row_sum, x, a_src, a_dst, a_edge, a_l
 def _save(ctx, inputs, output):
     x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, *scalars = inputs
     ctx.scalars = tuple(scalars)
-    ctx.mark_non_differentiable(output[1], output[2])
     return (output[0], output[1], output[2], x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos)
 
 
@@ -94,7 +93,8 @@ FORWARD = OpDef(
     "gat_attention(Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, Tensor? a_loop, Tensor rowptr, "
     "Tensor col, Tensor? t_rowptr, Tensor? t_col, Tensor? t_pos, bool self_loops, float negative_slope, "
     "float dropout, int seed) -> (Tensor, Tensor, Tensor)",
-    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward,
+    non_differentiable_outputs=(1, 2))  # row max / sum: beside the autograd node (no zero gradients made for them)
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "gat_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor x, Tensor a_src, "
     "Tensor a_dst, Tensor? a_edge, Tensor? a_loop, Tensor rowptr, Tensor col, Tensor t_rowptr, Tensor t_col, "

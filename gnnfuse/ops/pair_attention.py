@@ -48,7 +48,8 @@ from .gather_scatter import _as_csr
 
 # q [N_dst, H, F], k and v [N_src, H, F], att [H, F] (GATv2 only), edge [E (+ loops), H, F] with perm
 # (the CSR's), contiguous, one dtype. Returns out [N_dst, H, F] and the softmax's row max and row sum
-# ([N_dst, H], stats_dtype). needs: which of (q, k, v, att, edge) want a gradient.
+# ([N_dst, H], stats_dtype). needs: which of (q, k, v, att, edge) want a gradient (the Triton backward
+# takes a sixth entry: v's gradient added into k's, see _kv_sum).
 N_SCALARS = 6  # self_loops, gatv2, negative_slope, scale, dropout, seed
 
 
@@ -87,7 +88,7 @@ def _keeps_output(ctx, q, gatv2: bool) -> bool:
 def _save(ctx, inputs, output):
     q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, *scalars = inputs
     ctx.scalars = tuple(scalars)
-    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.kv_one = k is v  # one tensor in both roles (GATv2): see _kv_sum
     out = output[0] if _keeps_output(ctx, q, scalars[1]) else None
     return (out, output[1], output[2], q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos)
 
@@ -99,16 +100,27 @@ def _backward(ctx, saved, grad_out, _gm, _gz):
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, k.shape[0])
     if out is None:  # not kept (_keeps_output): an empty tensor tells the kernels to recompute D
         out = q.new_empty(0)
+    if _kv_sum(ctx, q, needs):  # k's gradient made as k's + v's, v's left out (autograd would add them)
+        needs = [needs[0], True, False, needs[3], needs[4], True]
     grads = BACKWARD(grad_out.contiguous(), out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col,
                      t_pos, *ctx.scalars, needs, backend=ctx.backend)
     return (*(g if need else None for g, need in zip(grads, needs)), *([None] * (6 + N_SCALARS)))
+
+
+def _kv_sum(ctx, q, needs) -> bool:
+    """Whether the Triton backward adds v's gradient into k's (a sixth ``needs`` entry): where one
+    tensor is both (GATv2's source features) and both gradients are wanted, autograd would
+    otherwise add two [N, H, F] gradients in a launch of its own. The C++ kernels take five."""
+    triton = ctx.backend == "triton" or (ctx.backend is None and q.is_cuda)
+    return triton and ctx.kv_one and needs[1] and needs[2]
 
 
 FORWARD = OpDef(
     "pair_attention(Tensor q, Tensor k, Tensor v, Tensor? att, Tensor? edge, Tensor rowptr, Tensor col, "
     "Tensor? perm, Tensor? t_rowptr, Tensor? t_col, Tensor? t_pos, bool self_loops, bool gatv2, "
     "float negative_slope, float scale, float dropout, int seed) -> (Tensor, Tensor, Tensor)",
-    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward)
+    kernels={"cpu": _forward_cpu, "triton": _forward_triton}, fake=_forward_fake, save=_save, backward=_backward,
+    non_differentiable_outputs=(1, 2))  # row max / sum: beside the autograd node (no zero gradients made for them)
 BACKWARD = OpDef(  # its own derivative is not implemented: double backward raises
     "pair_attention_backward(Tensor grad_out, Tensor out, Tensor row_max, Tensor row_sum, Tensor q, Tensor k, "
     "Tensor v, Tensor? att, Tensor? edge, Tensor rowptr, Tensor col, Tensor? perm, Tensor t_rowptr, Tensor t_col, "

@@ -83,6 +83,7 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
     flags["HAS_EDGE"] = edge is not None
     num_dst = q.shape[0]
     need_q, need_k, need_v, need_att = needs[0], needs[1], needs[2], needs[3] and bool(gatv2)
+    kv_sum = len(needs) > 5 and bool(needs[5]) and need_k and not need_v and _same(k, v)  # (ops/pair_attention.py)
     need_edge = needs[4] and edge is not None
     empty = k.new_empty(0)
     g_q = torch.empty_like(q) if need_q else empty
@@ -98,7 +99,8 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
     d_given = out.numel() == 0 and num_dst and H  # the forward did not keep out: D from the saved statistics
     if num_dst and H:
         wl = gat._work(rowptr)
-        if d_given:
+        d_inline = bool(d_given) and not wl.num_partials  # no split row: the row pass makes D itself
+        if d_given and not d_inline:
             p_d = m.new_empty(wl.num_partials, H) if wl.num_partials else m
             _pair_row_term_kernel[(wl.num_pieces, cdiv(H, hb))](
                 grad_out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, p_d, wl.seg_row, wl.seg_ptr, wl.slot,
@@ -112,7 +114,7 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
             g_q if need_q else k, p_q, p_att, g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot,
             wl.num_pieces, *scalars,
             KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge, D_GIVEN=bool(d_given),
-            **flags)
+            D_INLINE=d_inline, **flags)
         if need_q:
             gat._fold(p_q, g_q, wl, H * F)
         if need_att:
@@ -127,7 +129,7 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
         _pair_backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
             grad_out, m, z, q, k, v, att_, edge_, perm_, t_rowptr, t_col, t_pos, D, g_k if need_k else k,
             g_v if need_v else k, p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v,
-            **flags)
+            KV_SUM=kv_sum, **flags)
         if need_k:
             gat._fold(p_k, g_k, wl, H * F)
         if need_v:

@@ -170,10 +170,11 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
                                threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
                                GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
                                NEED_Q: tl.constexpr, NEED_ATT: tl.constexpr, NEED_EDGE: tl.constexpr,
-                               D_GIVEN: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
-                               FB: tl.constexpr, SEG: tl.constexpr):
+                               D_GIVEN: tl.constexpr, D_INLINE: tl.constexpr, ACC: tl.constexpr,
+                               BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr):
     """D_i = g_i . out_i (the first piece stores it; D_GIVEN: read from D, which
-    _pair_row_term_kernel filled without ``out``); grad q (partials for split rows), the edge
+    _pair_row_term_kernel filled without ``out``; D_INLINE, where every row is one piece: made
+    here from the saved statistics, ``_row_term``, one launch less); grad q (partials for split rows), the edge
     features' gradient (each edge's row written once) and, for GATv2, grad att. Each program walks
     pieces pid, pid + P, pid + 2P, ... (P programs; P = NUM_PIECES unless grad att is wanted) and
     keeps grad att's partial across them: p_att has P rows (summed on the host in a fixed order),
@@ -188,7 +189,12 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
     for s in range(tl.program_id(0), NUM_PIECES, tl.num_programs(0)):
         i, kk, start, end, stop, part = _piece_at(s, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
         gi = _head_tile(g, i, heads, feats, hf, H, F, ACC)
-        if D_GIVEN:
+        if D_INLINE:
+            d = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask,
+                          hf, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2,
+                          HAS_EDGE, KV_SAME, ACC, BE)
+            tl.store(D + i * H + heads, d, mask=hmask)
+        elif D_GIVEN:
             d = tl.load(D + i * H + heads, mask=hmask, other=0)
         else:
             d = tl.sum(gi * _head_tile(out, i, heads, feats, hf, H, F, ACC), 1)
@@ -242,30 +248,20 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
         tl.store(p_att + slot_a * H * F + heads[:, None] * F + feats[None, :], acc_a, mask=hf)
 
 
-@fast_kernel
-@triton.jit(do_not_specialize=["H", "seed", "threshold"])
-def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, p_d, seg_row, seg_ptr, slot,
-                          NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                          SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
-                          KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
-                          FB: tl.constexpr, SEG: tl.constexpr):
-    """The row pass's per-row term without the op's output: D_i = g_i . out_i = sum_k c_k g_i . v_k
-    (values with the edge term), each c_k recomputed from the saved row max and sum, so the forward
-    need not keep ``out`` for the backward. One program per (piece, head block); a split row's
-    pieces write partials (p_d), folded in piece order afterwards."""
-    i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
-    hf = hmask[:, None] & fmask[None, :]
+@triton.jit
+def _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
+              N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS: tl.constexpr,
+              DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
+              ACC: tl.constexpr, BE: tl.constexpr):
+    """[HB]: sum over edges [start, stop) of row i of c_k g_i . v_k (values with the edge term),
+    each c_k recomputed from the saved row max and sum: the whole row's D_i = g_i . out_i when
+    the range is the whole row."""
     gi = _head_tile(g, i, heads, feats, hf, H, F, ACC)
     qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
-    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
     mi = tl.load(m_in + i * H + heads, mask=hmask, other=0)
     zi = tl.load(z_in + i * H + heads, mask=hmask, other=1)
     zi = tl.where(zi > 0, zi, 1.0)
-    acc = tl.zeros((HB,), ACC)
+    acc = tl.zeros(mi.shape, ACC)
     for k0 in range(start, stop, BE):
         ks = k0 + tl.arange(0, BE)
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
@@ -281,6 +277,30 @@ def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, 
                 xv += ev
         p = tl.exp(e - mi[None, :]) / zi[None, :]  # 0 where e is -inf (no edge)
         acc += tl.sum(p * keep * tl.sum(gi[None, :, :] * xv, 2), 0)
+    return acc
+
+
+@fast_kernel
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, p_d, seg_row, seg_ptr, slot,
+                          NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
+                          SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
+                          KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
+                          FB: tl.constexpr, SEG: tl.constexpr):
+    """The row pass's per-row term without the op's output: D_i = g_i . out_i (``_row_term``), so
+    the forward need not keep ``out`` for the backward. One program per (piece, head block); a
+    split row's pieces write partials (p_d), folded in piece order afterwards. (Where no row is
+    split, the row pass computes it itself: D_INLINE.)"""
+    i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    hmask = heads < H
+    feats = tl.arange(0, FB)
+    fmask = feats < F
+    hf = hmask[:, None] & fmask[None, :]
+    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
+    acc = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
+                    N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
+                    KV_SAME, ACC, BE)
     whole = part + 0 * heads < 0  # the row is one piece
     tl.store(D + i * H + heads, acc, mask=hmask & whole)
     tl.store(p_d + part * H + heads, acc, mask=hmask & ~whole)
@@ -292,9 +312,11 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
                                   p_v, seg_row, seg_ptr, slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
                                   threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
                                   GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
-                                  NEED_K: tl.constexpr, NEED_V: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr,
-                                  HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr):
-    """grad k[j] and grad v[j] over j's out-edges (the transpose's row; partials for split rows)."""
+                                  NEED_K: tl.constexpr, NEED_V: tl.constexpr, KV_SUM: tl.constexpr,
+                                  ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
+                                  SEG: tl.constexpr):
+    """grad k[j] and grad v[j] over j's out-edges (the transpose's row; partials for split rows).
+    KV_SUM (k and v are one tensor, GATv2's source features): their sum, into g_k / p_k alone."""
     j, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, t_rowptr, NUM_LOOPS, SEG)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     hmask = heads < H
@@ -318,7 +340,7 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
         p = tl.where(v2, tl.exp(e - mi) / tl.where(zi > 0, zi, 1.0), 0.0)
         gi = tl.load(g + i[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
                      other=0).to(ACC)
-        if NEED_V:
+        if NEED_V or KV_SUM:
             acc_v += tl.sum((p * keep)[:, :, None] * gi, 0)
         if NEED_K:
             di = tl.load(D + ih, mask=v2, other=0)
@@ -336,6 +358,8 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
                 acc_k += tl.sum(ds[:, :, None] * qv, 0) * qk_scale
     whole = (part + 0 * heads < 0)[:, None]  # the row is one piece
     offs = heads[:, None] * F + feats[None, :]
+    if KV_SUM:
+        acc_k += acc_v
     if NEED_K:
         tl.store(g_k + j * H * F + offs, acc_k.to(g_k.dtype.element_ty), mask=hf & whole)
         tl.store(p_k + part * H * F + offs, acc_k, mask=hf & ~whole)

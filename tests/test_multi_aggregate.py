@@ -260,3 +260,87 @@ def test_cpu_register_tiles_match_reference(width, dtype):
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
     again = torch.autograd.grad((gnnfuse.fused_gather_scatter(xg, ei, aggrs) * go).sum(), xg)[0]
     assert torch.equal(got, again)  # deterministic
+
+
+def _rows_graph():
+    """Rows of every kind: empty (0, 5), single-edge (1, 2), a long row (3: 12 edges) and short ones."""
+    src = torch.tensor([4, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 6, 6, 2, 5])
+    dst = torch.tensor([1, 2] + [3] * 12 + [4, 4, 6, 7])
+    return torch.stack([src, dst])
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the C++ kernels")
+@pytest.mark.parametrize("width,dtype", [(3, torch.float32), (16, torch.float32), (21, torch.float64),
+                                         (64, torch.float32)])
+def test_cpu_rows_ties_and_infinities(width, dtype):
+    """Empty and single-edge rows, ties (integer features: the first edge wins, as the reference's
+    gradient says), +-inf messages (max/min and mean keep them; var/std of an inf are NaN as in the
+    reference), widths that do not fill a vector; values, winners' gradients and determinism."""
+    ei = _rows_graph()
+    g = torch.Generator().manual_seed(7)
+    x = torch.randint(-2, 3, (8, width), generator=g).to(dtype)
+    aggrs = ["mean", "min", "max", "std", "sum", "var"]
+    got = gnnfuse.fused_gather_scatter(x, ei, aggrs)
+    torch.testing.assert_close(got, _ref(x, ei, aggrs))
+    assert (got[0] == 0).all() and (got[5] == 0).all()
+    xg = x.clone().requires_grad_()
+    go = torch.randn(8, len(aggrs) * width, generator=g, dtype=dtype)
+    grad = torch.autograd.grad((gnnfuse.fused_gather_scatter(xg, ei, ["max", "min", "mean"]) * go[:, :3 * width]).sum(),
+                               xg)[0]
+    want = torch.autograd.grad((_ref(xg, ei, ["max", "min", "mean"]) * go[:, :3 * width]).sum(), xg)[0]
+    torch.testing.assert_close(grad, want)
+    xi = x.clone()
+    xi[3, 0], xi[6, width - 1] = float("inf"), float("-inf")
+    torch.testing.assert_close(gnnfuse.fused_gather_scatter(xi, ei, aggrs), _ref(xi, ei, aggrs), equal_nan=True)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the C++ kernels")
+def test_cpu_broadcast_gradient_read_in_place():
+    """The gradient of out.sum() / out.mean() arrives as one row expanded over all rows: the C++
+    backward reads it in place; same gradient as from a contiguous copy, and as the reference."""
+    ei = _graph()
+    x = torch.randn(9, 5, dtype=torch.float64, requires_grad=True)
+    aggrs = ["mean", "min", "max", "std"]
+    for loss in (lambda o: o.sum(), lambda o: o.mean(), lambda o: (o * torch.arange(20.0, dtype=o.dtype)).sum()):
+        got = torch.autograd.grad(loss(gnnfuse.fused_gather_scatter(x, ei, aggrs)), x)[0]
+        want = torch.autograd.grad(loss(_ref(x, ei, aggrs)), x)[0]
+        torch.testing.assert_close(got, want)
+    csr = gnnfuse.CSR.from_edge_index(ei, num_nodes=9)
+    out, arg = torch.ops.gnnfuse.multi_aggregate(x.detach(), csr.rowptr, csr.col, None, *csr.transpose_parts(),
+                                                 "mean,min,max,std")
+    row = torch.randn(1, 20, dtype=torch.float64)
+    args = (x.detach(), out, csr.rowptr, csr.col, None, *csr.transpose_parts(), arg, "mean,min,max,std", True, False)
+    expanded = torch.ops.gnnfuse.multi_aggregate_backward(row.expand(9, 20), *args)[0]
+    assert torch.equal(expanded, torch.ops.gnnfuse.multi_aggregate_backward(row.expand(9, 20).contiguous(), *args)[0])
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the C++ kernels")
+def test_cpu_registered_op_equals_eager_route():
+    """The C++ kernel registered for CPU (what compiled graphs and direct torch.ops calls run) and the
+    eager route's binding of it give the same outputs bitwise; an unknown name in aggrs raises."""
+    from gnnfuse.ops.multi_aggregate import FORWARD
+
+    csr = gnnfuse.CSR.from_edge_index(_graph(), num_nodes=9)
+    x = torch.randn(9, 20)
+    for t in (csr.transpose_parts(), (None, None, None)):
+        a = torch.ops.gnnfuse.multi_aggregate(x, csr.rowptr, csr.col, None, *t, "mean,min,max,std")
+        b = FORWARD(x, csr.rowptr, csr.col, None, *t, "mean,min,max,std", backend="cpu")
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+    with pytest.raises(ValueError, match="median"):
+        torch.ops.gnnfuse.multi_aggregate(x, csr.rowptr, csr.col, None, None, None, None, "mean,median")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE != "cpu", reason="the C++ kernels")
+def test_cpu_large_output_streamed():
+    """An output of >= 16 MB with whole-vector rows is written with non-temporal stores: values and
+    winners (through the gradient) against the reference."""
+    n, width = 4200, 256  # [n, 4 * 256] float32: 17 MB
+    ei = _graph(num_nodes=n, num_edges=3 * n, seed=9)
+    x = torch.randn(n, width, requires_grad=True)
+    aggrs = ["mean", "min", "max", "var"]  # (std's 0 cut at sqrt(1e-5) is a float32 coin toss on single-edge rows)
+    got = gnnfuse.fused_gather_scatter(x, ei, aggrs)
+    torch.testing.assert_close(got, _ref(x, ei, aggrs), atol=1e-4, rtol=1e-4)
+    go = torch.randn_like(got)
+    torch.testing.assert_close(torch.autograd.grad((got * go).sum(), x)[0],
+                               torch.autograd.grad((_ref(x, ei, aggrs) * go).sum(), x)[0], atol=1e-3, rtol=1e-3)

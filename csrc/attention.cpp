@@ -137,6 +137,7 @@ void forward_tiles(const Params& P, const float* x, const float* a_src, const fl
     Scratch<float> S;
     for (int64_t i = r0; i < r1; ++i) {
       collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
+      prefetch_next_row(rowptr, col, i + 1, r1, x, HF, a_src, H);
       const int64_t n = S.edges.size();
       float* w = row_buffer(S.w, n * H);
       const HV ad = load_heads<HH>(a_dst + i * H);
@@ -306,6 +307,7 @@ void backward_rows_tiles(const Params& P, const float* g, const float* out, cons
       }
       if (!per_edge) continue;
       collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
+      prefetch_next_row(rowptr, col, i + 1, r1, x, HF, a_src, H);
       const int64_t n = S.edges.size();
       S.fill_keep(P, H);
       float* dots = row_buffer(S.dots, n * H);
@@ -345,6 +347,7 @@ void backward_sources_tiles(const Params& P, const float* g, const float* x, con
     Scratch<float> S;
     for (int64_t j = r0; j < r1; ++j) {
       collect_edges(P, t_rowptr, t_col, t_pos, j, S.edges, g, HF);
+      prefetch_next_row(t_rowptr, t_col, j + 1, r1, g, HF, T, 4 * H);
       const int64_t n = S.edges.size();
       S.fill_keep(P, H);
       float* c = row_buffer(S.c, n * H);   // p * keep: grad_x's weights
@@ -485,6 +488,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gat_backward", &gnnfuse::gat_backward);
   gnnfuse::register_edge_softmax(m);
   gnnfuse::register_pair_attention(m);
+  m.def("exp_vec16", [](const at::Tensor& x) {  // for tests: the register-tile kernels' exp, lane by lane
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() % 16 == 0,
+                "exp_vec16: x must be a contiguous float tensor of a multiple of 16 elements");
+    auto y = at::empty_like(x);
+    const float* in = x.data_ptr<float>();
+    float* out = y.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); i += 16)
+      gnnfuse::attention_detail::store_heads<16>(
+          out + i, gnnfuse::attention_detail::exp_vec(gnnfuse::attention_detail::load_heads<16>(in + i)));
+    return y;
+  });
   m.def("dropout_keep", [](int64_t seed, int64_t edge, int64_t H, int64_t h, double p) {
     return gnnfuse::dropout_keep(uint32_t(seed), edge, H, h, gnnfuse::dropout_threshold(p));
   });

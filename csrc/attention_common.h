@@ -170,6 +170,23 @@ void collect_edges(const Params& P, const index_t* ptr, const index_t* nbr, cons
   if (node < P.num_loops) edges.push_back({node, -1, P.num_edges + node});
 }
 
+// Prefetches what row `node` of (ptr, nbr) reads at its other endpoints -- the rows_a and rows_b
+// rows of its first kAheadRow edges -- while the row before it is worked on. Rows of sparse graphs
+// are short (tens of edges), so a look-ahead within the row alone leaves each row's first reads
+// waiting on memory (the register-tile kernels spent a fifth of their time there).
+constexpr int64_t kAheadRow = 16;
+template <typename index_t, typename A, typename B>
+inline void prefetch_next_row(const index_t* ptr, const index_t* nbr, int64_t node, int64_t num_rows,
+                              const A* rows_a, int64_t width_a, const B* rows_b, int64_t width_b) {
+  if (node >= num_rows) return;
+  const int64_t q1 = std::min<int64_t>(int64_t(ptr[node + 1]), int64_t(ptr[node]) + kAheadRow);
+  for (int64_t q = ptr[node]; q < q1; ++q) {
+    const int64_t other = nbr[q];
+    prefetch_row(rows_a + other * width_a, width_a);
+    prefetch_row(rows_b + other * width_b, width_b);
+  }
+}
+
 // Feature loops with the head width F as a compile-time constant where it is common (8, 16), so
 // each head's update is a few full vector instructions; FF = 0 is the runtime-width fallback.
 template <int FF, typename acc_t, typename scalar_t>

@@ -207,6 +207,71 @@ inline void head_dots(const EdgeList& edges, const float* rows, const float* fix
     else tile(std::integral_constant<int, 1>{});
   }
 }
+
+// ---- GATv2's gradient through the leaky_relu, per row on register tiles -----------------------
+//   d_own[f] = sum_e c[e, h(f)] att[f] leaky_relu'(fixed[f] + rows[other_e, f])
+//   d_att[f] = sum_e c[e, h(f)] leaky_relu(fixed[f] + rows[other_e, f])        (kAtt)
+// the weights spread over the lanes as in weighted_tile, the edges folded in the row's order.
+template <int NV, bool kOneHead, bool kAtt>
+inline void leaky_grad_tile(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads, int64_t v0,
+                            const float* rows, int64_t width, const float* fixed, const float* att, float slope,
+                            float* d_own, float* d_att) {
+  constexpr int64_t L = kLanes<float>;
+  const int64_t f0 = v0 * L;
+  Vec64<float> a[NV], b[NV], fx[NV], at[NV], ats[NV];
+  int64_t h0[NV];
+  LaneIndex lane[NV];
+  for (int v = 0; v < NV; ++v) {
+    a[v] = b[v] = Vec64<float>{};
+    fx[v] = load_vec(fixed + f0 + v * L), at[v] = load_vec(att + f0 + v * L), ats[v] = at[v] * slope;
+    h0[v] = heads.first[v0 + v], lane[v] = heads.lane[v0 + v];
+  }
+  const int64_t n = edges.size();
+  for (int64_t e = 0; e < n; ++e) {
+    if (f0 == 0 && e + kAhead < n) prefetch_row(rows + edges[e + kAhead].other * width, width);
+    const float* x = rows + edges[e].other * width + f0;
+    const float* ce = c + e * H;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      Vec64<float> cv;
+      if constexpr (kOneHead) cv = Vec64<float>{} + ce[h0[v]];
+      else cv = __builtin_shuffle(load_vec(ce + h0[v]), lane[v]);
+      const Vec64<float> u = fx[v] + load_vec(x + v * L);
+      const auto pos = u > Vec64<float>{};
+      a[v] += cv * (pos ? at[v] : ats[v]);
+      if constexpr (kAtt) b[v] += cv * (pos ? u : u * slope);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    store_vec(d_own + f0 + v * L, a[v]);
+    if constexpr (kAtt) store_vec(d_att + f0 + v * L, b[v]);
+  }
+}
+
+// d_own[0 : H*F] (and d_att unless null) as above; call only where register_tiles_fit. c holds
+// n * H weights and kWeightPad readable entries past them.
+inline void leaky_grad_row(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads, const float* rows,
+                           const float* fixed, const float* att, float slope, float* d_own, float* d_att) {
+  const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
+  for (int64_t v0 = 0; v0 < nvec; v0 += 4) {
+    auto tile = [&](auto nv_c) {
+      constexpr int NV = decltype(nv_c)::value;
+      auto run = [&](auto one_head, auto with_att) {
+        leaky_grad_tile<NV, decltype(one_head)::value, decltype(with_att)::value>(
+            edges, c, H, heads, v0, rows, width, fixed, att, slope, d_own, d_att);
+      };
+      using T = std::true_type;
+      using F = std::false_type;
+      if (heads.one_head) d_att ? run(T{}, T{}) : run(T{}, F{});
+      else d_att ? run(F{}, T{}) : run(F{}, F{});
+    };
+    const int64_t nv = std::min<int64_t>(4, nvec - v0);
+    if (nv == 4) tile(std::integral_constant<int, 4>{});
+    else if (nv == 3) tile(std::integral_constant<int, 3>{});
+    else if (nv == 2) tile(std::integral_constant<int, 2>{});
+    else tile(std::integral_constant<int, 1>{});
+  }
+}
 #else  // never called (register_tiles_fit is false): the callers' scalar loop runs
 struct HeadLanes {
   HeadLanes(int64_t, int64_t) {}
@@ -219,6 +284,8 @@ struct LeakyAttOp {
 inline void weighted_row_sum(const EdgeList&, const float*, int64_t, const HeadLanes&, const float*, float*) {}
 template <typename Op>
 inline void head_dots(const EdgeList&, const float*, const float*, int64_t, const HeadLanes&, float*, const Op&) {}
+inline void leaky_grad_row(const EdgeList&, const float*, int64_t, const HeadLanes&, const float*, const float*,
+                           const float*, float, float*, float*) {}
 #endif
 
 }  // namespace attention_detail

@@ -108,6 +108,70 @@ void forward_kernel(const Params& P, const scalar_t* x, const scalar_t* a_src, c
   });
 }
 
+// ---- float rows on register tiles (attention_tiles.h), H in 1, 2, 4, 8, 16 ------------------------
+// Same maths as the kernels above. Each edge's H logits, softmax weights and gradients are one
+// head vector (HeadVec); the row max is found while the logits are made (GAT's need no feature
+// reads), then one exp per edge and head; the feature-wide work (weighted sums, per-head dot
+// products) runs in register tiles.
+
+// The pre-activation logits of edge E: a_node + a_other[E.other] (+ the edge term).
+template <int HH>
+inline HeadVec<HH> gat_logit(const HeadVec<HH>& a_node, const float* a_other, int64_t stride, const Edge& E,
+                             const float* a_edge, const float* a_loop_row) {
+  HeadVec<HH> s = a_node + load_heads<HH>(a_other + E.other * stride);
+  const float* et = E.pos >= 0 ? (a_edge ? a_edge + E.pos * HH : nullptr) : a_loop_row;
+  if (et) s += load_heads<HH>(et);
+  return s;
+}
+
+template <typename index_t, int HH>
+void forward_tiles(const Params& P, const float* x, const float* a_src, const float* a_dst, const float* a_edge,
+                   const float* a_loop, const index_t* rowptr, const index_t* col, float* out, float* m_out,
+                   float* z_out) {
+  using HV = HeadVec<HH>;
+  const int64_t H = HH, F = P.F, HF = H * F;
+  const HeadLanes heads(H, F);
+  const float slope = float(P.slope);
+  parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
+    std::vector<float> acc(HF);
+    Scratch<float> S;
+    for (int64_t i = r0; i < r1; ++i) {
+      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
+      prefetch_next_row(rowptr, col, i + 1, r1, x, HF, a_src, H);
+      const int64_t n = S.edges.size();
+      float* w = row_buffer(S.w, n * H);
+      const HV ad = load_heads<HH>(a_dst + i * H);
+      const float* loop_row = a_loop ? a_loop + i * H : nullptr;
+      HV m = HV{} - std::numeric_limits<float>::infinity(), z = HV{};
+      for (int64_t e = 0; e < n; ++e) {
+        if (e + kAhead < n) __builtin_prefetch(a_src + S.edges[e + kAhead].other * H, 0, 1);
+        const HV a = lrelu_heads<HH>(gat_logit<HH>(ad, a_src, H, S.edges[e], a_edge, loop_row), slope);
+        store_heads<HH>(w + e * H, a);
+        m = a > m ? a : m;
+      }
+      for (int64_t e = 0; e < n; ++e) {
+        const HV p = exp_vec(load_heads<HH>(w + e * H) - m);
+        store_heads<HH>(w + e * H, p);
+        z += p;
+      }
+      if (P.threshold) {
+        S.fill_keep(P, H);
+        const float* k = S.keep.data();
+#pragma omp simd
+        for (int64_t q = 0; q < n * H; ++q) w[q] *= k[q];
+      }
+      weighted_row_sum(S.edges, w, H, heads, x, acc.data());
+      const HV pos = z > HV{} ? HV{} + 1.0f : HV{};
+      const HV inv = z > HV{} ? pos / z : HV{};
+      store_heads<HH>(m_out + i * H, z > HV{} ? m : HV{});
+      store_heads<HH>(z_out + i * H, z);
+      float* o = out + i * HF;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t f = 0; f < F; ++f) o[h * F + f] = acc[h * F + f] * inv[h];
+    }
+  });
+}
+
 struct Grads {
   void *x, *a_src, *a_dst, *a_edge, *a_loop;
 };
@@ -217,6 +281,103 @@ void backward_sources(const Params& P, const scalar_t* g, const scalar_t* x, con
   });
 }
 
+// Pass A on register tiles: the dot products g_i . x_j per head in one tile pass over the row,
+// then one pass over the edges for the logits, weights and ds.
+template <typename index_t, int HH>
+void backward_rows_tiles(const Params& P, const float* g, const float* out, const float* m, const float* z,
+                         const float* x, const float* a_src, const float* a_dst, const float* a_edge,
+                         const float* a_loop, const index_t* rowptr, const index_t* col, float* T, Grads G,
+                         bool per_edge) {
+  using HV = HeadVec<HH>;
+  const int64_t H = HH, F = P.F, HF = H * F;
+  const HeadLanes heads(H, F);
+  auto* gd = static_cast<float*>(G.a_dst);
+  auto* ge = static_cast<float*>(G.a_edge);
+  auto* gl = static_cast<float*>(G.a_loop);
+  const float slope = float(P.slope);
+  parallel_over_rows(rowptr, P.num_dst, per_edge ? HF : 1, [&](int64_t r0, int64_t r1) {
+    Scratch<float> S;
+    for (int64_t i = r0; i < r1; ++i) {
+      const float* gi = g + i * HF;
+      float* t = T + i * 4 * H;  // the transpose pass reads these four per-target values together
+      for (int64_t h = 0; h < H; ++h) {
+        t[h] = a_dst[i * H + h], t[H + h] = m[i * H + h];
+        t[2 * H + h] = z[i * H + h] > 0.0f ? 1.0f / z[i * H + h] : 0.0f;
+        t[3 * H + h] = dot<0, float>(gi + h * F, out + i * HF + h * F, F);
+      }
+      if (!per_edge) continue;
+      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
+      prefetch_next_row(rowptr, col, i + 1, r1, x, HF, a_src, H);
+      const int64_t n = S.edges.size();
+      S.fill_keep(P, H);
+      float* dots = row_buffer(S.dots, n * H);
+      head_dots(S.edges, x, gi, H, heads, dots, MulOp{});
+      const HV ad = load_heads<HH>(t), mi = load_heads<HH>(t + H), invz = load_heads<HH>(t + 2 * H),
+               D = load_heads<HH>(t + 3 * H);
+      const float* loop_row = a_loop ? a_loop + i * H : nullptr;
+      HV acc = HV{};
+      for (int64_t e = 0; e < n; ++e) {
+        const Edge& E = S.edges[e];
+        const HV s = gat_logit<HH>(ad, a_src, H, E, a_edge, loop_row);
+        const HV p = exp_vec(lrelu_heads<HH>(s, slope) - mi) * invz;
+        const HV ds = p * (load_heads<HH>(S.keep.data() + e * H) * load_heads<HH>(dots + e * H) - D) *
+                      dlrelu_heads<HH>(s, slope);
+        acc += ds;
+        float* dst = E.pos >= 0 ? (ge ? ge + E.pos * H : nullptr) : (gl ? gl + i * H : nullptr);
+        if (dst) store_heads<HH>(dst, ds);
+      }
+      if (gd) store_heads<HH>(gd + i * H, acc);
+    }
+  });
+}
+
+// Pass B on register tiles: grad_x as a weighted sum of g rows, grad_a_src from the dot products
+// g_i . x_j per head.
+template <typename index_t, int HH>
+void backward_sources_tiles(const Params& P, const float* g, const float* x, const float* a_src,
+                            const float* a_edge, const float* a_loop, const index_t* t_rowptr, const index_t* t_col,
+                            const index_t* t_pos, const float* T, Grads G) {
+  using HV = HeadVec<HH>;
+  const int64_t H = HH, F = P.F, HF = H * F;
+  const HeadLanes heads(H, F);
+  auto* gx = static_cast<float*>(G.x);
+  auto* gs = static_cast<float*>(G.a_src);
+  const float slope = float(P.slope);
+  parallel_over_rows(t_rowptr, P.num_src, HF, [&](int64_t r0, int64_t r1) {
+    Scratch<float> S;
+    for (int64_t j = r0; j < r1; ++j) {
+      collect_edges(P, t_rowptr, t_col, t_pos, j, S.edges, g, HF);
+      prefetch_next_row(t_rowptr, t_col, j + 1, r1, g, HF, T, 4 * H);
+      const int64_t n = S.edges.size();
+      S.fill_keep(P, H);
+      float* c = row_buffer(S.c, n * H);   // p * keep: grad_x's weights
+      float* pd = row_buffer(S.w, n * H);  // p * leaky_relu'(s): grad_a_src's
+      const HV as = load_heads<HH>(a_src + j * H);
+      const float* loop_row = a_loop ? a_loop + j * H : nullptr;  // j's own loop: its target is j
+      for (int64_t e = 0; e < n; ++e) {
+        const float* t = T + S.edges[e].other * 4 * H;
+        if (e + kAhead < n) prefetch_row(T + S.edges[e + kAhead].other * 4 * H, 4 * H);
+        const HV s = gat_logit<HH>(as, T, 4 * H, S.edges[e], a_edge, loop_row);
+        const HV p = exp_vec(lrelu_heads<HH>(s, slope) - load_heads<HH>(t + H)) * load_heads<HH>(t + 2 * H);
+        store_heads<HH>(c + e * H, p * load_heads<HH>(S.keep.data() + e * H));
+        store_heads<HH>(pd + e * H, p * dlrelu_heads<HH>(s, slope));
+      }
+      if (gx) weighted_row_sum(S.edges, c, H, heads, g, gx + j * HF);
+      if (gs) {
+        float* dots = row_buffer(S.dots, n * H);
+        head_dots(S.edges, g, x + j * HF, H, heads, dots, MulOp{});
+        HV acc = HV{};
+        for (int64_t e = 0; e < n; ++e) {
+          const float* t = T + S.edges[e].other * 4 * H;
+          acc += load_heads<HH>(pd + e * H) *
+                 (load_heads<HH>(S.keep.data() + e * H) * load_heads<HH>(dots + e * H) - load_heads<HH>(t + 3 * H));
+        }
+        store_heads<HH>(gs + j * H, acc);
+      }
+    }
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward(
     const at::Tensor& x, const at::Tensor& a_src, const at::Tensor& a_dst, const c10::optional<at::Tensor>& a_edge,
     const c10::optional<at::Tensor>& a_loop, const at::Tensor& rowptr, const at::Tensor& col, bool self_loops,
@@ -226,6 +387,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward(
   const auto stat = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // acc_t
   auto m = at::empty({P.num_dst, P.H}, x.options().dtype(stat));
   auto z = at::empty({P.num_dst, P.H}, x.options().dtype(stat));
+  if (x.scalar_type() == at::kFloat && head_vectors_fit(P.H) && register_tiles_fit<float, float>(P.H, P.F)) {
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gat_forward_index", [&] {
+      dispatch_heads(P.H, [&](auto hh) {
+        forward_tiles<index_t, decltype(hh)::value>(
+            P, x.data_ptr<float>(), a_src.data_ptr<float>(), a_dst.data_ptr<float>(), ptr_or_null<float>(a_edge),
+            ptr_or_null<float>(a_loop), rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(), out.data_ptr<float>(),
+            m.data_ptr<float>(), z.data_ptr<float>());
+      });
+    });
+    return {out, m, z};
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gat_forward", [&] {
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gat_forward_index", [&] {
       dispatch_width(P.F, [&](auto ff) {
@@ -262,12 +434,30 @@ std::vector<at::Tensor> gat_backward(const at::Tensor& grad_out, const at::Tenso
   auto g = grad_out.contiguous();
   auto ptr = [](const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; };
   Grads G{ptr(grads[0]), ptr(grads[1]), ptr(grads[2]), ptr(grads[3]), ptr(grads[4])};
+  const bool per_edge = G.a_dst || G.a_edge || G.a_loop;
+  if (x.scalar_type() == at::kFloat && head_vectors_fit(P.H) && register_tiles_fit<float, float>(P.H, P.F)) {
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gat_backward_index", [&] {
+      const float* ae = ptr_or_null<float>(a_edge);
+      const float* al = ptr_or_null<float>(a_loop);
+      dispatch_heads(P.H, [&](auto hh) {
+        constexpr int HH = decltype(hh)::value;
+        backward_rows_tiles<index_t, HH>(P, g.data_ptr<float>(), out.data_ptr<float>(), m.data_ptr<float>(),
+                                         z.data_ptr<float>(), x.data_ptr<float>(), a_src.data_ptr<float>(),
+                                         a_dst.data_ptr<float>(), ae, al, rowptr.data_ptr<index_t>(),
+                                         col.data_ptr<index_t>(), T.data_ptr<float>(), G, per_edge);
+        if (G.x || G.a_src)
+          backward_sources_tiles<index_t, HH>(P, g.data_ptr<float>(), x.data_ptr<float>(), a_src.data_ptr<float>(),
+                                              ae, al, t_rowptr.data_ptr<index_t>(), t_col.data_ptr<index_t>(),
+                                              t_pos.data_ptr<index_t>(), T.data_ptr<float>(), G);
+      });
+    });
+    return grads;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "gat_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "gat_backward_index", [&] {
       const scalar_t* ae = ptr_or_null<scalar_t>(a_edge);
       const scalar_t* al = ptr_or_null<scalar_t>(a_loop);
-      const bool per_edge = G.a_dst || G.a_edge || G.a_loop;
       dispatch_width(P.F, [&](auto ff) {
       constexpr int FF = decltype(ff)::value;
       backward_rows<scalar_t, index_t, FF>(P, g.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), m.data_ptr<acc_t>(),
@@ -298,6 +488,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gat_backward", &gnnfuse::gat_backward);
   gnnfuse::register_edge_softmax(m);
   gnnfuse::register_pair_attention(m);
+  m.def("exp_vec16", [](const at::Tensor& x) {  // for tests: the register-tile kernels' exp, lane by lane
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() % 16 == 0,
+                "exp_vec16: x must be a contiguous float tensor of a multiple of 16 elements");
+    auto y = at::empty_like(x);
+    const float* in = x.data_ptr<float>();
+    float* out = y.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); i += 16)
+      gnnfuse::attention_detail::store_heads<16>(
+          out + i, gnnfuse::attention_detail::exp_vec(gnnfuse::attention_detail::load_heads<16>(in + i)));
+    return y;
+  });
   m.def("dropout_keep", [](int64_t seed, int64_t edge, int64_t H, int64_t h, double p) {
     return gnnfuse::dropout_keep(uint32_t(seed), edge, H, h, gnnfuse::dropout_threshold(p));
   });

@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -51,6 +52,72 @@ inline float exp_simd(float x0) {
   return x0 != x0 ? x0 : y;
 }
 inline double exp_simd(double x) { return std::exp(x); }
+
+// The same exp on GCC vector types (the register-tile kernels' per-edge head vectors): the same
+// operations lane by lane, so it agrees with exp_simd up to how the compiler contracts them into FMAs.
+template <typename V>
+inline V exp_vec(const V& x0) {
+  using IV = decltype(x0 < x0);
+  const V lo = V{} - 87.0f, hi = V{} + 88.0f;
+  const V x = x0 > lo ? (x0 < hi ? x0 : hi) : lo;
+  const V n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const V r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const V two_n = (V)((__builtin_convertvector(n, IV) + 127) << 23);
+  const V y = x0 >= lo ? p * two_n : V{};
+  return x0 != x0 ? x0 : y;
+}
+
+// H per-head values of one edge as one vector (H = 1, 2, 4, 8, 16), loaded and stored unaligned.
+template <int N>
+struct HeadVecOf;
+template <>
+struct HeadVecOf<1> {
+  typedef float type __attribute__((vector_size(4)));
+};
+template <>
+struct HeadVecOf<2> {
+  typedef float type __attribute__((vector_size(8)));
+};
+template <>
+struct HeadVecOf<4> {
+  typedef float type __attribute__((vector_size(16)));
+};
+template <>
+struct HeadVecOf<8> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct HeadVecOf<16> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <int N>
+using HeadVec = typename HeadVecOf<N>::type;
+
+template <int N>
+inline HeadVec<N> load_heads(const float* p) {
+  HeadVec<N> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <int N>
+inline void store_heads(float* p, const HeadVec<N>& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <int N>
+inline HeadVec<N> lrelu_heads(const HeadVec<N>& s, float slope) {
+  return s > HeadVec<N>{} ? s : s * slope;
+}
+template <int N>
+inline HeadVec<N> dlrelu_heads(const HeadVec<N>& s, float slope) {
+  return s > HeadVec<N>{} ? HeadVec<N>{} + 1.0f : HeadVec<N>{} + slope;
+}
 
 // One edge of a row as the kernels walk it: the other endpoint, the CSR position (-1 for the
 // virtual self loop) and the dropout id (the CSR position, E + node for the loop).
@@ -103,6 +170,23 @@ void collect_edges(const Params& P, const index_t* ptr, const index_t* nbr, cons
   if (node < P.num_loops) edges.push_back({node, -1, P.num_edges + node});
 }
 
+// Prefetches what row `node` of (ptr, nbr) reads at its other endpoints -- the rows_a and rows_b
+// rows of its first kAheadRow edges -- while the row before it is worked on. Rows of sparse graphs
+// are short (tens of edges), so a look-ahead within the row alone leaves each row's first reads
+// waiting on memory (the register-tile kernels spent a fifth of their time there).
+constexpr int64_t kAheadRow = 16;
+template <typename index_t, typename A, typename B>
+inline void prefetch_next_row(const index_t* ptr, const index_t* nbr, int64_t node, int64_t num_rows,
+                              const A* rows_a, int64_t width_a, const B* rows_b, int64_t width_b) {
+  if (node >= num_rows) return;
+  const int64_t q1 = std::min<int64_t>(int64_t(ptr[node + 1]), int64_t(ptr[node]) + kAheadRow);
+  for (int64_t q = ptr[node]; q < q1; ++q) {
+    const int64_t other = nbr[q];
+    prefetch_row(rows_a + other * width_a, width_a);
+    prefetch_row(rows_b + other * width_b, width_b);
+  }
+}
+
 // Feature loops with the head width F as a compile-time constant where it is common (8, 16), so
 // each head's update is a few full vector instructions; FF = 0 is the runtime-width fallback.
 template <int FF, typename acc_t, typename scalar_t>
@@ -132,10 +216,30 @@ void dispatch_width(int64_t F, Fn&& fn) {
 // of an edge's weights).
 constexpr int64_t kWeightPad = 16;
 
+// A row buffer of at least `count` entries and kWeightPad readable ones past them; it only grows.
+template <typename T>
+inline T* row_buffer(std::vector<T>& v, int64_t count) {
+  if (int64_t(v.size()) < count + kWeightPad) v.resize(count + kWeightPad);
+  return v.data();
+}
+
+// The head count as a compile-time constant (1, 2, 4, 8, 16) for the register-tile kernels: their
+// per-edge work over the heads (logits, softmax, gradients) is then one HeadVec of instructions.
+inline bool head_vectors_fit(int64_t H) { return H == 1 || H == 2 || H == 4 || H == 8 || H == 16; }
+template <typename Fn>
+void dispatch_heads(int64_t H, Fn&& fn) {
+  if (H == 8) fn(std::integral_constant<int, 8>{});
+  else if (H == 4) fn(std::integral_constant<int, 4>{});
+  else if (H == 2) fn(std::integral_constant<int, 2>{});
+  else if (H == 16) fn(std::integral_constant<int, 16>{});
+  else fn(std::integral_constant<int, 1>{});  // only where head_vectors_fit
+}
+
 template <typename acc_t>
 struct Scratch {
   EdgeList edges;
   std::vector<acc_t> s, w, keep;  // per (edge, head): pre-activation logit; softmax weight; dropout factor
+  std::vector<acc_t> dots, c;     // per (edge, head): the register-tile paths' dot products and coefficients
   std::vector<uint32_t> counter;
   void size_for(int64_t H) {
     s.resize(edges.size() * H);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -38,11 +39,15 @@ typedef int32_t LaneIndex __attribute__((vector_size(64)));
 
 // Which head each lane of each vector of a row belongs to, worked out once per kernel call (per
 // row it cost as much as the sums on short rows): vector v's lanes take the weights of heads
-// first[v] + lane[v][l].
+// first[v] + lane[v][l]. For head_dots with several heads per vector (F = 1, 2, 4, 8), `levels`
+// = log2(F) halving steps fold each head's F lanes to one: step k takes two vectors and adds
+// lanes lo[k] and hi[k] of their concatenation (the first and second half of each head's lanes).
 struct HeadLanes {
   std::vector<int64_t> first;
   std::vector<LaneIndex> lane;
   bool one_head;  // every vector within one head: a broadcast of its weight
+  int levels = 0;
+  LaneIndex lo[4] = {}, hi[4] = {};
   HeadLanes(int64_t H, int64_t F) : one_head(F % kLanes<float> == 0) {
     constexpr int64_t L = kLanes<float>;
     for (int64_t f0 = 0; f0 + L <= H * F; f0 += L) {
@@ -51,6 +56,11 @@ struct HeadLanes {
       for (int64_t l = 0; l < L; ++l) idx[l] = int32_t((f0 + l) / F - f0 / F);
       lane.push_back(idx);
     }
+    for (int64_t w = F; !one_head && w > 1; w /= 2, ++levels)
+      for (int64_t o = 0; o < L; ++o) {
+        lo[levels][o] = int32_t(o / (w / 2) * w + o % (w / 2));
+        hi[levels][o] = lo[levels][o] + int32_t(w / 2);
+      }
   }
 };
 
@@ -98,11 +108,184 @@ inline void weighted_row_sum(const EdgeList& edges, const float* c, int64_t H, c
     else tile(std::integral_constant<int, 1>{});
   }
 }
+
+// ---- per-head dot products of the row's edges with a fixed row ---------------------------------
+// dots[e*H + h] = sum over f of op(fixed[h*F + f], rows[other_e, h*F + f]) for every edge e of the
+// row: the backwards' g . x per head, the dot-product logits q . k, GATv2's att . lrelu(q + k).
+// The fixed row stays in registers (tiles of up to 4 vectors, as weighted_row_sum); a head's
+// lanes are folded by halving shuffles (several heads per vector) or one lane sum (a head spans
+// whole vectors). The folding order is fixed: results are the same for any thread count.
+struct MulOp {
+  inline Vec64<float> operator()(const Vec64<float>& a, const Vec64<float>& b, int64_t) const { return a * b; }
+};
+// GATv2's logit terms att[f] * leaky_relu(q[f] + k[f]) (the fixed row is the query).
+struct LeakyAttOp {
+  const float* att;
+  float slope;
+  inline Vec64<float> operator()(const Vec64<float>& q, const Vec64<float>& k, int64_t f) const {
+    const Vec64<float> u = q + k;
+    return load_vec(att + f) * (u > Vec64<float>{} ? u : u * slope);
+  }
+};
+
+inline float lane_sum(const Vec64<float>& v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps((__m512)v);
+#else
+  float s = 0;
+  for (int l = 0; l < kLanes<float>; ++l) s += v[l];
+  return s;
+#endif
+}
+
+// p[0 .. N) -> p[0 .. ceil(N / 2^kLevels)): kLevels halving steps (see HeadLanes).
+template <int N, int kLevels>
+inline void fold_heads(Vec64<float>* p, const LaneIndex* lo, const LaneIndex* hi) {
+  if constexpr (kLevels > 0) {
+    constexpr int half = (N + 1) / 2;
+#pragma GCC unroll 4
+    for (int k = 0; k < half; ++k) {
+      const Vec64<float> a = p[2 * k], b = 2 * k + 1 < N ? p[2 * k + 1] : Vec64<float>{};
+      p[k] = __builtin_shuffle(a, b, lo[0]) + __builtin_shuffle(a, b, hi[0]);
+    }
+    fold_heads<half, kLevels - 1>(p, lo + 1, hi + 1);
+  }
+}
+
+// kLevels < 0: a head spans whole vectors (dots must start at 0; partial sums are added).
+template <int NV, int kLevels, typename Op>
+inline void head_dot_tile(const EdgeList& edges, const float* rows, int64_t width, const float* fixed, int64_t H,
+                          const HeadLanes& heads, int64_t v0, float* dots, const Op& op) {
+  constexpr int64_t L = kLanes<float>;
+  const int64_t f0 = v0 * L, h0 = heads.first[v0];
+  Vec64<float> b[NV];
+  for (int v = 0; v < NV; ++v) b[v] = load_vec(fixed + f0 + v * L);
+  LaneIndex lo[4], hi[4];
+  for (int k = 0; k < 4; ++k) lo[k] = heads.lo[k], hi[k] = heads.hi[k];
+  const int64_t n = edges.size();
+  for (int64_t e = 0; e < n; ++e) {
+    if (f0 == 0 && e + kAhead < n) prefetch_row(rows + edges[e + kAhead].other * width, width);
+    const float* x = rows + edges[e].other * width + f0;
+    float* d = dots + e * H;
+    Vec64<float> p[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) p[v] = op(b[v], load_vec(x + v * L), f0 + v * L);
+    if constexpr (kLevels < 0) {
+      for (int v = 0; v < NV; ++v) d[heads.first[v0 + v]] += lane_sum(p[v]);
+    } else {
+      fold_heads<NV, kLevels>(p, lo, hi);
+      constexpr int kHeads = (NV * L) >> kLevels;  // heads in this tile, all of them whole
+      constexpr int kOut = (kHeads + L - 1) / L;
+      for (int k = 0; k < kOut; ++k) {
+        constexpr int kLast = kHeads - (kOut - 1) * L;
+        if (k + 1 < kOut) store_vec(d + h0 + k * L, p[k]);
+        else std::memcpy(d + h0 + k * L, &p[k], sizeof(float) * kLast);
+      }
+    }
+  }
+}
+
+// dots[0 : n*H] as above; call only where register_tiles_fit.
+template <typename Op>
+inline void head_dots(const EdgeList& edges, const float* rows, const float* fixed, int64_t H, const HeadLanes& heads,
+                      float* dots, const Op& op) {
+  const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
+  if (heads.one_head) std::fill(dots, dots + edges.size() * H, 0.0f);
+  for (int64_t v0 = 0; v0 < nvec; v0 += 4) {
+    auto tile = [&](auto nv_c) {
+      constexpr int NV = decltype(nv_c)::value;
+      if (heads.one_head) head_dot_tile<NV, -1>(edges, rows, width, fixed, H, heads, v0, dots, op);
+      else if (heads.levels == 0) head_dot_tile<NV, 0>(edges, rows, width, fixed, H, heads, v0, dots, op);
+      else if (heads.levels == 1) head_dot_tile<NV, 1>(edges, rows, width, fixed, H, heads, v0, dots, op);
+      else if (heads.levels == 2) head_dot_tile<NV, 2>(edges, rows, width, fixed, H, heads, v0, dots, op);
+      else head_dot_tile<NV, 3>(edges, rows, width, fixed, H, heads, v0, dots, op);
+    };
+    const int64_t nv = std::min<int64_t>(4, nvec - v0);
+    if (nv == 4) tile(std::integral_constant<int, 4>{});
+    else if (nv == 3) tile(std::integral_constant<int, 3>{});
+    else if (nv == 2) tile(std::integral_constant<int, 2>{});
+    else tile(std::integral_constant<int, 1>{});
+  }
+}
+
+// ---- GATv2's gradient through the leaky_relu, per row on register tiles -----------------------
+//   d_own[f] = sum_e c[e, h(f)] att[f] leaky_relu'(fixed[f] + rows[other_e, f])
+//   d_att[f] = sum_e c[e, h(f)] leaky_relu(fixed[f] + rows[other_e, f])        (kAtt)
+// the weights spread over the lanes as in weighted_tile, the edges folded in the row's order.
+template <int NV, bool kOneHead, bool kAtt>
+inline void leaky_grad_tile(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads, int64_t v0,
+                            const float* rows, int64_t width, const float* fixed, const float* att, float slope,
+                            float* d_own, float* d_att) {
+  constexpr int64_t L = kLanes<float>;
+  const int64_t f0 = v0 * L;
+  Vec64<float> a[NV], b[NV], fx[NV], at[NV], ats[NV];
+  int64_t h0[NV];
+  LaneIndex lane[NV];
+  for (int v = 0; v < NV; ++v) {
+    a[v] = b[v] = Vec64<float>{};
+    fx[v] = load_vec(fixed + f0 + v * L), at[v] = load_vec(att + f0 + v * L), ats[v] = at[v] * slope;
+    h0[v] = heads.first[v0 + v], lane[v] = heads.lane[v0 + v];
+  }
+  const int64_t n = edges.size();
+  for (int64_t e = 0; e < n; ++e) {
+    if (f0 == 0 && e + kAhead < n) prefetch_row(rows + edges[e + kAhead].other * width, width);
+    const float* x = rows + edges[e].other * width + f0;
+    const float* ce = c + e * H;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      Vec64<float> cv;
+      if constexpr (kOneHead) cv = Vec64<float>{} + ce[h0[v]];
+      else cv = __builtin_shuffle(load_vec(ce + h0[v]), lane[v]);
+      const Vec64<float> u = fx[v] + load_vec(x + v * L);
+      const auto pos = u > Vec64<float>{};
+      a[v] += cv * (pos ? at[v] : ats[v]);
+      if constexpr (kAtt) b[v] += cv * (pos ? u : u * slope);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    store_vec(d_own + f0 + v * L, a[v]);
+    if constexpr (kAtt) store_vec(d_att + f0 + v * L, b[v]);
+  }
+}
+
+// d_own[0 : H*F] (and d_att unless null) as above; call only where register_tiles_fit. c holds
+// n * H weights and kWeightPad readable entries past them.
+inline void leaky_grad_row(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads, const float* rows,
+                           const float* fixed, const float* att, float slope, float* d_own, float* d_att) {
+  const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
+  for (int64_t v0 = 0; v0 < nvec; v0 += 4) {
+    auto tile = [&](auto nv_c) {
+      constexpr int NV = decltype(nv_c)::value;
+      auto run = [&](auto one_head, auto with_att) {
+        leaky_grad_tile<NV, decltype(one_head)::value, decltype(with_att)::value>(
+            edges, c, H, heads, v0, rows, width, fixed, att, slope, d_own, d_att);
+      };
+      using T = std::true_type;
+      using F = std::false_type;
+      if (heads.one_head) d_att ? run(T{}, T{}) : run(T{}, F{});
+      else d_att ? run(F{}, T{}) : run(F{}, F{});
+    };
+    const int64_t nv = std::min<int64_t>(4, nvec - v0);
+    if (nv == 4) tile(std::integral_constant<int, 4>{});
+    else if (nv == 3) tile(std::integral_constant<int, 3>{});
+    else if (nv == 2) tile(std::integral_constant<int, 2>{});
+    else tile(std::integral_constant<int, 1>{});
+  }
+}
 #else  // never called (register_tiles_fit is false): the callers' scalar loop runs
 struct HeadLanes {
   HeadLanes(int64_t, int64_t) {}
 };
+struct MulOp {};
+struct LeakyAttOp {
+  const float* att;
+  float slope;
+};
 inline void weighted_row_sum(const EdgeList&, const float*, int64_t, const HeadLanes&, const float*, float*) {}
+template <typename Op>
+inline void head_dots(const EdgeList&, const float*, const float*, int64_t, const HeadLanes&, float*, const Op&) {}
+inline void leaky_grad_row(const EdgeList&, const float*, int64_t, const HeadLanes&, const float*, const float*,
+                           const float*, float, float*, float*) {}
 #endif
 
 }  // namespace attention_detail

@@ -14,6 +14,7 @@
 #include <ATen/Dispatch.h>
 
 #include "attention_common.h"
+#include "attention_tiles.h"
 
 namespace gnnfuse {
 namespace {
@@ -293,6 +294,156 @@ void backward_sources(const Pair& A, const scalar_t* g, const scalar_t* q, const
   });
 }
 
+// ---- float rows on register tiles (attention_tiles.h), H in 1, 2, 4, 8, 16, no edge features -----
+// The logits (q_i . k_j or att . leaky_relu(q_i + k_j), per head) in one tile pass over the row's
+// keys, the softmax on head vectors, the weighted sums and GATv2's leaky_relu gradients in register
+// tiles.
+inline bool tiles_apply(const Pair& A, bool has_edge) {
+  return !has_edge && head_vectors_fit(A.P.H) && register_tiles_fit<float, float>(A.P.H, A.P.F);
+}
+
+// s[e*H + h]: the logits (unscaled) of the walked row's edges, `own` being the walking row's
+// vector and `rows` the other endpoints' (the query and keys, or in the transpose the reverse).
+inline void pair_logits(const Pair& A, const EdgeList& edges, const float* own, const float* rows, const float* att,
+                        const HeadLanes& heads, float* s) {
+  if (A.gatv2) head_dots(edges, rows, own, A.P.H, heads, s, LeakyAttOp{att, float(A.P.slope)});
+  else head_dots(edges, rows, own, A.P.H, heads, s, MulOp{});
+}
+
+template <typename index_t, int HH>
+void forward_tiles(const Pair& A, const float* q, const float* k, const float* v, const float* att,
+                   const index_t* rowptr, const index_t* col, float* out, float* m_out, float* z_out) {
+  using HV = HeadVec<HH>;
+  const Params& P = A.P;
+  const int64_t H = HH, F = P.F, HF = H * F;
+  const HeadLanes heads(H, F);
+  const float scale = A.gatv2 ? 1.0f : float(A.qk_scale);
+  parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
+    std::vector<float> acc(HF);
+    Scratch<float> S;
+    for (int64_t i = r0; i < r1; ++i) {
+      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, k, HF);
+      prefetch_next_row(rowptr, col, i + 1, r1, k, HF, v, HF);
+      const int64_t n = S.edges.size();
+      float* w = row_buffer(S.w, n * H);
+      pair_logits(A, S.edges, q + i * HF, k, att, heads, w);
+      HV m = HV{} - std::numeric_limits<float>::infinity(), z = HV{};
+      for (int64_t e = 0; e < n; ++e) {
+        const HV s = load_heads<HH>(w + e * H) * scale;
+        store_heads<HH>(w + e * H, s);
+        m = s > m ? s : m;
+      }
+      for (int64_t e = 0; e < n; ++e) {
+        const HV p = exp_vec(load_heads<HH>(w + e * H) - m);
+        store_heads<HH>(w + e * H, p);
+        z += p;
+      }
+      if (P.threshold) {
+        S.fill_keep(P, H);
+        const float* kp = S.keep.data();
+#pragma omp simd
+        for (int64_t r = 0; r < n * H; ++r) w[r] *= kp[r];
+      }
+      weighted_row_sum(S.edges, w, H, heads, v, acc.data());
+      const HV inv = z > HV{} ? (HV{} + 1.0f) / z : HV{};
+      store_heads<HH>(m_out + i * H, z > HV{} ? m : HV{});
+      store_heads<HH>(z_out + i * H, z);
+      float* o = out + i * HF;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t f = 0; f < F; ++f) o[h * F + f] = acc[h * F + f] * inv[h];
+    }
+  });
+}
+
+// The backward on register tiles. Row pass: D_i, the weights and ds from the logits and g_i . v_j,
+// grad q (dot: sum ds scale k_j; GATv2: sum ds att leaky_relu'(q_i + k_j)) and GATv2's per-row
+// grad att partials. Transpose pass: grad v = sum p keep g_i, grad k likewise from ds.
+template <typename index_t, int HH>
+void backward_rows_tiles(const Pair& A, const float* g, const float* out, const float* m, const float* z,
+                         const float* q, const float* k, const float* v, const float* att, const index_t* rowptr,
+                         const index_t* col, float* T, float* gq, float* gatt) {
+  using HV = HeadVec<HH>;
+  const Params& P = A.P;
+  const int64_t H = HH, F = P.F, HF = H * F;
+  const HeadLanes heads(H, F);
+  const float scale = A.gatv2 ? 1.0f : float(A.qk_scale), slope = float(P.slope);
+  const bool per_edge = gq || gatt;
+  parallel_over_rows(rowptr, P.num_dst, per_edge ? HF : 1, [&](int64_t r0, int64_t r1) {
+    Scratch<float> S;
+    std::vector<float> own(HF);  // grad q's row when only GATv2's grad att is wanted
+    for (int64_t i = r0; i < r1; ++i) {
+      const float* gi = g + i * HF;
+      float* t = T + i * 3 * H;  // the transpose pass reads these three per-target values together
+      for (int64_t h = 0; h < H; ++h) {
+        t[h] = m[i * H + h];
+        t[H + h] = z[i * H + h] > 0.0f ? 1.0f / z[i * H + h] : 0.0f;
+        t[2 * H + h] = dot<0, float>(gi + h * F, out + i * HF + h * F, F);
+      }
+      if (!per_edge) continue;
+      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, k, HF);
+      prefetch_next_row(rowptr, col, i + 1, r1, k, HF, v, HF);
+      const int64_t n = S.edges.size();
+      S.fill_keep(P, H);
+      float* s = row_buffer(S.s, n * H);
+      float* gv = row_buffer(S.dots, n * H);
+      pair_logits(A, S.edges, q + i * HF, k, att, heads, s);
+      head_dots(S.edges, v, gi, H, heads, gv, MulOp{});
+      const HV mi = load_heads<HH>(t), invz = load_heads<HH>(t + H), D = load_heads<HH>(t + 2 * H);
+      float* c = row_buffer(S.c, n * H);
+      for (int64_t e = 0; e < n; ++e) {
+        const HV p = exp_vec(load_heads<HH>(s + e * H) * scale - mi) * invz;
+        const HV ds = p * (load_heads<HH>(S.keep.data() + e * H) * load_heads<HH>(gv + e * H) - D);
+        store_heads<HH>(c + e * H, ds * scale);
+      }
+      float* d_own = gq ? gq + i * HF : own.data();
+      if (A.gatv2) leaky_grad_row(S.edges, c, H, heads, k, q + i * HF, att, slope, d_own, gatt ? gatt + i * HF : nullptr);
+      else weighted_row_sum(S.edges, c, H, heads, k, d_own);
+    }
+  });
+}
+
+template <typename index_t, int HH>
+void backward_sources_tiles(const Pair& A, const float* g, const float* q, const float* k, const float* v,
+                            const float* att, const index_t* t_rowptr, const index_t* t_col, const index_t* t_pos,
+                            const float* T, float* gk, float* gv) {
+  using HV = HeadVec<HH>;
+  const Params& P = A.P;
+  const int64_t H = HH, F = P.F, HF = H * F;
+  const HeadLanes heads(H, F);
+  const float scale = A.gatv2 ? 1.0f : float(A.qk_scale), slope = float(P.slope);
+  parallel_over_rows(t_rowptr, P.num_src, HF, [&](int64_t r0, int64_t r1) {
+    Scratch<float> S;
+    std::vector<float> ck_buf;
+    for (int64_t j = r0; j < r1; ++j) {
+      collect_edges(P, t_rowptr, t_col, t_pos, j, S.edges, q, HF);
+      prefetch_next_row(t_rowptr, t_col, j + 1, r1, q, HF, g, HF);
+      const int64_t n = S.edges.size();
+      S.fill_keep(P, H);
+      float* s = row_buffer(S.s, n * H);
+      pair_logits(A, S.edges, k + j * HF, q, att, heads, s);  // both logits are symmetric in q and k
+      float* gd = nullptr;
+      if (gk) {
+        gd = row_buffer(S.dots, n * H);
+        head_dots(S.edges, g, v + j * HF, H, heads, gd, MulOp{});
+      }
+      float* cv = row_buffer(S.c, n * H);
+      float* ck = row_buffer(ck_buf, n * H);
+      for (int64_t e = 0; e < n; ++e) {
+        const float* t = T + S.edges[e].other * 3 * H;
+        const HV p = exp_vec(load_heads<HH>(s + e * H) * scale - load_heads<HH>(t)) * load_heads<HH>(t + H);
+        const HV keep = load_heads<HH>(S.keep.data() + e * H);
+        store_heads<HH>(cv + e * H, p * keep);
+        if (gk) store_heads<HH>(ck + e * H, p * (keep * load_heads<HH>(gd + e * H) - load_heads<HH>(t + 2 * H)) * scale);
+      }
+      if (gv) weighted_row_sum(S.edges, cv, H, heads, g, gv + j * HF);
+      if (gk) {
+        if (A.gatv2) leaky_grad_row(S.edges, ck, H, heads, q, k + j * HF, att, slope, gk + j * HF, nullptr);
+        else weighted_row_sum(S.edges, ck, H, heads, q, gk + j * HF);
+      }
+    }
+  });
+}
+
 Pair make_pair(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& att,
                const at::Tensor& rowptr, const at::Tensor& col, bool self_loops, bool gatv2, double slope,
                double scale, double dropout, int64_t seed) {
@@ -328,6 +479,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pair_forward(
   const auto stat = k.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // acc_t
   auto m = at::empty({P.num_dst, P.H}, k.options().dtype(stat));
   auto z = at::empty({P.num_dst, P.H}, k.options().dtype(stat));
+  if (k.scalar_type() == at::kFloat && tiles_apply(A, edge.has_value())) {
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "pair_forward_index", [&] {
+      dispatch_heads(P.H, [&](auto hh) {
+        forward_tiles<index_t, decltype(hh)::value>(
+            A, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+            att.has_value() ? att->data_ptr<float>() : q.data_ptr<float>(),  // dot: never read
+            rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(), out.data_ptr<float>(), m.data_ptr<float>(),
+            z.data_ptr<float>());
+      });
+    });
+    return {out, m, z};
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, k.scalar_type(), "pair_forward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "pair_forward_index", [&] {
@@ -367,6 +530,26 @@ std::vector<at::Tensor> pair_backward(const at::Tensor& grad_out, const at::Tens
   auto g = grad_out.contiguous();
   auto ptr = [](const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; };
   PairGrads G{ptr(grads[0]), ptr(grads[1]), ptr(grads[2]), ptr(att_rows), ptr(grads[4])};
+  if (k.scalar_type() == at::kFloat && tiles_apply(A, edge.has_value())) {
+    AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "pair_backward_index", [&] {
+      const float* a = att.has_value() ? att->data_ptr<float>() : q.data_ptr<float>();  // dot: never read
+      dispatch_heads(P.H, [&](auto hh) {
+        constexpr int HH = decltype(hh)::value;
+        backward_rows_tiles<index_t, HH>(A, g.data_ptr<float>(), out.data_ptr<float>(), m.data_ptr<float>(),
+                                         z.data_ptr<float>(), q.data_ptr<float>(), k.data_ptr<float>(),
+                                         v.data_ptr<float>(), a, rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(),
+                                         T.data_ptr<float>(), static_cast<float*>(G.q),
+                                         static_cast<float*>(G.att_rows));
+        if (G.k || G.v)
+          backward_sources_tiles<index_t, HH>(A, g.data_ptr<float>(), q.data_ptr<float>(), k.data_ptr<float>(),
+                                              v.data_ptr<float>(), a, t_rowptr.data_ptr<index_t>(),
+                                              t_col.data_ptr<index_t>(), t_pos.data_ptr<index_t>(),
+                                              T.data_ptr<float>(), static_cast<float*>(G.k), static_cast<float*>(G.v));
+      });
+    });
+    if (need_att) grads[3] = att_rows.sum(0).view({P.H, P.F});  // rows in order: deterministic
+    return grads;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, k.scalar_type(), "pair_backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "pair_backward_index", [&] {

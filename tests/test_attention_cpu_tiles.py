@@ -1,0 +1,153 @@
+"""The CPU attention kernels' register-tile paths (float rows with H in 1, 2, 4, 8, 16 and F dividing
+or divided by 16: csrc/attention_tiles.h) against the general kernels, which float64 always takes:
+GAT, GATv2 and dot-product attention, forward and every gradient, on rows of 0, 1 and many edges,
+with and without self loops and dropout; and the vectorised exp they use against torch.exp."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gnnfuse._build import load_extension
+from gnnfuse.csr import csr_for_edge_index, transpose_parts_of
+
+pytestmark = pytest.mark.skipif(not __import__("gnnfuse")._build.extension_available("attention"),
+                                reason="the C++ attention kernels are not built")
+
+N = 40
+SLOPE = 0.2
+
+
+def ext():
+    return load_extension("attention")
+
+
+def graph(num_nodes=N):
+    """Rows of 0 edges (isolated 0 and 1), 1 edge (2), a hub row (3) with a self loop, and random rows."""
+    g = torch.Generator().manual_seed(5)
+    src = [4, 3] + [int(v) for v in torch.randint(0, num_nodes, (60,), generator=g)] + [3]
+    dst = [2, 3] + [3] * 60 + [5]
+    rnd_src = torch.randint(0, num_nodes, (150,), generator=g)
+    rnd_dst = torch.randint(4, num_nodes, (150,), generator=g)
+    ei = torch.stack([torch.tensor(src + rnd_src.tolist()), torch.tensor(dst + rnd_dst.tolist())])
+    csr = csr_for_edge_index(ei, num_nodes, num_nodes)
+    return csr, transpose_parts_of(csr.rowptr, csr.col, num_nodes)
+
+
+def both_dtypes(fn):
+    """fn(dtype) -> (outputs, grads) in float32 (the tile path) and float64 (the general path)."""
+    return fn(torch.float32), fn(torch.float64)
+
+
+def assert_close(f32, f64):
+    for a, b in zip(f32, f64):
+        if a.numel() == 0:
+            assert b.numel() == 0
+            continue
+        torch.testing.assert_close(a.double(), b, atol=2e-5 * max(1.0, float(b.abs().max())), rtol=1e-4)
+
+
+SHAPES = [(8, 8), (1, 16), (2, 8), (4, 4), (16, 1), (2, 32), (1, 64), (4, 2), (16, 2), (8, 16)]
+
+
+@pytest.mark.parametrize("heads,width", SHAPES)
+@pytest.mark.parametrize("self_loops", [False, True])
+@pytest.mark.parametrize("dropout", [0.0, 0.4])
+def test_gat_tiles_match_general_kernels(heads, width, self_loops, dropout):
+    csr, transpose = graph()
+    g = torch.Generator().manual_seed(heads * 100 + width)
+    x, grad = torch.randn(N, heads, width, generator=g, dtype=torch.float64), torch.randn(N, heads, width, generator=g,
+                                                                                           dtype=torch.float64)
+    a_src, a_dst = torch.randn(N, heads, generator=g, dtype=torch.float64), torch.randn(N, heads, generator=g,
+                                                                                        dtype=torch.float64)
+    a_edge = torch.randn(csr.num_edges, heads, generator=g, dtype=torch.float64)
+    a_loop = torch.randn(N, heads, generator=g, dtype=torch.float64)
+
+    def run(dtype):
+        args = [t.to(dtype) for t in (x, a_src, a_dst)] + [a_edge.to(dtype), a_loop.to(dtype) if self_loops else None]
+        scalars = (self_loops, SLOPE, dropout, 11)
+        out, m, z = ext().gat_forward(*args, csr.rowptr, csr.col, *scalars)
+        needs = [True, True, True, True, self_loops]
+        grads = ext().gat_backward(grad.to(dtype), out, m, z, *args, csr.rowptr, csr.col, *transpose, *scalars, needs)
+        return [out, m, z, *grads]
+
+    f32, f64 = both_dtypes(run)
+    assert_close(f32, f64)
+    assert torch.equal(f32[0], run(torch.float32)[0])  # deterministic
+
+
+@pytest.mark.parametrize("heads,width", SHAPES)
+@pytest.mark.parametrize("mode", ["gatv2", "dot"])
+@pytest.mark.parametrize("dropout", [0.0, 0.4])
+def test_pair_tiles_match_general_kernels(heads, width, mode, dropout):
+    csr, transpose = graph()
+    g = torch.Generator().manual_seed(heads * 100 + width + 1)
+    make = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    q, k, v, grad = make(N, heads, width), make(N, heads, width), make(N, heads, width), make(N, heads, width)
+    att = make(heads, width)
+    gatv2 = mode == "gatv2"
+
+    def run(dtype):
+        args = (q.to(dtype), k.to(dtype), v.to(dtype), att.to(dtype) if gatv2 else None, None, csr.rowptr, csr.col,
+                None)
+        scalars = (gatv2, gatv2, SLOPE, 1 / math.sqrt(width), dropout, 11)
+        out, m, z = ext().pair_forward(*args, *scalars)
+        grads = ext().pair_backward(grad.to(dtype), out, m, z, *args, *transpose, *scalars, [True, True, True, gatv2,
+                                                                                             False])
+        return [out, m, z, *grads]
+
+    f32, f64 = both_dtypes(run)
+    assert_close(f32, f64)
+
+
+@pytest.mark.parametrize("mode", ["gat", "gatv2", "dot"])
+def test_tiles_same_for_any_thread_count(mode):
+    g = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, 400, (2, 6000), generator=g)
+    csr = csr_for_edge_index(ei, 400, 400)
+    transpose = transpose_parts_of(csr.rowptr, csr.col, 400)
+    x, q, grad = (torch.randn(400, 8, 8, generator=g) for _ in range(3))
+    a = torch.randn(400, 8, generator=g)
+
+    def run():
+        if mode == "gat":
+            out, m, z = ext().gat_forward(x, a, a, None, None, csr.rowptr, csr.col, True, SLOPE, 0.3, 3)
+            return [out, *ext().gat_backward(grad, out, m, z, x, a, a, None, None, csr.rowptr, csr.col, *transpose,
+                                             True, SLOPE, 0.3, 3, [True, True, True, False, False])]
+        gatv2 = mode == "gatv2"
+        args = (q, x, x, x[0] if gatv2 else None, None, csr.rowptr, csr.col, None)
+        scalars = (gatv2, gatv2, SLOPE, 0.35, 0.3, 3)
+        out, m, z = ext().pair_forward(*args, *scalars)
+        return [out, *ext().pair_backward(grad, out, m, z, *args, *transpose, *scalars, [True, True, True, gatv2,
+                                                                                         False])]
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(max(2, threads))
+        two = run()
+    finally:
+        torch.set_num_threads(threads)
+    for a_, b_ in zip(one, two):
+        assert torch.equal(a_, b_)
+
+
+def test_vectorised_exp_against_torch_exp():
+    """exp_vec (the tile kernels' exp, on 16-lane vectors) on the softmax's range [-87, 0] and its edge cases."""
+    special = [-1e-30, -1e-8, 0.0, -0.5, -86.99, -1e-3, -0.1, -1.0, -2.0, -10.0, -20.0, -40.0, -60.0, -80.0, -86.0,
+               -0.6931472]
+    grid = torch.cat([torch.linspace(-87.0, 0.0, 100_000), torch.tensor(special)])  # 16 lanes a vector
+    got = ext().exp_vec16(grid.contiguous())
+    want = torch.exp(grid.double())
+    rel = ((got.double() - want).abs() / want).max()
+    assert rel < 3e-7, rel
+    edge = torch.tensor([-float("inf"), -1e4, -104.0, -88.0, -87.5, float("nan"), 1.0, 10.0, 88.0, 1e4, 0.0, -0.0,
+                         -87.0, -1.0, 2.0, 0.5])
+    out = ext().exp_vec16(edge)
+    assert torch.equal(out[:5], torch.zeros(5))  # below -87 (and -inf): 0, as the softmax needs
+    assert torch.isnan(out[5])
+    torch.testing.assert_close(out[6:8].double(), torch.exp(edge[6:8].double()), rtol=1e-6, atol=0)
+    assert torch.isfinite(out[8:10]).all()  # large positive arguments are clamped at 88, never inf or NaN
+    assert out[10] == 1.0 and out[11] == 1.0

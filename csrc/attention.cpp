@@ -142,32 +142,14 @@ void forward_tiles(const Params& P, const float* x, const float* a_src, const fl
       float* w = row_buffer(S.w, n * H);
       const HV ad = load_heads<HH>(a_dst + i * H);
       const float* loop_row = a_loop ? a_loop + i * H : nullptr;
-      HV m = HV{} - std::numeric_limits<float>::infinity(), z = HV{};
+      HV m = HV{} - std::numeric_limits<float>::infinity();
       for (int64_t e = 0; e < n; ++e) {
         if (e + kAhead < n) __builtin_prefetch(a_src + S.edges[e + kAhead].other * H, 0, 1);
         const HV a = lrelu_heads<HH>(gat_logit<HH>(ad, a_src, H, S.edges[e], a_edge, loop_row), slope);
         store_heads<HH>(w + e * H, a);
         m = a > m ? a : m;
       }
-      for (int64_t e = 0; e < n; ++e) {
-        const HV p = exp_vec(load_heads<HH>(w + e * H) - m);
-        store_heads<HH>(w + e * H, p);
-        z += p;
-      }
-      if (P.threshold) {
-        S.fill_keep(P, H);
-        const float* k = S.keep.data();
-#pragma omp simd
-        for (int64_t q = 0; q < n * H; ++q) w[q] *= k[q];
-      }
-      weighted_row_sum(S.edges, w, H, heads, x, acc.data());
-      const HV pos = z > HV{} ? HV{} + 1.0f : HV{};
-      const HV inv = z > HV{} ? pos / z : HV{};
-      store_heads<HH>(m_out + i * H, z > HV{} ? m : HV{});
-      store_heads<HH>(z_out + i * H, z);
-      float* o = out + i * HF;
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t f = 0; f < F; ++f) o[h * F + f] = acc[h * F + f] * inv[h];
+      finish_row_tiles<HH>(P, S, w, m, heads, x, F, acc.data(), out + i * HF, m_out + i * H, z_out + i * H);
     }
   });
 }

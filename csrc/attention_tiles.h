@@ -288,5 +288,35 @@ inline void leaky_grad_row(const EdgeList&, const float*, int64_t, const HeadLan
                            const float*, float, float*, float*) {}
 #endif
 
+// The end of a tile forward's row, shared by GAT and the pair attentions: w [n, H] holds the row's
+// logits (already scaled) and m their per-head max. Softmax weights (one exp per edge and head, z
+// their sum), dropout, the weighted sum of the value rows into acc, then out_row [H * F] and the
+// saved statistics m_row, z_row [H] (a row without edges: zeros).
+template <int HH>
+inline void finish_row_tiles(const Params& P, Scratch<float>& S, float* w, const HeadVec<HH>& m,
+                             const HeadLanes& heads, const float* values, int64_t F, float* acc, float* out_row,
+                             float* m_row, float* z_row) {
+  using HV = HeadVec<HH>;
+  const int64_t n = S.edges.size(), H = HH;
+  HV z = HV{};
+  for (int64_t e = 0; e < n; ++e) {
+    const HV p = exp_vec(load_heads<HH>(w + e * H) - m);
+    store_heads<HH>(w + e * H, p);
+    z += p;
+  }
+  if (P.threshold) {
+    S.fill_keep(P, H);
+    const float* keep = S.keep.data();
+#pragma omp simd
+    for (int64_t q = 0; q < n * H; ++q) w[q] *= keep[q];
+  }
+  weighted_row_sum(S.edges, w, H, heads, values, acc);
+  const HV inv = z > HV{} ? (HV{} + 1.0f) / z : HV{};
+  store_heads<HH>(m_row, z > HV{} ? m : HV{});
+  store_heads<HH>(z_row, z);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t f = 0; f < F; ++f) out_row[h * F + f] = acc[h * F + f] * inv[h];
+}
+
 }  // namespace attention_detail
 }  // namespace gnnfuse

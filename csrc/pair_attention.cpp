@@ -327,30 +327,13 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
       const int64_t n = S.edges.size();
       float* w = row_buffer(S.w, n * H);
       pair_logits(A, S.edges, q + i * HF, k, att, heads, w);
-      HV m = HV{} - std::numeric_limits<float>::infinity(), z = HV{};
+      HV m = HV{} - std::numeric_limits<float>::infinity();
       for (int64_t e = 0; e < n; ++e) {
         const HV s = load_heads<HH>(w + e * H) * scale;
         store_heads<HH>(w + e * H, s);
         m = s > m ? s : m;
       }
-      for (int64_t e = 0; e < n; ++e) {
-        const HV p = exp_vec(load_heads<HH>(w + e * H) - m);
-        store_heads<HH>(w + e * H, p);
-        z += p;
-      }
-      if (P.threshold) {
-        S.fill_keep(P, H);
-        const float* kp = S.keep.data();
-#pragma omp simd
-        for (int64_t r = 0; r < n * H; ++r) w[r] *= kp[r];
-      }
-      weighted_row_sum(S.edges, w, H, heads, v, acc.data());
-      const HV inv = z > HV{} ? (HV{} + 1.0f) / z : HV{};
-      store_heads<HH>(m_out + i * H, z > HV{} ? m : HV{});
-      store_heads<HH>(z_out + i * H, z);
-      float* o = out + i * HF;
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t f = 0; f < F; ++f) o[h * F + f] = acc[h * F + f] * inv[h];
+      finish_row_tiles<HH>(P, S, w, m, heads, v, F, acc.data(), out + i * HF, m_out + i * H, z_out + i * H);
     }
   });
 }

@@ -64,6 +64,26 @@ struct HeadLanes {
   }
 };
 
+// Calls tile(v0, std::integral_constant<int, NV>{}) over a row's nvec vectors in tiles of up to 4
+// (NV a compile-time count, so each tile's accumulators stay in registers).
+template <typename Tile>
+inline void for_each_tile(int64_t nvec, const Tile& tile) {
+  for (int64_t v0 = 0; v0 < nvec; v0 += 4) {
+    const int64_t nv = std::min<int64_t>(4, nvec - v0);
+    if (nv == 4) tile(v0, std::integral_constant<int, 4>{});
+    else if (nv == 3) tile(v0, std::integral_constant<int, 3>{});
+    else if (nv == 2) tile(v0, std::integral_constant<int, 2>{});
+    else tile(v0, std::integral_constant<int, 1>{});
+  }
+}
+
+// An edge's weights ce[0 : H] spread over one vector's lanes, each lane taking its head's weight.
+template <bool kOneHead>
+inline Vec64<float> edge_weight_lanes(const float* ce, int64_t h0, const LaneIndex& lane) {
+  if constexpr (kOneHead) return Vec64<float>{} + ce[h0];
+  else return __builtin_shuffle(load_vec(ce + h0), lane);
+}
+
 template <int NV, bool kOneHead>
 inline void weighted_tile(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads, int64_t v0,
                           const float* rows, int64_t width, float* acc) {
@@ -80,9 +100,7 @@ inline void weighted_tile(const EdgeList& edges, const float* c, int64_t H, cons
     const float* ce = c + e * H;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      Vec64<float> cv;
-      if constexpr (kOneHead) cv = Vec64<float>{} + ce[h0[v]];
-      else cv = __builtin_shuffle(load_vec(ce + h0[v]), lane[v]);
+      const Vec64<float> cv = edge_weight_lanes<kOneHead>(ce, h0[v], lane[v]);
       a[v] += cv * load_vec(x + v * L);
     }
   }
@@ -95,18 +113,11 @@ inline void weighted_tile(const EdgeList& edges, const float* c, int64_t H, cons
 inline void weighted_row_sum(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads,
                              const float* rows, float* acc) {
   const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
-  for (int64_t v0 = 0; v0 < nvec; v0 += 4) {
-    auto tile = [&](auto nv_c) {
-      constexpr int NV = decltype(nv_c)::value;
-      if (heads.one_head) weighted_tile<NV, true>(edges, c, H, heads, v0, rows, width, acc);
-      else weighted_tile<NV, false>(edges, c, H, heads, v0, rows, width, acc);
-    };
-    const int64_t nv = std::min<int64_t>(4, nvec - v0);
-    if (nv == 4) tile(std::integral_constant<int, 4>{});
-    else if (nv == 3) tile(std::integral_constant<int, 3>{});
-    else if (nv == 2) tile(std::integral_constant<int, 2>{});
-    else tile(std::integral_constant<int, 1>{});
-  }
+  for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
+    constexpr int NV = decltype(nv_c)::value;
+    if (heads.one_head) weighted_tile<NV, true>(edges, c, H, heads, v0, rows, width, acc);
+    else weighted_tile<NV, false>(edges, c, H, heads, v0, rows, width, acc);
+  });
 }
 
 // ---- per-head dot products of the row's edges with a fixed row ---------------------------------
@@ -191,21 +202,14 @@ inline void head_dots(const EdgeList& edges, const float* rows, const float* fix
                       float* dots, const Op& op) {
   const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
   if (heads.one_head) std::fill(dots, dots + edges.size() * H, 0.0f);
-  for (int64_t v0 = 0; v0 < nvec; v0 += 4) {
-    auto tile = [&](auto nv_c) {
-      constexpr int NV = decltype(nv_c)::value;
-      if (heads.one_head) head_dot_tile<NV, -1>(edges, rows, width, fixed, H, heads, v0, dots, op);
-      else if (heads.levels == 0) head_dot_tile<NV, 0>(edges, rows, width, fixed, H, heads, v0, dots, op);
-      else if (heads.levels == 1) head_dot_tile<NV, 1>(edges, rows, width, fixed, H, heads, v0, dots, op);
-      else if (heads.levels == 2) head_dot_tile<NV, 2>(edges, rows, width, fixed, H, heads, v0, dots, op);
-      else head_dot_tile<NV, 3>(edges, rows, width, fixed, H, heads, v0, dots, op);
-    };
-    const int64_t nv = std::min<int64_t>(4, nvec - v0);
-    if (nv == 4) tile(std::integral_constant<int, 4>{});
-    else if (nv == 3) tile(std::integral_constant<int, 3>{});
-    else if (nv == 2) tile(std::integral_constant<int, 2>{});
-    else tile(std::integral_constant<int, 1>{});
-  }
+  for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
+    constexpr int NV = decltype(nv_c)::value;
+    if (heads.one_head) head_dot_tile<NV, -1>(edges, rows, width, fixed, H, heads, v0, dots, op);
+    else if (heads.levels == 0) head_dot_tile<NV, 0>(edges, rows, width, fixed, H, heads, v0, dots, op);
+    else if (heads.levels == 1) head_dot_tile<NV, 1>(edges, rows, width, fixed, H, heads, v0, dots, op);
+    else if (heads.levels == 2) head_dot_tile<NV, 2>(edges, rows, width, fixed, H, heads, v0, dots, op);
+    else head_dot_tile<NV, 3>(edges, rows, width, fixed, H, heads, v0, dots, op);
+  });
 }
 
 // ---- GATv2's gradient through the leaky_relu, per row on register tiles -----------------------
@@ -233,9 +237,7 @@ inline void leaky_grad_tile(const EdgeList& edges, const float* c, int64_t H, co
     const float* ce = c + e * H;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      Vec64<float> cv;
-      if constexpr (kOneHead) cv = Vec64<float>{} + ce[h0[v]];
-      else cv = __builtin_shuffle(load_vec(ce + h0[v]), lane[v]);
+      const Vec64<float> cv = edge_weight_lanes<kOneHead>(ce, h0[v], lane[v]);
       const Vec64<float> u = fx[v] + load_vec(x + v * L);
       const auto pos = u > Vec64<float>{};
       a[v] += cv * (pos ? at[v] : ats[v]);
@@ -253,24 +255,17 @@ inline void leaky_grad_tile(const EdgeList& edges, const float* c, int64_t H, co
 inline void leaky_grad_row(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads, const float* rows,
                            const float* fixed, const float* att, float slope, float* d_own, float* d_att) {
   const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
-  for (int64_t v0 = 0; v0 < nvec; v0 += 4) {
-    auto tile = [&](auto nv_c) {
-      constexpr int NV = decltype(nv_c)::value;
-      auto run = [&](auto one_head, auto with_att) {
-        leaky_grad_tile<NV, decltype(one_head)::value, decltype(with_att)::value>(
-            edges, c, H, heads, v0, rows, width, fixed, att, slope, d_own, d_att);
-      };
-      using T = std::true_type;
-      using F = std::false_type;
-      if (heads.one_head) d_att ? run(T{}, T{}) : run(T{}, F{});
-      else d_att ? run(F{}, T{}) : run(F{}, F{});
+  for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
+    constexpr int NV = decltype(nv_c)::value;
+    auto run = [&](auto one_head, auto with_att) {
+      leaky_grad_tile<NV, decltype(one_head)::value, decltype(with_att)::value>(
+          edges, c, H, heads, v0, rows, width, fixed, att, slope, d_own, d_att);
     };
-    const int64_t nv = std::min<int64_t>(4, nvec - v0);
-    if (nv == 4) tile(std::integral_constant<int, 4>{});
-    else if (nv == 3) tile(std::integral_constant<int, 3>{});
-    else if (nv == 2) tile(std::integral_constant<int, 2>{});
-    else tile(std::integral_constant<int, 1>{});
-  }
+    using T = std::true_type;
+    using F = std::false_type;
+    if (heads.one_head) d_att ? run(T{}, T{}) : run(T{}, F{});
+    else d_att ? run(F{}, T{}) : run(F{}, F{});
+  });
 }
 #else  // never called (register_tiles_fit is false): the callers' scalar loop runs
 struct HeadLanes {

@@ -111,10 +111,7 @@ def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_
                     SEG: tl.constexpr, STAGES: tl.constexpr,
                     LANES: tl.constexpr):
     i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     ad = tl.load(a_dst + i * H + heads, mask=hmask, other=0).to(ACC)
     m, z, acc = _piece_state(BE, HB, FB, LANES, ACC)
     for k0 in tl.range(start, stop, BE, num_stages=STAGES):
@@ -159,6 +156,15 @@ def _online_step(m, z, acc, e, keep, xv):
     rescale = tl.exp(m - m_safe)
     w = tl.exp(e - m_safe)
     return m_new, z * rescale + w, acc * rescale[:, :, None] + (w * keep)[:, :, None] * xv
+
+
+@triton.jit
+def _head_block(H, F, HB: tl.constexpr, FB: tl.constexpr):
+    """This program's block of HB heads (grid axis 1) and the FB feature lanes, with their masks:
+    (heads, hmask, feats, fmask)."""
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    feats = tl.arange(0, FB)
+    return heads, heads < H, feats, feats < F
 
 
 @triton.jit
@@ -223,10 +229,7 @@ def _forward_groups_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_
     t-th edge of every row at once, so a program keeps ROWS gathers in flight where the per-piece
     kernel spends a tile on a row of a few edges; the rows' online softmaxes advance side by side."""
     rows, rmask, start, end, stop = _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     ad = tl.load(a_dst + rows[:, None] * H + heads[None, :], mask=rmask[:, None] & hmask[None, :], other=0).to(ACC)
     m = tl.full((ROWS, HB), NEG_INF, ACC)
     z = tl.zeros((ROWS, HB), ACC)
@@ -260,10 +263,7 @@ def _merge_pieces_kernel(p_acc, p_m, p_z, out, m_out, z_out, split_rows, seg_ptr
                          BK: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr):
     """Second pass of the forward over split rows: the online-softmax merge of the pieces' states."""
     i = tl.load(split_rows + tl.program_id(0)).to(tl.int64)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     n = tl.load(seg_ptr + i + 1) - tl.load(seg_ptr + i)
     first = tl.load(slot + i)
@@ -299,10 +299,8 @@ def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, r
     every edge: grad alpha_edge, alpha_loop, and grad alpha_dst (the row sum; a partial per piece
     of a split row)."""
     i, k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    hf = hmask[:, None] & (feats < F)[None, :]
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
+    hf = hmask[:, None] & fmask[None, :]
     offs = i * H * F + heads[:, None] * F + feats[None, :]
     gi = tl.load(g + offs, mask=hf, other=0).to(ACC)
     d = tl.sum(gi * tl.load(out + offs, mask=hf, other=0).to(ACC), 1)
@@ -348,10 +346,7 @@ def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_r
     """grad x[j] = sum_k c_k g_i and grad alpha_src[j] = sum_k ds_k over j's out-edges (the transpose's
     row; partial sums per piece of a split row)."""
     j, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, t_rowptr, NUM_LOOPS, SEG)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     offs = j * H * F + heads[:, None] * F + feats[None, :]
     xj = tl.load(x + offs, mask=hf, other=0).to(ACC)

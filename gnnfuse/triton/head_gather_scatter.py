@@ -19,7 +19,7 @@ import triton.language as tl
 
 from . import attention as gat
 from ._grid import cdiv
-from .attention_kernels import _piece
+from .attention_kernels import _head_block, _piece
 
 
 @triton.jit
@@ -27,10 +27,7 @@ def _head_aggregate_kernel(x, w, ptr, nbr, pos, rowptr, out, part_out, seg_row, 
                            TRANSPOSED: tl.constexpr, MEAN: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr,
                            HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr):
     r, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, ptr, 0, SEG)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     acc = tl.zeros((HB, FB), ACC)
     for k0 in range(start, stop, BE):
         qs = k0 + tl.arange(0, BE)
@@ -63,10 +60,7 @@ def _head_weight_grad_kernel(g, x, rowptr, col, gw, seg_row, seg_ptr, slot, H, F
                              SEG: tl.constexpr):
     """gw[k, h] = g[i, h, :] . x[col[k], h, :] (/ deg(i) for mean) for the edges k of this piece of row i."""
     i, _k, start, end, stop, _part = _piece(seg_row, seg_ptr, slot, rowptr, 0, SEG)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     gi = tl.load(g + i * H * F + heads[:, None] * F + feats[None, :], mask=hf, other=0).to(ACC)
     if MEAN:

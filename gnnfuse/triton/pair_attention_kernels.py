@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 
 from ._launch import fast_kernel
-from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _group, _merge_lanes, _online_step, _piece,
-                                _piece_at, _piece_state, _piece_step, _store_row, _store_rows)
+from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _group, _head_block, _merge_lanes, _online_step,
+                                _piece, _piece_at, _piece_state, _piece_step, _store_row, _store_rows)
 
 
 @triton.jit
@@ -91,10 +91,7 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
                          FB: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr,
                          LANES: tl.constexpr):
     i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
     a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
@@ -133,10 +130,7 @@ def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_ou
     """The forward over short rows, ROWS per program, one edge of each row per step (as GAT's
     _forward_groups_kernel): tiles [ROWS, HB, FB]."""
     rows, rmask, start, end, stop = _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     qi = tl.load(q + rows[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
                  mask=rmask[:, None, None] & hf[None, :, :], other=0).to(ACC)
@@ -179,10 +173,7 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
     pieces pid, pid + P, pid + 2P, ... (P programs; P = NUM_PIECES unless grad att is wanted) and
     keeps grad att's partial across them: p_att has P rows (summed on the host in a fixed order),
     not one per piece."""
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
     acc_a = tl.zeros((HB, FB), ACC)
@@ -292,10 +283,7 @@ def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, 
     split row's pieces write partials (p_d), folded in piece order afterwards. (Where no row is
     split, the row pass computes it itself: D_INLINE.)"""
     i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
     acc = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
@@ -318,10 +306,7 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
     """grad k[j] and grad v[j] over j's out-edges (the transpose's row; partials for split rows).
     KV_SUM (k and v are one tensor, GATv2's source features): their sum, into g_k / p_k alone."""
     j, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, t_rowptr, NUM_LOOPS, SEG)
-    heads = tl.program_id(1) * HB + tl.arange(0, HB)
-    hmask = heads < H
-    feats = tl.arange(0, FB)
-    fmask = feats < F
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     kj = _head_tile(k, j, heads, feats, hf, H, F, ACC)
     vj = _head_tile(v, j, heads, feats, hf, H, F, ACC)

@@ -40,6 +40,8 @@ from .attention_kernels import (
     _forward_kernel,
     _merge_pieces_kernel,
 )
+from ._launch import BoundLaunches
+from .attention_launches import BackwardSetup, ForwardSetup
 from .gather_scatter import work_list
 from .gather_scatter_fwd_kernels import _COMBINE_K, _combine_kernel
 from .schedule import choose_window, short_rows
@@ -156,13 +158,20 @@ def _forward_plan(rowptr, col, num_src, H, F, itemsize, wide_sparse=False):
     return work_list(rowptr, SPLIT_EDGES, short_max), _blocks(H, F)[0], short_rows(rowptr, short_max, window), rows
 
 
-def _common(x, rowptr, col, self_loops, slope, p, seed):
-    n_src, H, F = x.shape
-    num_dst = rowptr.shape[0] - 1
-    acc = tl.float64 if x.dtype == torch.float64 else tl.float32
-    scalars = (min(n_src, num_dst) if self_loops else 0, col.shape[0], H, F, float(slope), int(seed),
-               int(round(p * (1 << 24))), 1.0 / (1.0 - p))
-    return n_src, num_dst, H, F, acc, scalars
+def _knobs() -> tuple:
+    """The tile and plan choices above, as functions: part of every cached setup's key, so that a
+    benchmark or test swapping one of them (bench_attention.py's sweeps) gets a setup made with them."""
+    return (_blocks, _warps, _forward_warps, _group_rows, _group_warps, _forward_stages, _forward_lanes)
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _scalars(n_src, num_dst, num_edges, H, F, self_loops, slope, p, seed) -> tuple:
+    """The kernels' runtime scalars: self loops, edges, heads, width, slope, seed, dropout threshold, 1 / keep."""
+    return (min(n_src, num_dst) if self_loops else 0, num_edges, H, F, float(slope), int(seed),
+            int(round(p * (1 << 24))), 1.0 / (1.0 - p))
 
 
 def _work(rowptr):
@@ -170,36 +179,41 @@ def _work(rowptr):
     return work_list(rowptr, SPLIT_EDGES)
 
 
+def forward_setup(kind: str, kernels, features, rowptr, col, flags: tuple, wide_sparse: bool = False) -> ForwardSetup:
+    """The forward's plan, grids, constexprs and bound launches for this graph, the [N_src, H, F]
+    ``features``' shape and dtype and the kernels' ``flags`` ((name, value) pairs), cached on rowptr
+    (``kind``: the cache's name for ``kernels``, the row-group and per-piece forwards)."""
+    n_src, H, F = features.shape
+    dtype = features.dtype
+
+    def build():
+        _, hb, fb = _blocks(H, F, col.shape[0], rowptr.shape[0] - 1)
+        wl, be, short, rows = _forward_plan(rowptr, col, n_src, H, F, dtype.itemsize, wide_sparse)
+        base = dict(flags, ACC=_acc(dtype), HB=hb, FB=fb)
+        groups = dict(base, ROWS=rows, STAGES=_forward_stages(), num_warps=_group_warps(rows, hb, fb))
+        pieces = dict(base, BE=be, SEG=SPLIT_EDGES, STAGES=_forward_stages(), LANES=_forward_lanes(be, hb, fb),
+                      num_warps=_forward_warps(be, hb, fb))
+        return ForwardSetup(kernels, wl, short, rows, cdiv(H, hb), groups, pieces, dict(ACC=base["ACC"], BK=32, HB=hb,
+                                                                                       FB=fb))
+
+    key = (n_src, H, F, dtype, col.dtype, col.shape[0], flags, wide_sparse, _knobs())
+    return cached(kind, (rowptr,), key, build)
+
+
 def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops, slope, p, seed):
-    n_src, num_dst, H, F, acc, scalars = _common(x, rowptr, col, self_loops, slope, p, seed)
-    stat = torch.float64 if x.dtype == torch.float64 else torch.float32
+    n_src, H, F = x.shape
+    num_dst = rowptr.shape[0] - 1
     out = x.new_empty(num_dst, H, F)
-    m = x.new_empty(num_dst, H, dtype=stat)
+    m = x.new_empty(num_dst, H, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
     z = torch.empty_like(m)
-    be, hb, fb = _blocks(H, F, col.shape[0], num_dst)
     if not (num_dst and H):
         return out, m, z
-    wl, be, short, rows = _forward_plan(rowptr, col, n_src, H, F, x.element_size())
-    parts = wl.num_partials
-    p_acc = x.new_empty(parts, H, F, dtype=stat) if parts else m
-    p_m = x.new_empty(parts, H, dtype=stat) if parts else m
-    p_z = torch.empty_like(p_m) if parts else m
-    terms = (a_edge if a_edge is not None else x, a_loop if a_loop is not None else x, rowptr, col, out, m, z)
-    flags = dict(HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None, SELF_LOOPS=bool(self_loops),
-                 DROPOUT=p > 0, ACC=acc, HB=hb, FB=fb)
-    if short is not None and short.numel():
-        _forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
-            x, a_src, a_dst, *terms, short, short.numel(), *scalars, ROWS=rows, STAGES=_forward_stages(),
-            num_warps=_group_warps(rows, hb, fb), **flags)
-    if wl.num_pieces:
-        _forward_kernel[(wl.num_pieces, cdiv(H, hb))](
-            x, a_src, a_dst, *terms, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, BE=be,
-            SEG=SPLIT_EDGES, STAGES=_forward_stages(), LANES=_forward_lanes(be, hb, fb),
-            num_warps=_forward_warps(be, hb, fb), **flags)
-    if parts:
-        _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
-            p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=acc,
-            BK=32, HB=hb, FB=fb)
+    has_edge, has_loop = a_edge is not None, a_loop is not None
+    flags = (("HAS_EDGE", has_edge), ("HAS_LOOP_TERM", has_loop), ("SELF_LOOPS", bool(self_loops)), ("DROPOUT", p > 0))
+    setup = forward_setup("attention-forward", (_forward_groups_kernel, _forward_kernel), x, rowptr, col, flags)
+    tensors = (x, a_src, a_dst, a_edge if has_edge else x, a_loop if has_loop else x, rowptr, col, out, m, z)
+    fast = x.is_cuda and BoundLaunches.usable(*tensors[:7])
+    setup.run(tensors, _scalars(n_src, num_dst, col.shape[0], H, F, self_loops, slope, p, seed), fast)
     return out, m, z
 
 
@@ -212,11 +226,32 @@ def _fold(part, out, wl, width):
             REDUCE=SUM, ACC64=part.dtype == torch.float64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=bf, num_warps=4)
 
 
+def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs: tuple) -> BackwardSetup:
+    """The backward's work lists, grids, constexprs and bound launches (cached, as forward_setup's)."""
+    n_src, H, F = x.shape
+    need_x, need_src, need_dst, need_edge, need_loop = needs
+
+    def build():
+        num_dst = rowptr.shape[0] - 1
+        be, hb, fb = _blocks(H, F, col.shape[0], num_dst)
+        base = dict(flags, ACC=_acc(x.dtype), BE=be, HB=hb, FB=fb, SEG=SPLIT_EDGES, num_warps=_warps(be, hb, fb))
+        rows = _work(rowptr) if num_dst and H else None
+        sources = _work(t_rowptr) if n_src and H and (need_x or need_src) else None
+        rows_meta = dict(base, PER_EDGE=need_dst or need_edge or need_loop, NEED_DST=need_dst, NEED_EDGE=need_edge,
+                         NEED_LOOP=need_loop)
+        return BackwardSetup(rows, None if rows is None else ((rows.num_pieces, cdiv(H, hb)), rows_meta), sources,
+                             None if sources is None else ((sources.num_pieces, cdiv(H, hb)),
+                                                           dict(base, NEED_X=need_x, NEED_SRC=need_src)))
+
+    key = (n_src, H, F, col.shape[0], x.dtype, col.dtype, t_col.dtype, t_pos.dtype, flags, needs, _knobs())
+    return cached("attention-backward", (rowptr, t_rowptr), key, build)
+
+
 def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops,
              slope, p, seed, needs):
-    n_src, num_dst, H, F, acc, scalars = _common(x, rowptr, col, self_loops, slope, p, seed)
-    need_x, need_src, need_dst = needs[0], needs[1], needs[2]
-    need_edge, need_loop = needs[3] and a_edge is not None, needs[4] and a_loop is not None
+    n_src, H, F = x.shape
+    need_x, need_src, need_dst = bool(needs[0]), bool(needs[1]), bool(needs[2])
+    need_edge, need_loop = bool(needs[3]) and a_edge is not None, bool(needs[4]) and a_loop is not None
     empty = x.new_empty(0)
     g_x = torch.empty_like(x) if need_x else empty
     g_src = torch.empty_like(a_src) if need_src else empty
@@ -224,33 +259,36 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
     g_edge = torch.zeros_like(a_edge) if need_edge else empty  # skipped self loops keep 0
     g_loop = torch.zeros_like(a_loop) if need_loop else empty
     D = torch.empty_like(m)
-    be, hb, fb = _blocks(H, F, col.shape[0], num_dst)
-    flags = dict(HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None, SELF_LOOPS=bool(self_loops),
-                 DROPOUT=p > 0, ACC=acc, BE=be, HB=hb, FB=fb, SEG=SPLIT_EDGES, num_warps=_warps(be, hb, fb))
+    flags = (("HAS_EDGE", a_edge is not None), ("HAS_LOOP_TERM", a_loop is not None), ("SELF_LOOPS", bool(self_loops)),
+             ("DROPOUT", p > 0))
+    setup = _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags,
+                            (need_x, need_src, need_dst, need_edge, need_loop))
+    scalars = _scalars(n_src, rowptr.shape[0] - 1, col.shape[0], H, F, self_loops, slope, p, seed)
     a_edge_, a_loop_ = (a_edge if a_edge is not None else x), (a_loop if a_loop is not None else x)
-    if num_dst and H:
-        wl = _work(rowptr)
+    fast = x.is_cuda and BoundLaunches.usable(grad_out, x, a_src, a_dst, a_edge_, a_loop_, rowptr, col, t_rowptr,
+                                              t_col, t_pos)
+    launch, wl = setup.launch, setup.rows
+    if wl is not None:
         p_dst = m.new_empty(wl.num_partials, H) if need_dst and wl.num_partials else m
-        _backward_rows_kernel[(wl.num_pieces, cdiv(H, hb))](
+        launch("rows", _backward_rows_kernel, setup.rows_launch[0], (
             grad_out, out, m, z, x, a_src, a_dst, a_edge_, a_loop_, rowptr, col, D, g_dst if need_dst else x,
-            g_edge if need_edge else x, g_loop if need_loop else x, wl.seg_row, wl.seg_ptr, wl.slot, p_dst,
-            *scalars, PER_EDGE=need_dst or need_edge or need_loop, NEED_DST=need_dst, NEED_EDGE=need_edge,
-            NEED_LOOP=need_loop, **flags)
+            g_edge if need_edge else x, g_loop if need_loop else x, wl.seg_row, wl.seg_ptr, wl.slot, p_dst, *scalars),
+            setup.rows_launch[1], fast)
         if need_dst:
-            _fold(p_dst, g_dst, wl, H)
-    if n_src and H and (need_x or need_src):
-        wl = _work(t_rowptr)
+            setup.fold("fold_dst", p_dst, g_dst, wl, H, fast)
+    wl = setup.sources
+    if wl is not None:
         parts = wl.num_partials
         p_x = m.new_empty(parts, H, F) if need_x and parts else m
         p_src = m.new_empty(parts, H) if need_src and parts else m
-        _backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
-            grad_out, m, z, x, a_src, a_dst, a_edge_, a_loop_, t_rowptr, t_col, t_pos, D,
-            g_x if need_x else x, g_src if need_src else x, wl.seg_row, wl.seg_ptr, wl.slot, p_x, p_src,
-            *scalars, NEED_X=need_x, NEED_SRC=need_src, **flags)
+        launch("sources", _backward_sources_kernel, setup.sources_launch[0], (
+            grad_out, m, z, x, a_src, a_dst, a_edge_, a_loop_, t_rowptr, t_col, t_pos, D, g_x if need_x else x,
+            g_src if need_src else x, wl.seg_row, wl.seg_ptr, wl.slot, p_x, p_src, *scalars),
+            setup.sources_launch[1], fast)
         if need_x:
-            _fold(p_x, g_x, wl, H * F)
+            setup.fold("fold_x", p_x, g_x, wl, H * F, fast)
         if need_src:
-            _fold(p_src, g_src, wl, H)
+            setup.fold("fold_src", p_src, g_src, wl, H, fast)
     return g_x, g_src, g_dst, g_edge, g_loop
 
 

@@ -6,11 +6,12 @@ and the forward's short rows run in row groups as GAT's do (attention._forward_p
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 
 from . import attention as gat
+from .._tensor_cache import cached
 from ._grid import cdiv
-from .attention_kernels import _merge_pieces_kernel
+from ._launch import BoundLaunches
+from .attention_launches import BackwardSetup
 from .pair_attention_kernels import (
     _pair_backward_rows_kernel,
     _pair_backward_sources_kernel,
@@ -26,15 +27,10 @@ from .pair_attention_kernels import (
 ATT_SLOTS = 8192
 
 
-def _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed):
-    n_src, H, F = k.shape
-    acc = tl.float64 if k.dtype == torch.float64 else tl.float32
-    scalars = (min(n_src, q.shape[0]) if self_loops else 0, col.shape[0], H, F, float(slope), float(scale), int(seed),
-               int(round(p * (1 << 24))), 1.0 / (1.0 - p))
-    be, hb, fb = gat._blocks(H, F, col.shape[0], q.shape[0])
-    flags = dict(SELF_LOOPS=bool(self_loops), DROPOUT=p > 0, GATV2=bool(gatv2), ACC=acc, BE=be, HB=hb, FB=fb,
-                 SEG=gat.SPLIT_EDGES, num_warps=gat._warps(be, hb, fb))
-    return n_src, H, F, scalars, flags
+def _flags(k, v, self_loops, gatv2, p, edge) -> tuple:
+    """The kernels' flags shared by the forward and the backward, as (name, value) pairs."""
+    return (("SELF_LOOPS", bool(self_loops)), ("DROPOUT", p > 0), ("GATV2", bool(gatv2)), ("HAS_EDGE", edge is not None),
+            ("KV_SAME", _same(k, v)))
 
 
 def _same(k, v) -> bool:
@@ -43,48 +39,65 @@ def _same(k, v) -> bool:
 
 
 def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
-    n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
-    flags["HAS_EDGE"] = edge is not None
+    n_src, H, F = k.shape
     num_dst = q.shape[0]
-    stat = torch.float64 if k.dtype == torch.float64 else torch.float32
     out = k.new_empty(num_dst, H, F)
-    m = k.new_empty(num_dst, H, dtype=stat)
+    m = k.new_empty(num_dst, H, dtype=torch.float64 if k.dtype == torch.float64 else torch.float32)
     z = torch.empty_like(m)
     if not (num_dst and H):
         return out, m, z
-    hb, fb = flags["HB"], flags["FB"]
-    wl, be, short, rows = gat._forward_plan(rowptr, col, n_src, H, F, k.element_size(), wide_sparse=flags["GATV2"])
-    parts = wl.num_partials
-    p_acc = k.new_empty(parts, H, F, dtype=stat) if parts else m
-    p_m = k.new_empty(parts, H, dtype=stat) if parts else m
-    p_z = torch.empty_like(p_m) if parts else m
+    setup = gat.forward_setup("pair-forward", (_pair_forward_groups_kernel, _pair_forward_kernel), k, rowptr, col,
+                              _flags(k, v, self_loops, gatv2, p, edge), wide_sparse=bool(gatv2))
     tensors = (q, k, v, att if att is not None else k, edge if edge is not None else k,
                perm if perm is not None else col, rowptr, col, out, m, z)
-    if short is not None and short.numel():
-        group_flags = {key: val for key, val in flags.items() if key not in ("BE", "SEG", "num_warps")}
-        _pair_forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
-            *tensors, short, short.numel(), *scalars, KV_SAME=_same(k, v), ROWS=rows, STAGES=gat._forward_stages(),
-            num_warps=gat._group_warps(rows, hb, fb), **group_flags)
-    if wl.num_pieces:
-        _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
-            *tensors, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v),
-            STAGES=gat._forward_stages(), LANES=gat._forward_lanes(be, hb, fb),
-            **dict(flags, BE=be, num_warps=gat._forward_warps(be, hb, fb)))
-    if parts:
-        _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
-            p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=flags["ACC"], BK=32,
-            HB=hb, FB=flags["FB"])
+    fast = k.is_cuda and BoundLaunches.usable(*tensors[:8])
+    setup.run(tensors, _scalars(n_src, num_dst, col.shape[0], H, F, self_loops, slope, scale, p, seed), fast)
     return out, m, z
+
+
+def _scalars(n_src, num_dst, num_edges, H, F, self_loops, slope, scale, p, seed) -> tuple:
+    """The kernels' runtime scalars: GAT's (attention._scalars) with the logit scale after the slope."""
+    loops, edges, heads, width, slope, seed, threshold, keep = gat._scalars(n_src, num_dst, num_edges, H, F, self_loops,
+                                                                           slope, p, seed)
+    return loops, edges, heads, width, slope, float(scale), seed, threshold, keep
+
+
+def _backward_setup(k, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs: tuple, d_given: bool) -> BackwardSetup:
+    """The backward's work lists, grids, constexprs and bound launches (cached, as the forward's)."""
+    n_src, H, F = k.shape
+    need_q, need_k, need_v, need_att, need_edge, kv_sum = needs
+
+    def build():
+        num_dst = rowptr.shape[0] - 1
+        be, hb, fb = gat._blocks(H, F, col.shape[0], num_dst)
+        base = dict(flags, ACC=gat._acc(k.dtype), BE=be, HB=hb, FB=fb, SEG=gat.SPLIT_EDGES,
+                    num_warps=gat._warps(be, hb, fb))
+        rows = gat._work(rowptr) if num_dst and H else None
+        sources = gat._work(t_rowptr) if n_src and H and (need_k or need_v) else None
+        d_inline = d_given and rows is not None and not rows.num_partials  # no split row: the row pass makes D
+        rows_launch = term_launch = None
+        if rows is not None:
+            programs = min(rows.num_pieces, ATT_SLOTS) if need_att else rows.num_pieces
+            rows_launch = ((programs, cdiv(H, hb)), dict(base, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge,
+                                                         D_GIVEN=d_given, D_INLINE=d_inline))
+            term_launch = ((rows.num_pieces, cdiv(H, hb)), base) if d_given and not d_inline else None
+        sources_meta = {name: value for name, value in base.items() if name != "KV_SAME"}  # (reads v alone)
+        return BackwardSetup(rows, rows_launch, sources, None if sources is None else (
+            (sources.num_pieces, cdiv(H, hb)), dict(sources_meta, NEED_K=need_k, NEED_V=need_v, KV_SUM=kv_sum)),
+            row_term=term_launch)
+
+    key = (n_src, H, F, col.shape[0], k.dtype, col.dtype, t_col.dtype, t_pos.dtype, flags, needs, d_given,
+           gat._knobs())
+    return cached("pair-backward", (rowptr, t_rowptr), key, build)
 
 
 def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2,
              slope, scale, p, seed, needs):
-    n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
-    flags["HAS_EDGE"] = edge is not None
+    n_src, H, F = k.shape
     num_dst = q.shape[0]
-    need_q, need_k, need_v, need_att = needs[0], needs[1], needs[2], needs[3] and bool(gatv2)
+    need_q, need_k, need_v, need_att = bool(needs[0]), bool(needs[1]), bool(needs[2]), bool(needs[3]) and bool(gatv2)
     kv_sum = len(needs) > 5 and bool(needs[5]) and need_k and not need_v and _same(k, v)  # (ops/pair_attention.py)
-    need_edge = needs[4] and edge is not None
+    need_edge = bool(needs[4]) and edge is not None
     empty = k.new_empty(0)
     g_q = torch.empty_like(q) if need_q else empty
     g_k = torch.empty_like(k) if need_k else empty
@@ -92,46 +105,46 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
     g_att = empty
     g_edge = torch.zeros_like(edge) if need_edge else empty  # rows of skipped self-loop edges stay 0
     D = torch.empty_like(m)
-    hb = flags["HB"]
+    d_given = bool(out.numel() == 0 and num_dst and H)  # the forward did not keep out: D from the saved statistics
+    setup = _backward_setup(k, rowptr, t_rowptr, col, t_col, t_pos, _flags(k, v, self_loops, gatv2, p, edge),
+                            (need_q, need_k, need_v, need_att, need_edge, kv_sum), d_given)
+    scalars = _scalars(n_src, num_dst, col.shape[0], H, F, self_loops, slope, scale, p, seed)
     att_ = att if att is not None else k
     edge_, perm_ = (edge, perm) if edge is not None else (k, col)
-    kv_same = _same(k, v)
-    d_given = out.numel() == 0 and num_dst and H  # the forward did not keep out: D from the saved statistics
-    if num_dst and H:
-        wl = gat._work(rowptr)
-        d_inline = bool(d_given) and not wl.num_partials  # no split row: the row pass makes D itself
-        if d_given and not d_inline:
+    fast = k.is_cuda and BoundLaunches.usable(grad_out, q, k, v, att_, edge_, perm_, rowptr, col, t_rowptr, t_col,
+                                              t_pos)
+    launch, wl = setup.launch, setup.rows
+    if wl is not None:
+        term = setup.extra["row_term"]
+        if term is not None:  # split rows: D by a pass of its own, folded, before the row pass
             p_d = m.new_empty(wl.num_partials, H) if wl.num_partials else m
-            _pair_row_term_kernel[(wl.num_pieces, cdiv(H, hb))](
+            launch("row_term", _pair_row_term_kernel, term[0], (
                 grad_out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D, p_d, wl.seg_row, wl.seg_ptr, wl.slot,
-                *scalars, KV_SAME=kv_same, **flags)
-            gat._fold(p_d, D, wl, H)
+                *scalars), term[1], fast)
+            setup.fold("fold_d", p_d, D, wl, H, fast)
         p_q = m.new_empty(wl.num_partials, H, F) if need_q and wl.num_partials else m
-        programs = min(wl.num_pieces, ATT_SLOTS) if need_att else wl.num_pieces
-        p_att = m.new_empty(programs, H, F) if need_att else m
-        _pair_backward_rows_kernel[(programs, cdiv(H, hb))](
+        grid, meta = setup.rows_launch
+        p_att = m.new_empty(grid[0], H, F) if need_att else m
+        launch("rows", _pair_backward_rows_kernel, grid, (
             grad_out, grad_out if d_given else out, m, z, q, k, v, att_, edge_, perm_, rowptr, col, D,
             g_q if need_q else k, p_q, p_att, g_edge if need_edge else k, wl.seg_row, wl.seg_ptr, wl.slot,
-            wl.num_pieces, *scalars,
-            KV_SAME=kv_same, NEED_Q=need_q, NEED_ATT=need_att, NEED_EDGE=need_edge, D_GIVEN=bool(d_given),
-            D_INLINE=d_inline, **flags)
+            wl.num_pieces, *scalars), meta, fast)
         if need_q:
-            gat._fold(p_q, g_q, wl, H * F)
+            setup.fold("fold_q", p_q, g_q, wl, H * F, fast)
         if need_att:
             g_att = p_att.sum(0).to(att.dtype)  # pieces in a fixed order: deterministic
     elif need_att:
         g_att = torch.zeros_like(att)
-    if n_src and H and (need_k or need_v):
-        wl = gat._work(t_rowptr)
+    wl = setup.sources
+    if wl is not None:
         parts = wl.num_partials
         p_k = m.new_empty(parts, H, F) if need_k and parts else m
         p_v = m.new_empty(parts, H, F) if need_v and parts else m
-        _pair_backward_sources_kernel[(wl.num_pieces, cdiv(H, hb))](
+        launch("sources", _pair_backward_sources_kernel, setup.sources_launch[0], (
             grad_out, m, z, q, k, v, att_, edge_, perm_, t_rowptr, t_col, t_pos, D, g_k if need_k else k,
-            g_v if need_v else k, p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars, NEED_K=need_k, NEED_V=need_v,
-            KV_SUM=kv_sum, **flags)
+            g_v if need_v else k, p_k, p_v, wl.seg_row, wl.seg_ptr, wl.slot, *scalars), setup.sources_launch[1], fast)
         if need_k:
-            gat._fold(p_k, g_k, wl, H * F)
+            setup.fold("fold_k", p_k, g_k, wl, H * F, fast)
         if need_v:
-            gat._fold(p_v, g_v, wl, H * F)
+            setup.fold("fold_v", p_v, g_v, wl, H * F, fast)
     return g_q, g_k, g_v, g_att, g_edge

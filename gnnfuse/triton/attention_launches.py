@@ -1,0 +1,86 @@
+"""The launches of the Triton attention kernels (GAT: attention.py, GATv2 / dot: pair_attention.py),
+bound once per graph and configuration.
+
+On a small graph an attention call is mostly host time: working out the plan (work list, row
+groups, tiles), the grids and constexprs, and Triton's specialisation of some twenty arguments per
+launch cost more than the kernel runs. All of that is the same call after call for one graph
+(rowptr), shape, dtype and set of flags, so attention.py and pair_attention.py build it once into
+a setup, cached on rowptr (and on t_rowptr for the backward) with ``_tensor_cache.cached``, and
+launch through the setup's ``BoundLaunches`` (_launch.py: the compiled kernel, grid and constexprs
+kept per step; a call checks only the varying tensors' alignment). The plan itself, the tiles and
+warps are attention.py's choices; this module only keeps and runs what they decided.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..reductions import SUM
+from ._grid import cdiv, next_power_of_2
+from ._launch import BoundLaunches
+from .attention_kernels import _merge_pieces_kernel
+from .gather_scatter_fwd_kernels import _COMBINE_K, _combine_kernel
+
+
+class Launches:
+    """One setup's bound launches (by step name) and the fold of its split rows' partials."""
+
+    def __init__(self):
+        self.launch = BoundLaunches()
+
+    def fold(self, step: str, part, out, wl, width: int, fast: bool) -> None:
+        """out[row] = sum of the row's partials, in piece order, for the split rows (out: [N, width])."""
+        if wl.num_partials and out.numel():
+            bf = min(128, next_power_of_2(width))
+            self.launch(step, _combine_kernel, (wl.split_rows.numel() * cdiv(width, bf),),
+                        (part, part, out, part, wl.seg_ptr, wl.split_rows, wl.seg_ptr, wl.slot, width),
+                        dict(REDUCE=SUM, ACC64=part.dtype == torch.float64, TRACK=False, BLOCK_K=_COMBINE_K,
+                             BLOCK_F=bf, num_warps=4), fast)
+
+
+class ForwardSetup(Launches):
+    """A forward's plan for one graph and configuration: the row groups (``short`` rows, ``rows``
+    per program) run by ``kernels[0]``, the work list ``wl``'s row pieces by ``kernels[1]``, and the
+    merge of split rows; ``groups``, ``pieces``: those launches' constexprs; ``heads``: programs
+    per row (blocks of heads)."""
+
+    def __init__(self, kernels, wl, short, rows: int, heads: int, groups: dict, pieces: dict, merge: dict):
+        super().__init__()
+        self.groups_kernel, self.pieces_kernel = kernels
+        self.wl, self.parts = wl, wl.num_partials
+        self.short = short if short is not None and short.numel() else None
+        self.groups = ((cdiv(short.numel(), rows), heads), groups) if self.short is not None else None
+        self.pieces = ((wl.num_pieces, heads), pieces)
+        self.merge = ((wl.split_rows.numel(), heads), merge)
+
+    def run(self, tensors: tuple, scalars: tuple, fast: bool) -> None:
+        """The forward's launches. ``tensors``: the kernels' leading arguments, ending in out, m, z;
+        ``scalars``: their trailing runtime scalars; ``fast``: BoundLaunches.usable's answer."""
+        launch = self.launch
+        if self.groups is not None:
+            launch("groups", self.groups_kernel, self.groups[0], (*tensors, self.short, self.short.numel(), *scalars),
+                   self.groups[1], fast)
+        wl, parts = self.wl, self.parts
+        if not wl.num_pieces:
+            return
+        out, m, z = tensors[-3:]
+        H, F = out.shape[1], out.shape[2]
+        p_acc = m.new_empty(parts, H, F) if parts else m  # (m's dtype: the accumulation's)
+        p_m = m.new_empty(parts, H) if parts else m
+        p_z = torch.empty_like(p_m) if parts else m
+        launch("pieces", self.pieces_kernel, self.pieces[0],
+               (*tensors, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars), self.pieces[1], fast)
+        if parts:
+            launch("merge", _merge_pieces_kernel, self.merge[0],
+                   (p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F), self.merge[1], fast)
+
+
+class BackwardSetup(Launches):
+    """A backward's plan for one graph and configuration: the row pass over ``rows`` (the graph's
+    work list, None: no pass) and the transpose pass over ``sources`` (t_rowptr's, None: no pass),
+    each with its launch's (grid, constexprs); ``extra``: further launches by name."""
+
+    def __init__(self, rows, rows_launch, sources, sources_launch, **extra):
+        super().__init__()
+        self.rows, self.rows_launch = rows, rows_launch
+        self.sources, self.sources_launch = sources, sources_launch
+        self.extra = extra

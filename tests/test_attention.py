@@ -268,8 +268,9 @@ def test_gatconv_matches_pyg(name, backend):
 def test_gatconv_recomputes_its_projection_in_the_backward(monkeypatch):
     """The fused op's saved projection is made again from x in the backward (not kept from the
     forward), and the result still matches PyG."""
-    from gnnfuse.nn import _attention
+    from gnnfuse.nn import _attention, _recompute
 
+    monkeypatch.setattr(_recompute, "MIN_BYTES", 0)  # (a projection this small is otherwise kept)
     stock, ours = gat_pair(6, 4, heads=2)
     calls = []
     real = _attention.F.linear
@@ -296,6 +297,7 @@ def test_gatconv_keeps_its_projection_where_versions_cannot_be_read(monkeypatch)
     from gnnfuse.nn import _attention, _recompute
 
     monkeypatch.setattr(_recompute, "_versions", lambda tensors: None)
+    monkeypatch.setattr(_recompute, "MIN_BYTES", 0)
     stock, ours = gat_pair(6, 4, heads=2)
     calls = []
     real = _attention.F.linear
@@ -312,7 +314,12 @@ def test_gatconv_keeps_its_projection_where_versions_cannot_be_read(monkeypatch)
         torch.testing.assert_close(g, r)
 
 
-def test_gatconv_projection_modified_in_place_before_backward_raises():
+@pytest.mark.parametrize("recomputed", [False, True])
+def test_gatconv_projection_modified_in_place_before_backward_raises(recomputed, monkeypatch):
+    from gnnfuse.nn import _recompute
+
+    if recomputed:
+        monkeypatch.setattr(_recompute, "MIN_BYTES", 0)
     _, ours = gat_pair(6, 4, heads=2)
     x = torch.randn(N, 6, dtype=torch.float64)
     out = ours(x, graph())
@@ -411,3 +418,24 @@ def test_gatconv_lazy_projection_matches_pyg(in_channels):
     ours(x, graph())
     ours.load_state_dict(stock.state_dict())
     torch.testing.assert_close(ours(x, graph()), stock(x, graph()))
+
+
+def test_gatconv_keeps_a_small_projection(monkeypatch):
+    """A projection under _recompute.MIN_BYTES is kept for the backward, not made again (a small
+    graph's step is host-bound: the recompute's launch and hooks cost more than the memory saves)."""
+    from gnnfuse.nn import _attention
+
+    stock, ours = gat_pair(6, 4, heads=2)
+    calls = []
+    real = _attention.F.linear
+    monkeypatch.setattr(_attention.F, "linear", lambda *a: calls.append(a[1].shape) or real(*a))
+    x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
+    out = ours(x, graph())
+    forward_calls = len(calls)
+    grads = torch.autograd.grad(out.sum(), [x, *ours.parameters()])
+    assert len(calls) == forward_calls
+    monkeypatch.undo()
+    ref = stock(x, graph())
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, torch.autograd.grad(ref.sum(), [x, *stock.parameters()])):
+        torch.testing.assert_close(g, r)

@@ -13,7 +13,8 @@ Same constructor, parameters, state_dict and forward signature as
 * the attention logits' node terms are ``x @ w_att.T`` with ``w_att [H, in]`` folded from the
   projection's weight and ``att_src`` / ``att_dst`` (no [N, H, C] product, forward or backward),
   and the projection ``lin(x)`` the kernel saves is recomputed in the backward from ``x``
-  (``_recompute.py``): one [N, H * C] tensor less alive at a training step's peak;
+  (``_recompute.py``): one [N, H * C] tensor less alive at a training step's peak (a projection
+  under ``_recompute.MIN_BYTES`` is kept: on small graphs the host's time per step is what counts);
 * attention dropout is drawn inside the kernel (counter-based, seeded from torch's generator, so
   ``torch.manual_seed`` reproduces it), not by ``F.dropout``: same distribution, another mask.
 

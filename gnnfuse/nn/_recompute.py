@@ -9,6 +9,12 @@ memory usually is (the loss and the next layers' backward) -- for no speed. Insi
 and strides) is stored as a recipe instead, and made again (without gradient tracking) when the
 backward unpacks it. Uses only public autograd API (``torch.autograd.graph.saved_tensors_hooks``).
 
+Only a projection of at least ``MIN_BYTES`` is recomputed: a smaller one is kept. Recomputing
+costs a launch and, on a GPU host, tens of microseconds of Python a training step (saved-tensor
+hooks on every tensor the op saves, the recipe's checks), which on a small graph -- whose step is
+bound by the host, not the device -- is a larger share of the step than the few MB it frees
+(benchmarks/results/attention-profile_*).
+
 If the projection's inputs or weights are modified in place between the forward and the backward,
 the recomputed tensor would differ from the one the forward used: the unpack raises instead, as
 autograd does for a modified saved tensor. That check reads the tensors' version counters
@@ -23,6 +29,9 @@ from typing import Callable
 
 import torch
 from torch import Tensor
+
+
+MIN_BYTES = 16 << 20  # projections below this size are kept, not recomputed (see the module doc)
 
 
 def _versions(tensors: tuple[Tensor, ...]) -> tuple[int, ...] | None:
@@ -53,12 +62,14 @@ def _identity(t: Tensor) -> tuple:
 
 
 def recompute(projection: Tensor, make: Callable[[], Tensor], sources: tuple[Tensor, ...]):
-    """Context manager: within it, a tensor saved for the backward that is ``projection`` is kept
-    as ``make`` (called under no_grad in the backward; must return the same values) instead.
-    ``sources``: the tensors ``make`` reads (input, weight, bias), whose in-place modification
-    makes the backward raise."""
+    """Context manager: within it, a tensor saved for the backward that is ``projection`` (of at
+    least MIN_BYTES) is kept as ``make`` (called under no_grad in the backward; must return the same
+    values) instead. ``sources``: the tensors ``make`` reads (input, weight, bias), whose in-place
+    modification makes the backward raise."""
+    if torch.compiler.is_compiling() or projection.numel() * projection.element_size() < MIN_BYTES:
+        return contextlib.nullcontext()  # (compiling first: a size test would guard on the shape)
     versions = _versions(sources)
-    if versions is None or torch.compiler.is_compiling():
+    if versions is None:
         return contextlib.nullcontext()
     recipe, target = _Recipe(make, sources, versions), _identity(projection)
 

@@ -84,8 +84,8 @@ def _backward(ctx, saved, grad_out, _gm, _gz):
     needs = [bool(n) for n in ctx.needs[:5]]
     if t_rowptr is None:  # op called directly without the transpose: build it now
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
-    grads = BACKWARD(grad_out.contiguous(), out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col,
-                     t_pos, *ctx.scalars, needs, backend=ctx.backend)
+    grads = BACKWARD.from_backward(ctx, grad_out.contiguous(), out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col,
+                                   t_rowptr, t_col, t_pos, *ctx.scalars, needs)
     return (*(g if need else None for g, need in zip(grads, needs)), *([None] * 9))
 
 
@@ -219,19 +219,20 @@ def gat_attention(
     require_floating("x", x)
     require_shape("x", x, "[N_src, H, F]", x.dim() == 3)
     n_src, heads, _ = x.shape
-    alpha_src = _alpha("alpha_src", alpha_src, f"[N_src, H] = [{n_src}, {heads}]", x,
-                       lambda t: t.shape == (n_src, heads))
-    alpha_dst = _alpha("alpha_dst", alpha_dst, f"[N_dst, {heads}]", x, lambda t: t.dim() == 2 and t.shape[1] == heads)
+    alpha_src = _alpha("alpha_src", alpha_src, x, lambda t: t.shape == (n_src, heads),
+                       lambda: f"[N_src, H] = [{n_src}, {heads}]")
+    alpha_dst = _alpha("alpha_dst", alpha_dst, x, lambda t: t.dim() == 2 and t.shape[1] == heads,
+                       lambda: f"[N_dst, {heads}]")
     num_dst = alpha_dst.shape[0]
     csr = _as_csr(edge_index_or_csr, x, num_dst)
     if csr.num_src > n_src:
         raise ValueError(f"x has {n_src} rows but the graph has {csr.num_src} source nodes")
     if alpha_edge is not None:
-        alpha_edge = _alpha("alpha_edge", alpha_edge, f"[E, H] = [{csr.num_edges}, {heads}]", x,
-                            lambda t: t.shape == (csr.num_edges, heads)).index_select(0, csr.perm)
+        alpha_edge = _alpha("alpha_edge", alpha_edge, x, lambda t: t.shape == (csr.num_edges, heads),
+                            lambda: f"[E, H] = [{csr.num_edges}, {heads}]").index_select(0, csr.perm)
     if alpha_loop is not None:
-        alpha_loop = _alpha("alpha_loop", alpha_loop, f"[N_dst, H] = [{num_dst}, {heads}]", x,
-                            lambda t: t.shape == (num_dst, heads))
+        alpha_loop = _alpha("alpha_loop", alpha_loop, x, lambda t: t.shape == (num_dst, heads),
+                            lambda: f"[N_dst, H] = [{num_dst}, {heads}]")
         if not add_self_loops:
             raise ValueError("alpha_loop is given but add_self_loops=False")
     if not isinstance(negative_slope, (int, float)):
@@ -255,8 +256,10 @@ def gat_attention(
     return FORWARD(*tensors, csr.rowptr, csr.col, *transpose, *scalars, backend=backend)[0]
 
 
-def _alpha(name, t, expected, x, shape_ok):
+def _alpha(name, t, x, shape_ok, expected):
+    """The checked term, in x's dtype, contiguous (``expected()``: its shape, for the error only)."""
     t = require_tensor(name, t)
     require_floating(name, t)
-    require_shape(name, t, expected, shape_ok(t))
+    if not shape_ok(t):
+        require_shape(name, t, expected(), False)
     return t.to(x.dtype).contiguous()

@@ -102,8 +102,8 @@ def _backward(ctx, saved, grad_out, _gm, _gz):
         out = q.new_empty(0)
     if _kv_sum(ctx, q, needs):  # k's gradient made as k's + v's, v's left out (autograd would add them)
         needs = [needs[0], True, False, needs[3], needs[4], True]
-    grads = BACKWARD(grad_out.contiguous(), out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col,
-                     t_pos, *ctx.scalars, needs, backend=ctx.backend)
+    grads = BACKWARD.from_backward(ctx, grad_out.contiguous(), out, m, z, q, k, v, att, edge, rowptr, col, perm,
+                                   t_rowptr, t_col, t_pos, *ctx.scalars, needs)
     return (*(g if need else None for g, need in zip(grads, needs)), *([None] * (6 + N_SCALARS)))
 
 
@@ -156,8 +156,10 @@ def _run(q, k, v, att, edge, graph, gatv2, slope, scale, dropout, seed, add_self
     q_name, v_name = ("x_dst", "x_src") if gatv2 else ("query", "value")
     require_shape(v_name, v, "[N_src, H, F]", v.dim() == 3)
     n_src, heads, width = k.shape
-    require_shape(q_name, q, f"[N_dst, {heads}, {width}]", q.dim() == 3 and q.shape[1:] == (heads, width))
-    require_shape(v_name, v, f"[{n_src}, {heads}, {width}] (the key's shape)", v.shape == k.shape)
+    if not (q.dim() == 3 and q.shape[1:] == (heads, width)):
+        require_shape(q_name, q, f"[N_dst, {heads}, {width}]", False)
+    if v.shape != k.shape:
+        require_shape(v_name, v, f"[{n_src}, {heads}, {width}] (the key's shape)", False)
     csr = _as_csr(graph, k, q.shape[0])
     if csr.num_src > n_src:
         raise ValueError(f"the sources have {n_src} rows but the graph has {csr.num_src} source nodes")
@@ -170,11 +172,11 @@ def _run(q, k, v, att, edge, graph, gatv2, slope, scale, dropout, seed, add_self
     num_loops = min(n_src, csr.num_dst) if add_self_loops else 0
     if edge is not None:
         edge = _features("edge_attr", edge)
-        rows = f"[E, {heads}, {width}] or [E + {num_loops}, {heads}, {width}] (self loops last)" if num_loops \
-            else f"[E, {heads}, {width}]"
-        require_shape("edge_attr", edge, rows.replace("E", str(csr.num_edges)),
-                      edge.dim() == 3 and edge.shape[1:] == (heads, width)
-                      and edge.shape[0] in (csr.num_edges, csr.num_edges + num_loops))
+        if not (edge.dim() == 3 and edge.shape[1:] == (heads, width)
+                and edge.shape[0] in (csr.num_edges, csr.num_edges + num_loops)):
+            rows = f"[E, {heads}, {width}] or [E + {num_loops}, {heads}, {width}] (self loops last)" if num_loops \
+                else f"[E, {heads}, {width}]"
+            require_shape("edge_attr", edge, rows.replace("E", str(csr.num_edges)), False)
     require_same_device(q=q, k=k, v=v, att=att, edge_attr=edge, edge_index=csr.col)
     backend = resolve_backend(backend, k.device)
     scalars = (bool(add_self_loops), bool(gatv2), float(slope), float(scale), float(dropout), seed)
@@ -221,7 +223,8 @@ def gatv2_attention(x_src: torch.Tensor, x_dst: torch.Tensor, att: torch.Tensor,
     x_src, x_dst, att = _features("x_src", x_src), _features("x_dst", x_dst), _features("att", att)
     require_shape("x_src", x_src, "[N_src, H, F]", x_src.dim() == 3)
     att = att.reshape(att.shape[-2:]) if att.dim() == 3 and att.shape[0] == 1 else att
-    require_shape("att", att, f"[H, F] = {list(x_src.shape[1:])}", tuple(att.shape) == tuple(x_src.shape[1:]))
+    if att.shape != x_src.shape[1:]:
+        require_shape("att", att, f"[H, F] = {list(x_src.shape[1:])}", False)
     if not isinstance(negative_slope, (int, float)):
         raise TypeError(f"negative_slope must be a float; got {type(negative_slope).__name__}")
     return _run(x_dst, x_src, x_src, att, edge_attr, edge_index_or_csr, True, negative_slope, 1.0, dropout, seed,

@@ -9,7 +9,8 @@
 # when ATT_PRODUCTS_S > 0).
 # From the repo root on a CUDA machine:  PYTHONPATH=. OUT=/some/dir bash benchmarks/gpu/attention.sh
 # Everything lands in $OUT/attention.tgz next to $OUT/summary.txt. A step given 0 seconds is skipped
-# (e.g. ATT_TESTS_S=0); ATT_BENCH_ARGS adds arguments to the benchmark (e.g. --separate-projections).
+# (e.g. ATT_TESTS_S=0; ATT_BUILD_S=0: no C++ build, for a call that runs no test); ATT_BENCH_ARGS adds
+# arguments to the benchmark (e.g. --separate-projections).
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 GRAPHS="${ATT_GRAPHS:-arxiv-like,community-arxiv}"   # the training-step benchmark's suite graphs
@@ -18,7 +19,7 @@ SWEEP_LAYERS="${ATT_SWEEP_LAYERS:-GATConv,GATv2Conv,TransformerConv}" SWEEP="${A
 gpu_header
 # the C++ graph extension (CPU-side CSR builds in the tests; a test that needs it first waits on its
 # build lock), the check and the tests side by side; nothing is timed until all three are done
-MAX_JOBS="${MAX_JOBS:-16}" build_extensions 240 graph &
+[ "${ATT_BUILD_S:-240}" -gt 0 ] && MAX_JOBS="${MAX_JOBS:-16}" build_extensions "${ATT_BUILD_S:-240}" graph &
 step check "${ATT_CHECK_S:-90}" "$PY" benchmarks/gpu/check_attention.py ${ATT_CHECK_CASE:+--case "$ATT_CHECK_CASE"} &
 step tests "${ATT_TESTS_S:-150}" "$PY" -m pytest -q -p no:cacheprovider --durations=8 tests/test_attention.py \
   tests/test_attention_head_weights.py tests/test_pair_attention.py tests/test_pair_attention_layers.py \

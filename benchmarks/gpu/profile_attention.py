@@ -9,7 +9,8 @@ For each graph (suite names, default arxiv-like and rfc-uniform) at heads x F (d
   a CUDA graph of 20 calls (device time without host gaps);
 * the training step of the layers (gnnfuse.nn vs PyG, and ours with ``gnnfuse_fused_projections``
   off: GATConv's projections op by op through autograd; the others have no such switch): kernels and
-  device time per step, wall time per step, and the host's Python functions by own time (cProfile) for ours;
+  device time per step, wall time per step, and the host's Python functions by own time (cProfile)
+  for ours (``--host-ops N``: also its N torch ops by own host time, torch.profiler);
 * ``--sweep``: the GAT row-group kernel's device time with rows per group / warps forced.
 
     PYTHONPATH=. python benchmarks/gpu/profile_attention.py --out "$OUT" [--graphs arxiv-like] [--sweep]
@@ -132,6 +133,18 @@ def host_profile(fn, calls: int, top: int) -> str:
     return s.getvalue()
 
 
+def host_ops(fn, calls: int, top: int) -> str:
+    """The torch ops (and autograd nodes) of ``calls`` calls by their own host time (torch.profiler, CPU
+    side only): what a host-bound step spends its time on besides our Python (host_profile)."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+
+
 def make_step(layer, x, edge_index):
     params = list(layer.parameters())
 
@@ -177,7 +190,9 @@ def run_graph(name, heads, width, args, lines):
         separate = getattr(G, layer)(64, width, heads=heads, dropout=0.6).to(dev).train()
         separate.load_state_dict(stock.state_dict())
         separate.gnnfuse_fused_projections = False  # GATConv: projections op by op through autograd
-        for label, layer_obj in (("ours", ours), ("ours-separate", separate), ("pyg", stock)):
+        variants = (("ours", ours), ("ours-separate", separate), ("pyg", stock)) if layer == "GATConv" else \
+            (("ours", ours), ("pyg", stock))  # (only GATConv has the switch)
+        for label, layer_obj in variants:
             step = make_step(layer_obj, x, edge_index)
             rows, device_us, _ = kernel_table(step, 10)
             enq, tot = back_to_back(step, 50)
@@ -189,6 +204,8 @@ def run_graph(name, heads, width, args, lines):
                 emit(lines, f"    {t:8.1f} us  x{c:.0f}  {n}")
             if label == "ours" and name in args.step_profile:
                 emit(lines, host_profile(step, 50, 40))
+                if args.host_ops:
+                    emit(lines, host_ops(step, 50, args.host_ops))
     with torch.no_grad():  # last: a failed capture may leave the stream unusable
         for label, fn in forwards(h, a_src, a_dst, edge_index).items():
             replay = graph_replay(fn)
@@ -234,6 +251,8 @@ def main():
     parser.add_argument("--step-graphs", default="arxiv-like,rfc-uniform", help="graphs whose training step is timed")
     parser.add_argument("--step-profile", default="rfc-uniform", help="graphs whose step's host is profiled")
     parser.add_argument("--kernels", type=int, default=12, help="kernels listed per step")
+    parser.add_argument("--host-ops", type=int, default=0, help="torch ops listed by host time per profiled step")
+    parser.add_argument("--shapes", default=None, help="heads x F of every graph, comma-separated (default: --shape)")
     parser.add_argument("--sweep", default="", help="graphs to sweep the row-group kernel on")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -242,7 +261,9 @@ def main():
     for name in [g for g in args.sweep.split(",") if g]:
         sweep(name, heads, width, lines)
     for name in [g for g in args.graphs.split(",") if g]:
-        run_graph(name, heads, width, args, lines)
+        for shape in (args.shapes or args.shape).split(","):
+            heads, width = (int(v) for v in shape.split("x"))
+            run_graph(name, heads, width, args, lines)
     if args.out:
         with open(f"{args.out}/attention-profile.txt", "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -15,9 +15,10 @@ compiled kernel by the same properties (a superset of what Triton specialises on
 only find a kernel compiled for equal specialisations) and calls Triton's C launcher directly.
 
 :class:`BoundLaunches` goes one step further for callers with a fixed configuration (a cached
-per-graph setup: gather_scatter.py's forward and backward setups both launch through one): each
-step's compiled kernel, grid and constexprs are kept, and a later launch checks only the varying
-tensors' alignment.
+per-graph setup: gather_scatter.py's forward and backward setups and the attention kernels'
+attention_launches.py launch through them): each step's compiled kernel, grid and constexprs are
+kept, and a later launch checks only the varying tensors' alignment and hands the launcher data
+pointers, not tensors (:func:`addresses`).
 
 The first call per key goes through ``kernel[grid]`` (compiling if needed). The plain path is
 always taken under ``TRITON_INTERPRET=1``, while Triton launch hooks are set (profilers), for a
@@ -165,7 +166,16 @@ class _Bound:
         self.compiled, self.constexprs, self.grid, self.device = compiled, constexprs, _grid3(grid), device
 
     def launch(self, args: tuple) -> None:
-        _run_compiled(self.compiled, self.grid, self.device, args, self.constexprs)
+        _run_compiled(self.compiled, self.grid, self.device, addresses(args), self.constexprs)
+
+
+def addresses(args: tuple) -> list:
+    """``args`` with each tensor replaced by its data pointer. Triton's launcher takes an int for a
+    pointer argument as it is; a tensor costs it a call of ``data_ptr`` through Python's C API and a
+    driver query (``cuPointerGetAttribute``, which checks that the memory is the GPU's) per pointer,
+    some twenty per attention launch. A bound launch's tensors were checked by its op (one device,
+    the GPU's) and by FastKernel on the first, bound call."""
+    return [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
 
 
 class BoundLaunches:

@@ -151,7 +151,8 @@ def _grid3(grid: tuple) -> tuple[int, int, int]:
     return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
 
 
-def _run_compiled(compiled, grid3: tuple[int, int, int], device: int, args: tuple, constexprs: tuple) -> None:
+def _run_compiled(compiled, grid3: tuple[int, int, int], device: int, args: tuple | list,
+                  constexprs: tuple) -> None:
     """Triton's C launcher of a compiled kernel, called directly (what ``kernel[grid]`` ends in)."""
     compiled.run(*grid3, torch._C._cuda_getCurrentRawStream(device), compiled.function, compiled.packed_metadata,
                  None, None, None, *args, *constexprs)

@@ -55,9 +55,9 @@ class ForwardSetup(Launches):
     def run(self, tensors: tuple, scalars: tuple, fast: bool) -> None:
         """The forward's launches. ``tensors``: the kernels' leading arguments, ending in out, m, z;
         ``scalars``: their trailing runtime scalars; ``fast``: BoundLaunches.usable's answer."""
-        launch = self.launch
-        if self.groups is not None:
-            launch("groups", self.groups_kernel, self.groups[0], (*tensors, self.short, self.short.numel(), *scalars),
+        launch, short = self.launch, self.short
+        if self.groups is not None and short is not None:
+            launch("groups", self.groups_kernel, self.groups[0], (*tensors, short, short.numel(), *scalars),
                    self.groups[1], fast)
         wl, parts = self.wl, self.parts
         if not wl.num_pieces:

@@ -27,13 +27,15 @@ class GATProjection(torch.autograd.Function):
     training step (forward and backward); this is 5 forward and 5 backward, where the weight's two
     gradients (the projection's and the fold's) meet in one addmm."""
 
+    # (torch.mm, not F.linear or @: the same product, without the composite ops' dispatch around
+    # it, and as few view ops as the shapes allow: on a small graph each costs host time a step)
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor):
         H, C = att_src.shape[-2], att_src.shape[-1]
-        att = torch.stack((att_src.view(H, C), att_dst.view(H, C)), 1)  # [H, 2, C]
+        att = torch.stack((att_src, att_dst), -2).view(H, 2, C)  # [H, 2, C]
         w = torch.bmm(att, weight.view(H, C, -1))  # [H, 2, in]
         ctx.save_for_backward(x, weight, att, w)
-        return F.linear(x, weight), F.linear(x, w[:, 0]), F.linear(x, w[:, 1])
+        return torch.mm(x, weight.t()), torch.mm(x, w[:, 0].t()), torch.mm(x, w[:, 1].t())
 
     @staticmethod
     def backward(ctx, g_h: Tensor | None, g_src: Tensor | None, g_dst: Tensor | None):
@@ -46,16 +48,17 @@ class GATProjection(torch.autograd.Function):
         need_x, need_w, need_src, need_dst = ctx.needs_input_grad
         g_x = g_weight = g_att_src = g_att_dst = None
         if need_x:
-            g_x = g @ w.view(2 * H, -1) if g_h is None else torch.addmm(g @ w.view(2 * H, -1), g_h, weight)
+            w2 = w.view(2 * H, -1)
+            g_x = torch.mm(g, w2) if g_h is None else torch.addmm(torch.mm(g, w2), g_h, weight)
         if need_w or need_src or need_dst:
-            g_w = (g.t() @ x).view(H, 2, -1)  # [H, 2, in]
+            g_w = torch.mm(g.t(), x).view(H, 2, -1)  # [H, 2, in]
             if need_w:
                 g_weight = torch.bmm(att.transpose(1, 2), g_w).view(weight.shape)
                 if g_h is not None:
                     g_weight = torch.addmm(g_weight, g_h.t(), x)
             if need_src or need_dst:
-                g_att = torch.bmm(g_w, weight.view(H, C, -1).transpose(1, 2))  # [H, 2, C]
-                g_att_src, g_att_dst = g_att[:, 0].unsqueeze(0), g_att[:, 1].unsqueeze(0)
+                g_att = torch.bmm(g_w, weight.view(H, C, -1).transpose(1, 2)).view(1, H, 2, C)
+                g_att_src, g_att_dst = g_att.unbind(2)  # [1, H, C] each
         return g_x, g_weight, g_att_src, g_att_dst
 
 

@@ -439,28 +439,3 @@ def test_gatconv_keeps_a_small_projection(monkeypatch):
     torch.testing.assert_close(out, ref)
     for g, r in zip(grads, torch.autograd.grad(ref.sum(), [x, *stock.parameters()])):
         torch.testing.assert_close(g, r)
-
-
-def test_gat_projection_reads_both_term_gradients_from_one_buffer():
-    """GATProjection's backward takes the two attention terms' gradients as one [2, N, H] tensor
-    where they are the two halves of one buffer (the Triton backward writes them so: no stack),
-    with the same gradients as from two separate tensors."""
-    from gnnfuse.nn._projections import GATProjection, _halves
-
-    g = torch.Generator().manual_seed(1)
-    n, heads, width, inner = 7, 3, 4, 5
-    for need_x in (False, True):
-        x = torch.randn(n, inner, generator=g, dtype=torch.float64).requires_grad_(need_x)
-        weight = torch.randn(heads * width, inner, generator=g, dtype=torch.float64, requires_grad=True)
-        att = [torch.randn(1, heads, width, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2)]
-        outs = GATProjection.apply(x, weight, *att)
-        g_h, both = torch.randn(outs[0].shape, generator=g, dtype=torch.float64), torch.randn(2, n, heads, generator=g,
-                                                                                             dtype=torch.float64)
-        g_src, g_dst = both.unbind(0)
-        assert _halves(g_src, g_dst) is not None
-        assert _halves(g_dst, g_src) is None and _halves(g_src.clone(), g_dst) is None
-        inputs = [t for t in (x, weight, *att) if t.requires_grad]
-        one = torch.autograd.grad(outs, inputs, (g_h, g_src, g_dst), retain_graph=True)
-        two = torch.autograd.grad(outs, inputs, (g_h, g_src.clone(), g_dst.clone()))
-        for a, b in zip(one, two):
-            torch.testing.assert_close(a, b)

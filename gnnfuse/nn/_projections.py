@@ -42,25 +42,16 @@ class GATProjection(torch.autograd.Function):
         x, weight, att, w = ctx.saved_tensors
         H, _, C = att.shape
         n = x.shape[0]
+        g_src = g_src if g_src is not None else x.new_zeros(n, H)
+        g_dst = g_dst if g_dst is not None else x.new_zeros(n, H)
+        g = torch.stack((g_src, g_dst), 2).view(n, 2 * H)  # columns in w's (head, role) order
         need_x, need_w, need_src, need_dst = ctx.needs_input_grad
         g_x = g_weight = g_att_src = g_att_dst = None
-        pair = _halves(g_src, g_dst)  # [2, n, H] (role, node, head), or None
-        if pair is not None:  # the attention op wrote both gradients into one buffer: no stack
-            if need_x:
-                g_x = torch.bmm(pair, w.transpose(0, 1)).sum(0)  # sum over roles of g_r @ w[:, r]
-                g_x = g_x if g_h is None else torch.addmm(g_x, g_h, weight)
-        else:
-            g_src = g_src if g_src is not None else x.new_zeros(n, H)
-            g_dst = g_dst if g_dst is not None else x.new_zeros(n, H)
-            g = torch.stack((g_src, g_dst), 2).view(n, 2 * H)  # columns in w's (head, role) order
-            if need_x:
-                w2 = w.view(2 * H, -1)
-                g_x = torch.mm(g, w2) if g_h is None else torch.addmm(torch.mm(g, w2), g_h, weight)
+        if need_x:
+            w2 = w.view(2 * H, -1)
+            g_x = torch.mm(g, w2) if g_h is None else torch.addmm(torch.mm(g, w2), g_h, weight)
         if need_w or need_src or need_dst:
-            if pair is not None:  # [H, 2, in] (a view of [2, H, in])
-                g_w = torch.bmm(pair.transpose(1, 2), x.expand(2, *x.shape)).transpose(0, 1)
-            else:
-                g_w = torch.mm(g.t(), x).view(H, 2, -1)  # [H, 2, in]
+            g_w = torch.mm(g.t(), x).view(H, 2, -1)  # [H, 2, in]
             if need_w:
                 g_weight = torch.bmm(att.transpose(1, 2), g_w).view(weight.shape)
                 if g_h is not None:
@@ -69,22 +60,6 @@ class GATProjection(torch.autograd.Function):
                 g_att = torch.bmm(g_w, weight.view(H, C, -1).transpose(1, 2)).view(1, H, 2, C)
                 g_att_src, g_att_dst = g_att.unbind(2)  # [1, H, C] each
         return g_x, g_weight, g_att_src, g_att_dst
-
-
-def _halves(g_src: Tensor | None, g_dst: Tensor | None) -> Tensor | None:
-    """[2, n, H]: g_src and g_dst as one tensor, where they are the two halves of one buffer (the
-    fused attention op's Triton backward writes them so: ops/attention.py), else None."""
-    if type(g_src) is not Tensor or type(g_dst) is not Tensor or torch.compiler.is_compiling():
-        return None  # (None, or traced: fake and functional tensors have no memory to compare)
-    if g_src.shape != g_dst.shape or g_src.dtype != g_dst.dtype:
-        return None
-    if not (g_src.is_contiguous() and g_dst.is_contiguous()):
-        return None
-    if g_dst.data_ptr() != g_src.data_ptr() + g_src.numel() * g_src.element_size():
-        return None
-    if g_src.untyped_storage().data_ptr() != g_dst.untyped_storage().data_ptr():
-        return None  # adjacent memory of two allocations
-    return torch.as_strided(g_src, (2, *g_src.shape), (g_src.numel(), *g_src.stride()))
 
 
 def plain_linear(lin) -> bool:

@@ -84,17 +84,9 @@ def _backward(ctx, saved, grad_out, _gm, _gz):
     needs = [bool(n) for n in ctx.needs[:5]]
     if t_rowptr is None:  # op called directly without the transpose: build it now
         t_rowptr, t_col, t_pos = transpose_parts_of(rowptr, col, x.shape[0])
-    halves = ctx.backend == "triton" and needs[1] and needs[2] and a_src.shape == a_dst.shape  # see _halves
     grads = BACKWARD.from_backward(ctx, grad_out.contiguous(), out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col,
-                                   t_rowptr, t_col, t_pos, *ctx.scalars, needs + [True] if halves else needs)
+                                   t_rowptr, t_col, t_pos, *ctx.scalars, needs)
     return (*(g if need else None for g, need in zip(grads, needs)), *([None] * 9))
-
-
-# The Triton backward takes a sixth ``needs`` entry on the eager route (ctx.backend set): write the
-# gradients of alpha_src and alpha_dst (one shape) as the two halves of one [2, N, H] buffer. The
-# projection that made both terms (GATConv's, nn/_projections.py) then reads them as one tensor
-# instead of stacking them, a launch less a step. Not on the registered op, whose outputs must not
-# share memory; the C++ kernels take five entries.
 
 
 FORWARD = OpDef(

@@ -254,11 +254,8 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
     need_edge, need_loop = bool(needs[3]) and a_edge is not None, bool(needs[4]) and a_loop is not None
     empty = x.new_empty(0)
     g_x = torch.empty_like(x) if need_x else empty
-    if len(needs) > 5 and needs[5] and need_src and need_dst:  # one [2, N, H] buffer (ops/attention.py)
-        g_src, g_dst = a_src.new_empty(2, *a_src.shape).unbind(0)
-    else:
-        g_src = torch.empty_like(a_src) if need_src else empty
-        g_dst = torch.empty_like(a_dst) if need_dst else empty
+    g_src = torch.empty_like(a_src) if need_src else empty
+    g_dst = torch.empty_like(a_dst) if need_dst else empty
     g_edge = torch.zeros_like(a_edge) if need_edge else empty  # skipped self loops keep 0
     g_loop = torch.zeros_like(a_loop) if need_loop else empty
     D = torch.empty_like(m)

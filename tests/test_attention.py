@@ -439,3 +439,48 @@ def test_gatconv_keeps_a_small_projection(monkeypatch):
     torch.testing.assert_close(out, ref)
     for g, r in zip(grads, torch.autograd.grad(ref.sum(), [x, *stock.parameters()])):
         torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("x_grad", [False, True])
+def test_gatconv_one_node_route_matches_the_two_node_route(x_grad, monkeypatch):
+    """GATConv's one-node route (nn/_gat_node.py: projection, attention terms and fused attention
+    under one autograd node, Triton eager) gives the same output and gradients, bit for bit, as the
+    default route (GATProjection + the attention op), dropout included (the same seed is drawn)."""
+    from gnnfuse.nn import _attention, _gat_node
+
+    dev = on("triton")
+    _, ours = gat_pair(6, 4, heads=2, dropout=0.4)
+    ours = ours.to(dev).train()
+    ours.gnnfuse_backend = "triton"
+    x = torch.randn(N, 6, dtype=torch.float64, device=dev, requires_grad=x_grad)
+    ei = graph().to(dev)
+    assert _gat_node.applies(ours, x, ours.lin.weight)
+    runs = []
+    for one_node in (True, False):
+        if not one_node:
+            monkeypatch.setattr(_attention, "node_applies", lambda *args: False)
+        torch.manual_seed(7)
+        runs.append(layer_run(ours, x, ei))
+    (out, grads), (ref, ref_grads) = runs
+    assert torch.equal(out, ref)
+    assert len(grads) == len(ref_grads) and all(torch.equal(g, r) for g, r in zip(grads, ref_grads))
+
+
+def test_gatconv_one_node_route_applies_only_where_it_may():
+    """Not without a gradient, not off the Triton backend, not for a projection of MIN_BYTES or more."""
+    from gnnfuse.nn import _gat_node, _recompute
+
+    _, ours = gat_pair(6, 4, heads=2)
+    dev = on("triton")
+    ours = ours.to(dev)
+    x = torch.randn(N, 6, dtype=torch.float64, device=dev)
+    ours.gnnfuse_backend = "triton"
+    assert _gat_node.applies(ours, x, ours.lin.weight)
+    with torch.no_grad():
+        assert not _gat_node.applies(ours, x, ours.lin.weight)
+    ours.gnnfuse_backend = "cpu" if dev == "cpu" else "triton"
+    if dev == "cpu":
+        assert not _gat_node.applies(ours, x, ours.lin.weight)
+    ours.gnnfuse_backend = "triton"
+    big = torch.empty(_recompute.MIN_BYTES // (8 * ours.lin.weight.shape[0]) + 1, 6, dtype=torch.float64, device=dev)
+    assert not _gat_node.applies(ours, big, ours.lin.weight)

@@ -37,6 +37,8 @@ from ..csr import CSR
 from ..ops.attention import gat_attention
 from ._layers import FUSED_CLASSES
 from ._mixin import _HOOK_DICTS, csr_to_edge_index, edge_endpoints
+from ._gat_node import applies as node_applies
+from ._gat_node import gat_node
 from ._projections import GATProjection, plain_linear
 from ._recompute import recompute
 
@@ -75,8 +77,25 @@ class GATConv(pyg_nn.GATConv):
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         res = self.res(x_dst) if self.res is not None else None
         lin_src, lin_dst = (self.lin, self.lin) if self.lin is not None else (self.lin_src, self.lin_dst)
-        if (self.gnnfuse_fused_projections and lin_src is lin_dst and x_src is x_dst and plain_linear(lin_src)
-                and lin_src.bias is None):  # PyG's default layer
+        default = (self.gnnfuse_fused_projections and lin_src is lin_dst and x_src is x_dst and plain_linear(lin_src)
+                   and lin_src.bias is None)  # PyG's default layer
+        dropout = self.dropout if self.training else 0.0
+        if default and (edge_attr is None or self.lin_edge is None) and node_applies(self, x_src, lin_src.weight):
+            out = gat_node(self, x_src, edge_index, lin_src.weight, dropout)  # one autograd node (_gat_node.py)
+        else:
+            out = self._attention(x_src, x_dst, edge_index, edge_attr, lin_src, lin_dst, default, dropout)
+        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _attention(self, x_src, x_dst, edge_index, edge_attr, lin_src, lin_dst, default: bool, dropout: float):
+        """out [N_dst, H, C] through GATProjection (``default``: PyG's default layer) or the layer's
+        own linears, and the fused attention op."""
+        H, C = self.heads, self.out_channels
+        if default:
             h_src, alpha_src, alpha_dst = GATProjection.apply(x_src, lin_src.weight, self.att_src, self.att_dst)
             h_src = h_src.view(-1, H, C)
         else:
@@ -89,17 +108,11 @@ class GATConv(pyg_nn.GATConv):
         # the op saves h_src for its backward: keep x_src (kept anyway) and make h_src again there
         with recompute(h_src, lambda: F.linear(x_src, lin_src.weight, lin_src.bias).view(-1, H, C),
                        (x_src, lin_src.weight) if lin_src.bias is None else (x_src, lin_src.weight, lin_src.bias)):
-            out = gat_attention(
+            return gat_attention(
                 h_src, alpha_src, alpha_dst, edge_index, alpha_edge=alpha_edge, alpha_loop=alpha_loop,
-                negative_slope=self.negative_slope, dropout=self.dropout if self.training else 0.0,
-                add_self_loops=self.add_self_loops, backend=self.gnnfuse_backend,
+                negative_slope=self.negative_slope, dropout=dropout, add_self_loops=self.add_self_loops,
+                backend=self.gnnfuse_backend,
             )
-        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        return out
 
     def _edge_terms(self, edge_attr: Tensor, graph, num_dst: int) -> tuple[Tensor, Tensor | None]:
         """alpha_edge [E, H] and, with self loops, alpha_loop [N_dst, H] (PyG's fill_value rules)."""

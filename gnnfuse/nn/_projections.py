@@ -27,39 +27,51 @@ class GATProjection(torch.autograd.Function):
     training step (forward and backward); this is 5 forward and 5 backward, where the weight's two
     gradients (the projection's and the fold's) meet in one addmm."""
 
-    # (torch.mm, not F.linear or @: the same product, without the composite ops' dispatch around
-    # it, and as few view ops as the shapes allow: on a small graph each costs host time a step)
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor):
-        H, C = att_src.shape[-2], att_src.shape[-1]
-        att = torch.stack((att_src, att_dst), -2).view(H, 2, C)  # [H, 2, C]
-        w = torch.bmm(att, weight.view(H, C, -1))  # [H, 2, in]
+        h, a_src, a_dst, att, w = project(x, weight, att_src, att_dst)
         ctx.save_for_backward(x, weight, att, w)
-        return torch.mm(x, weight.t()), torch.mm(x, w[:, 0].t()), torch.mm(x, w[:, 1].t())
+        return h, a_src, a_dst
 
     @staticmethod
     def backward(ctx, g_h: Tensor | None, g_src: Tensor | None, g_dst: Tensor | None):
         x, weight, att, w = ctx.saved_tensors
-        H, _, C = att.shape
-        n = x.shape[0]
-        g_src = g_src if g_src is not None else x.new_zeros(n, H)
-        g_dst = g_dst if g_dst is not None else x.new_zeros(n, H)
-        g = torch.stack((g_src, g_dst), 2).view(n, 2 * H)  # columns in w's (head, role) order
-        need_x, need_w, need_src, need_dst = ctx.needs_input_grad
-        g_x = g_weight = g_att_src = g_att_dst = None
-        if need_x:
-            w2 = w.view(2 * H, -1)
-            g_x = torch.mm(g, w2) if g_h is None else torch.addmm(torch.mm(g, w2), g_h, weight)
-        if need_w or need_src or need_dst:
-            g_w = torch.mm(g.t(), x).view(H, 2, -1)  # [H, 2, in]
-            if need_w:
-                g_weight = torch.bmm(att.transpose(1, 2), g_w).view(weight.shape)
-                if g_h is not None:
-                    g_weight = torch.addmm(g_weight, g_h.t(), x)
-            if need_src or need_dst:
-                g_att = torch.bmm(g_w, weight.view(H, C, -1).transpose(1, 2)).view(1, H, 2, C)
-                g_att_src, g_att_dst = g_att.unbind(2)  # [1, H, C] each
-        return g_x, g_weight, g_att_src, g_att_dst
+        return project_backward(x, weight, att, w, g_h, g_src, g_dst, ctx.needs_input_grad)
+
+
+# (torch.mm, not F.linear or @: the same product, without the composite ops' dispatch around it, and
+# as few view ops as the shapes allow: on a small graph each op costs host time every step)
+def project(x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor):
+    """GATProjection's forward: (h [N, H * C], a_src [N, H], a_dst [N, H], att [H, 2, C], w [H, 2, in])."""
+    H, C = att_src.shape[-2], att_src.shape[-1]
+    att = torch.stack((att_src, att_dst), -2).view(H, 2, C)
+    w = torch.bmm(att, weight.view(H, C, -1))
+    return torch.mm(x, weight.t()), torch.mm(x, w[:, 0].t()), torch.mm(x, w[:, 1].t()), att, w
+
+
+def project_backward(x, weight, att, w, g_h: Tensor | None, g_src: Tensor | None, g_dst: Tensor | None, needs):
+    """GATProjection's backward: the gradients of (x, weight, att_src, att_dst), None where ``needs``
+    (four flags) says none is wanted."""
+    H, _, C = att.shape
+    n = x.shape[0]
+    g_src = g_src if g_src is not None else x.new_zeros(n, H)
+    g_dst = g_dst if g_dst is not None else x.new_zeros(n, H)
+    g = torch.stack((g_src, g_dst), 2).view(n, 2 * H)  # columns in w's (head, role) order
+    need_x, need_w, need_src, need_dst = needs
+    g_x = g_weight = g_att_src = g_att_dst = None
+    if need_x:
+        w2 = w.view(2 * H, -1)
+        g_x = torch.mm(g, w2) if g_h is None else torch.addmm(torch.mm(g, w2), g_h, weight)
+    if need_w or need_src or need_dst:
+        g_w = torch.mm(g.t(), x).view(H, 2, -1)  # [H, 2, in]
+        if need_w:
+            g_weight = torch.bmm(att.transpose(1, 2), g_w).view(weight.shape)
+            if g_h is not None:
+                g_weight = torch.addmm(g_weight, g_h.t(), x)
+        if need_src or need_dst:
+            g_att = torch.bmm(g_w, weight.view(H, C, -1).transpose(1, 2)).view(1, H, 2, C)
+            g_att_src, g_att_dst = g_att.unbind(2)  # [1, H, C] each
+    return g_x, g_weight, g_att_src, g_att_dst
 
 
 def plain_linear(lin) -> bool:

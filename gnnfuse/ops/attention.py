@@ -224,9 +224,7 @@ def gat_attention(
     alpha_dst = _alpha("alpha_dst", alpha_dst, x, lambda t: t.dim() == 2 and t.shape[1] == heads,
                        lambda: f"[N_dst, {heads}]")
     num_dst = alpha_dst.shape[0]
-    csr = _as_csr(edge_index_or_csr, x, num_dst)
-    if csr.num_src > n_src:
-        raise ValueError(f"x has {n_src} rows but the graph has {csr.num_src} source nodes")
+    csr, seed = checked_graph(x, num_dst, edge_index_or_csr, negative_slope, dropout, seed)
     if alpha_edge is not None:
         alpha_edge = _alpha("alpha_edge", alpha_edge, x, lambda t: t.shape == (csr.num_edges, heads),
                             lambda: f"[E, H] = [{csr.num_edges}, {heads}]").index_select(0, csr.perm)
@@ -235,14 +233,6 @@ def gat_attention(
                             lambda: f"[N_dst, H] = [{num_dst}, {heads}]")
         if not add_self_loops:
             raise ValueError("alpha_loop is given but add_self_loops=False")
-    if not isinstance(negative_slope, (int, float)):
-        raise TypeError(f"negative_slope must be a float; got {type(negative_slope).__name__}")
-    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be a float in [0, 1); got {dropout!r}")
-    if seed is None:
-        seed = int(torch.randint(0, SEED_BOUND - 1, ())) if dropout > 0 else 0
-    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_BOUND:
-        raise ValueError(f"seed must be an int in [0, 2**31); got {seed!r}")
     require_same_device(x=x, alpha_src=alpha_src, alpha_dst=alpha_dst, alpha_edge=alpha_edge, alpha_loop=alpha_loop,
                         edge_index=csr.col)
     backend = resolve_backend(backend, x.device)
@@ -254,6 +244,24 @@ def gat_attention(
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     transpose = csr.transpose_parts() if wants_grad else (None, None, None)
     return FORWARD(*tensors, csr.rowptr, csr.col, *transpose, *scalars, backend=backend)[0]
+
+
+def checked_graph(x, num_dst: int, edge_index_or_csr, negative_slope, dropout, seed) -> tuple[CSR, int]:
+    """gat_attention's checks of everything but its tensors: the graph as a CSR (N_src = x's rows,
+    N_dst = ``num_dst``), the slope, the dropout and the seed (drawn from torch's default generator
+    when None and dropout > 0). Returns (csr, seed). Shared with GATConv's one-node route (nn/_gat_node.py)."""
+    csr = _as_csr(edge_index_or_csr, x, num_dst)
+    if csr.num_src > x.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} rows but the graph has {csr.num_src} source nodes")
+    if not isinstance(negative_slope, (int, float)):
+        raise TypeError(f"negative_slope must be a float; got {type(negative_slope).__name__}")
+    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be a float in [0, 1); got {dropout!r}")
+    if seed is None:
+        seed = int(torch.randint(0, SEED_BOUND - 1, ())) if dropout > 0 else 0
+    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_BOUND:
+        raise ValueError(f"seed must be an int in [0, 2**31); got {seed!r}")
+    return csr, seed
 
 
 def _alpha(name, t, x, shape_ok, expected):

@@ -185,3 +185,37 @@ def test_explainer_gets_edge_masks_after_a_stock_layer(pyg_cls, our_cls):
         masks.append(explainer(x, ei, index=1).edge_mask)
     torch.testing.assert_close(masks[1], masks[0])
     assert masks[1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name,extra", [("gatv2-default", {}), ("transformer-default", {}),
+                                        ("gatv2-default", dict(bias=False)), ("transformer-beta-mean", {})])
+@pytest.mark.parametrize("x_grad", [False, True])
+def test_one_node_route_matches_the_default_route(name, extra, x_grad, monkeypatch):
+    """The layers' one-node route (nn/_pair_node.py: the query/key/value linears and the fused
+    attention under one autograd node, Triton eager) gives the same output and gradients, bit for
+    bit, as the default route (PyG's linears through autograd + the attention op), dropout included;
+    x's gradient up to the order in which its terms (query, key, value, skip) are added."""
+    from gnnfuse.nn import _pair_attention, _pair_node
+
+    dev = on("triton")
+    _, ours = make_pair(name, 6, dropout=0.3, **extra)
+    ours = ours.to(dev).train()
+    ours.gnnfuse_backend = "triton"
+    x = torch.randn(N, 6, dtype=torch.float64, device=dev, requires_grad=x_grad)
+    ei = graph().to(dev)
+    linears = (ours.lin_r, ours.lin_l, None) if name.startswith("gatv2") else \
+        (ours.lin_query, ours.lin_key, ours.lin_value)
+    assert _pair_node.applies(ours, x, x, linears, getattr(ours, "att", None))
+    runs = []
+    for one_node in (True, False):
+        if not one_node:
+            monkeypatch.setattr(_pair_attention, "node_applies", lambda *args: False)
+        torch.manual_seed(7)
+        runs.append(layer_run(ours, x, ei))
+    (out, grads), (ref, ref_grads) = runs
+    assert torch.equal(out, ref)
+    assert [g is None for g in grads] == [r is None for r in ref_grads]
+    if x_grad:
+        torch.testing.assert_close(grads[0], ref_grads[0], atol=1e-13, rtol=1e-13)
+        grads, ref_grads = grads[1:], ref_grads[1:]
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref_grads) if r is not None)

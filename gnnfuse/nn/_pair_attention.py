@@ -32,6 +32,8 @@ from ..ops.pair_attention import dot_attention, gatv2_attention
 from ._attention import _warn_once, self_loop_attr, why_not_fused
 from ._layers import FUSED_CLASSES
 from ._mixin import csr_to_edge_index
+from ._pair_node import applies as node_applies
+from ._pair_node import pair_node
 
 __all__ = ["GATv2Conv", "TransformerConv"]
 
@@ -66,6 +68,12 @@ class GATv2Conv(pyg_nn.GATv2Conv):
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         res = self.res(x_dst) if self.res is not None else None
+        dropout = self.dropout if self.training else 0.0
+        linears = (self.lin_r, self.lin_l, None)  # query, key (= value)
+        if not self.share_weights and edge_attr is None and node_applies(self, x_src, x_dst, linears, self.att):
+            out = pair_node(self, x_src, x_dst, edge_index, linears, self.att, True, self.negative_slope, 1.0, dropout,
+                            self.add_self_loops)  # one autograd node (_pair_node.py)
+            return self._finish(out, res)
         x_l = self.lin_l(x_src).view(-1, H, C)
         x_r = x_l if (self.share_weights and x_dst is x_src) else self.lin_r(x_dst).view(-1, H, C)
         edge = None
@@ -76,9 +84,12 @@ class GATv2Conv(pyg_nn.GATv2Conv):
                 edge_attr = torch.cat([edge_attr, self_loop_attr(edge_attr, edge_index, loops, self.fill_value)])
             edge = self.lin_edge(edge_attr).view(-1, H, C)
         out = gatv2_attention(x_l, x_r, self.att, edge_index, edge_attr=edge, negative_slope=self.negative_slope,
-                              dropout=self.dropout if self.training else 0.0, add_self_loops=self.add_self_loops,
-                              backend=self.gnnfuse_backend)
-        out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
+                              dropout=dropout, add_self_loops=self.add_self_loops, backend=self.gnnfuse_backend)
+        return self._finish(out, res)
+
+    def _finish(self, out, res):
+        """PyG's tail: heads concatenated or averaged, the residual, the bias."""
+        out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
         if self.bias is not None:
@@ -105,14 +116,20 @@ class TransformerConv(pyg_nn.TransformerConv):
             return _fallback(pyg_nn.TransformerConv, self, reason, x, edge_index, edge_attr, return_attention_weights)
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
-        query = self.lin_query(x_dst).view(-1, H, C)
-        key = self.lin_key(x_src).view(-1, H, C)
-        value = self.lin_value(x_src).view(-1, H, C)
-        edge = None
-        if self.lin_edge is not None:
-            edge = self.lin_edge(edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr).view(-1, H, C)
-        out = dot_attention(query, key, value, edge_index, edge_attr=edge, scale=1.0 / math.sqrt(C),
-                            dropout=self.dropout if self.training else 0.0, backend=self.gnnfuse_backend)
+        dropout = self.dropout if self.training else 0.0
+        linears = (self.lin_query, self.lin_key, self.lin_value)
+        if self.lin_edge is None and node_applies(self, x_src, x_dst, linears, None):  # one node (_pair_node.py)
+            out = pair_node(self, x_src, x_dst, edge_index, linears, None, False, 0.0, 1.0 / math.sqrt(C), dropout,
+                            False)
+        else:
+            query = self.lin_query(x_dst).view(-1, H, C)
+            key = self.lin_key(x_src).view(-1, H, C)
+            value = self.lin_value(x_src).view(-1, H, C)
+            edge = None
+            if self.lin_edge is not None:
+                edge = self.lin_edge(edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr).view(-1, H, C)
+            out = dot_attention(query, key, value, edge_index, edge_attr=edge, scale=1.0 / math.sqrt(C),
+                                dropout=dropout, backend=self.gnnfuse_backend)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
             x_r = self.lin_skip(x_dst)

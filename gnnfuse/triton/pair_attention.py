@@ -29,8 +29,8 @@ ATT_SLOTS = 8192
 
 def _flags(k, v, self_loops, gatv2, p, edge) -> tuple:
     """The kernels' flags shared by the forward and the backward, as (name, value) pairs."""
-    return (("SELF_LOOPS", bool(self_loops)), ("DROPOUT", p > 0), ("GATV2", bool(gatv2)), ("HAS_EDGE", edge is not None),
-            ("KV_SAME", _same(k, v)))
+    return (("SELF_LOOPS", bool(self_loops)), ("DROPOUT", p > 0), ("GATV2", bool(gatv2)),
+            ("HAS_EDGE", edge is not None), ("KV_SAME", _same(k, v)))
 
 
 def _same(k, v) -> bool:

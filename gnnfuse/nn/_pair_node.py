@@ -1,0 +1,118 @@
+"""GATv2Conv's and TransformerConv's projections and fused attention as ONE autograd node, on
+the Triton eager route (the pair attention's counterpart of _gat_node.py; see its module doc).
+
+Through autograd, each of the layer's linears is three nodes (the product, its weight's transpose,
+the view to heads) and the attention op a fourth: ten nodes for TransformerConv's query, key and
+value, each costing the host tens of microseconds a step on the small graphs where the host is what
+a step waits for. Here the same products (``addmm`` / ``mm``) and the same two kernels run under one
+node, whose backward runs the attention backward and then each linear's (weight: one product,
+bias: one sum, input: one product): the same launches and the same numbers, bit for bit, but for
+the input's gradient, whose terms (query, key, value) are added in another order.
+
+Where (:func:`applies`): plain linears without hooks (nn/_projections.plain_linear), no edge
+features, GATv2Conv without shared weights, the Triton backend, the eager route's conditions
+(ops/_opdef.py), a gradient wanted. Else the layer's default path. Double backward raises.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ..ops._library import resolve_backend
+from ..ops._opdef import eager_route_ok
+from ..ops._torch_private import function_apply
+from ..ops.attention import checked_graph
+from ..ops.pair_attention import BACKWARD, FORWARD
+from ._projections import plain_linear
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
+
+
+def _linear_grads(g: Tensor, x: Tensor, weight: Tensor, need_w: bool, need_b: bool):
+    """(weight's, bias's) gradient of ``x @ weight.T + bias`` for the output's gradient g [N, out]."""
+    return torch.mm(g.t(), x) if need_w else None, g.sum(0) if need_b else None
+
+
+class PairNode(torch.autograd.Function):
+    """``out [N_dst, H, C]`` of q = x_dst Wq^T + bq, k = x_src Wk^T + bk, v = x_src Wv^T + bv (GATv2:
+    v is k, ``w_v`` None) and the pair attention. ``graph``: (rowptr, col, t_rowptr, t_col, t_pos);
+    ``scalars``: the op's (self_loops, gatv2, negative_slope, scale, dropout, seed)."""
+
+    @staticmethod
+    def forward(ctx, graph: tuple, scalars: tuple, heads: int, x_src: Tensor, x_dst: Tensor, w_q: Tensor,
+                b_q: Tensor | None, w_k: Tensor, b_k: Tensor | None, w_v: Tensor | None, b_v: Tensor | None,
+                att: Tensor | None):
+        gatv2 = scalars[1]
+        q = _linear(x_dst, w_q, b_q).view(x_dst.shape[0], heads, -1)
+        k = _linear(x_src, w_k, b_k).view(x_src.shape[0], heads, -1)
+        v = k if w_v is None else _linear(x_src, w_v, b_v).view(x_src.shape[0], heads, -1)
+        att_ = None if att is None else att.view(heads, -1)
+        rowptr, col, t_rowptr, t_col, t_pos = graph
+        out, m, z = FORWARD.kernels["triton"](q, k, v, att_, None, rowptr, col, None, t_rowptr, t_col, t_pos, *scalars)
+        ctx.scalars, ctx.heads = scalars, heads
+        kept = out if gatv2 else out.new_empty(0)  # dot attention's Triton backward recomputes what it reads of out
+        ctx.save_for_backward(x_src, x_dst, w_q, w_k, w_v, q, k, v, att_, kept, m, z, *graph)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_out: Tensor):
+        x_src, x_dst, w_q, w_k, w_v, q, k, v, att, kept, m, z, rowptr, col, t_rowptr, t_col, t_pos = ctx.saved_tensors
+        _, _, _, n_xs, n_xd, n_wq, n_bq, n_wk, n_bk, n_wv, n_bv, n_att = ctx.needs_input_grad
+        gatv2 = ctx.scalars[1]
+        need_q, need_k, need_v = n_xd or n_wq or n_bq, n_xs or n_wk or n_bk, n_xs or n_wv or n_bv
+        if gatv2:  # v is k: the kernel adds v's gradient into k's (ops/pair_attention.py _kv_sum)
+            needs = [need_q, True, False, n_att, False, True]
+        else:
+            needs = [need_q, need_k, need_v, False, False]
+        g_q, g_k, g_v, g_att, _ = BACKWARD.kernels["triton"](
+            g_out.contiguous(), kept, m, z, q, k, v, att, None, rowptr, col, None, t_rowptr, t_col, t_pos,
+            *ctx.scalars, needs)
+        g_xs = g_xd = g_wq = g_bq = g_wk = g_bk = g_wv = g_bv = None
+        if need_q:
+            g_q = g_q.view(q.shape[0], -1)
+            g_wq, g_bq = _linear_grads(g_q, x_dst, w_q, n_wq, n_bq)
+            g_xd = torch.mm(g_q, w_q) if n_xd else None
+        if needs[1]:
+            g_k = g_k.view(k.shape[0], -1)
+            g_wk, g_bk = _linear_grads(g_k, x_src, w_k, n_wk, n_bk)
+            g_xs = torch.mm(g_k, w_k) if n_xs else None
+        if needs[2]:
+            g_v = g_v.view(v.shape[0], -1)
+            g_wv, g_bv = _linear_grads(g_v, x_src, w_v, n_wv, n_bv)
+            if n_xs:
+                g_xs = torch.mm(g_v, w_v) if g_xs is None else torch.addmm(g_xs, g_v, w_v)
+        g_att = g_att.view(1, *att.shape) if n_att else None
+        return None, None, None, g_xs, g_xd, g_wq, g_bq, g_wk, g_bk, g_wv, g_bv, g_att
+
+
+_apply = function_apply(PairNode)  # (the C apply: callers checked eager_route_ok)
+
+
+def applies(layer, x_src: Tensor, x_dst: Tensor, linears: tuple, att: Tensor | None) -> bool:
+    """Whether the layer's call may take the one-node route (module doc); ``linears``: the query's,
+    key's and value's (GATv2: lin_r, lin_l, None). The caller has checked: no edge features."""
+    if not all(lin is None or plain_linear(lin) for lin in linears):
+        return False
+    tensors = [x_src, x_dst, att] + [t for lin in linears if lin is not None for t in (lin.weight, lin.bias)]
+    tensors = [t for t in tensors if t is not None]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and eager_route_ok(tensors)):
+        return False
+    return resolve_backend(layer.gnnfuse_backend, x_src.device) == "triton"
+
+
+def pair_node(layer, x_src: Tensor, x_dst: Tensor, edge_index, linears: tuple, att: Tensor | None, gatv2: bool,
+              slope: float, scale: float, dropout: float, self_loops: bool) -> Tensor:
+    """The layer's ``out [N_dst, H, C]`` through PairNode (after the pair ops' checks of the graph)."""
+    csr, seed = checked_graph(x_src, x_dst.shape[0], edge_index, slope, dropout, None)
+    if csr.col.device != x_src.device or x_dst.device != x_src.device:
+        raise ValueError(f"all tensors must be on one device; got x on {x_src.device} and {x_dst.device}, "
+                         f"edge_index on {csr.col.device}")
+    graph = (csr.rowptr, csr.col, *csr.transpose_parts())
+    scalars = (bool(self_loops), bool(gatv2), float(slope), float(scale), float(dropout), seed)
+    lin_q, lin_k, lin_v = linears
+    return _apply(graph, scalars, layer.heads, x_src, x_dst, lin_q.weight, lin_q.bias, lin_k.weight, lin_k.bias,
+                  None if lin_v is None else lin_v.weight, None if lin_v is None else lin_v.bias, att)

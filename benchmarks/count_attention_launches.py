@@ -39,21 +39,30 @@ COMPOSITE = {"aten::linear", "aten::matmul", "aten::einsum", "aten::contiguous",
 @contextmanager
 def _triton_marks():
     """Marks each Triton launch with a profiler range ``triton::<kernel>`` (what it runs inside is
-    the interpreter's, not counted)."""
+    the interpreter's, not counted): FastKernel's launches and a setup's bound ones
+    (BoundLaunches, which on a GPU launch without FastKernel once bound; where they go through it,
+    the inner mark is inside the outer one, which alone is counted)."""
     from gnnfuse.triton import _launch
 
-    original = _launch.FastKernel._launch
+    original, original_bound = _launch.FastKernel._launch, _launch.BoundLaunches.__call__
+
+    def name_of(kernel):
+        kernel = getattr(kernel, "kernel", kernel)  # (a FastKernel's JIT function)
+        return getattr(getattr(kernel, "fn", kernel), "__name__", "kernel")
 
     def marked(self, grid, args, meta):
-        name = getattr(getattr(self.kernel, "fn", self.kernel), "__name__", "kernel")
-        with torch.profiler.record_function(f"triton::{name}"):
+        with torch.profiler.record_function(f"triton::{name_of(self.kernel)}"):
             return original(self, grid, args, meta)
 
-    _launch.FastKernel._launch = marked
+    def marked_bound(self, step, kernel, grid, args, meta, fast):
+        with torch.profiler.record_function(f"triton::{name_of(kernel)}"):
+            return original_bound(self, step, kernel, grid, args, meta, fast)
+
+    _launch.FastKernel._launch, _launch.BoundLaunches.__call__ = marked, marked_bound
     try:
         yield
     finally:
-        _launch.FastKernel._launch = original
+        _launch.FastKernel._launch, _launch.BoundLaunches.__call__ = original, original_bound
 
 
 def _launches(events) -> tuple[Counter, Counter]:

@@ -249,7 +249,8 @@ def gat_attention(
 def checked_graph(x, num_dst: int, edge_index_or_csr, negative_slope, dropout, seed) -> tuple[CSR, int]:
     """gat_attention's checks of everything but its tensors: the graph as a CSR (N_src = x's rows,
     N_dst = ``num_dst``), the slope, the dropout and the seed (drawn from torch's default generator
-    when None and dropout > 0). Returns (csr, seed). Shared with GATConv's one-node route (nn/_gat_node.py)."""
+    when None and dropout > 0). Returns (csr, seed). Shared with the layers' one-node routes
+    (nn/_gat_node.py, nn/_pair_node.py)."""
     csr = _as_csr(edge_index_or_csr, x, num_dst)
     if csr.num_src > x.shape[0]:
         raise ValueError(f"x has {x.shape[0]} rows but the graph has {csr.num_src} source nodes")

@@ -1,6 +1,6 @@
 """torch_scatter-compatible reductions on gnnfuse's fused kernels: :func:`scatter`,
-:func:`segment_csr`, :func:`segment_coo`, ``scatter_<reduce>``, :func:`scatter_max` /
-:func:`scatter_min` with their argmax.
+:func:`segment_csr`, :func:`segment_coo`, ``scatter_<reduce>``, ``segment_<reduce>_csr/_coo``,
+:func:`scatter_max` / :func:`scatter_min` with their argmax.
 
 Each call is turned into one segment reduction of a [S, F] matrix into [T, F] rows, i.e. a
 gather-scatter whose gather is the identity (source row s is read once, by the one segment that
@@ -42,7 +42,9 @@ from .ops.gather_scatter import FORWARD
 from .reductions import ARG, SINGLE, TORCH_NAME, canonical_reduce
 
 __all__ = ["scatter", "scatter_sum", "scatter_add", "scatter_mean", "scatter_mul", "scatter_min", "scatter_max",
-           "segment_csr", "segment_coo"]
+           "segment_csr", "segment_coo", "segment_sum_csr", "segment_add_csr", "segment_mean_csr", "segment_max_csr",
+           "segment_min_csr", "segment_sum_coo", "segment_add_coo", "segment_mean_coo", "segment_max_coo",
+           "segment_min_coo"]
 
 _ATOMIC_REDUCES = ("sum", "mean", "max", "min")  # what the one-off atomic route serves
 
@@ -291,9 +293,14 @@ def scatter_min(src, index, dim=-1, out=None, dim_size=None, *, backend="auto"):
 
 
 def segment_coo(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None,
-                dim_size: int | None = None, reduce: str = "sum", *, backend: str = "auto"):
+                dim_size: int | None = None, reduce: str = "sum", *, backend: str = "auto") -> torch.Tensor:
     """torch_scatter's ``segment_coo``: ``index`` is sorted and runs along ``dim = index.dim() - 1``
-    (its leading dims match ``src``'s). No sort is done. max/min return (values, argmax)."""
+    (its leading dims match ``src``'s). No sort is done. Returns the values for every reduce, as
+    torch_scatter does; ``segment_max_coo`` / ``segment_min_coo`` also return the argmax."""
+    return _values(_segment_coo(src, index, out, dim_size, reduce, backend))
+
+
+def _segment_coo(src, index, out, dim_size, reduce, backend):
     require_tensor("index", index)
     dim = index.dim() - 1
     if index.dim() > src.dim() or tuple(index.shape[:-1]) != tuple(src.shape[:dim]):
@@ -307,10 +314,15 @@ def segment_coo(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None
 
 
 def segment_csr(src: torch.Tensor, indptr: torch.Tensor, out: torch.Tensor | None = None, reduce: str = "sum", *,
-                backend: str = "auto"):
+                backend: str = "auto") -> torch.Tensor:
     """torch_scatter's ``segment_csr``: segment k of ``src`` along ``dim = indptr.dim() - 1`` is
     ``[indptr[..., k], indptr[..., k + 1])``; ``indptr`` goes to the kernels as the CSR's rowptr
-    (no sort, no index built). ``out`` is overwritten. max/min return (values, argmax)."""
+    (no sort, no index built). ``out`` is overwritten. Returns the values for every reduce, as
+    torch_scatter does; ``segment_max_csr`` / ``segment_min_csr`` also return the argmax."""
+    return _values(_segment_csr(src, indptr, out, reduce, backend))
+
+
+def _segment_csr(src, indptr, out, reduce, backend):
     reduce = _check(src, indptr, reduce)
     dim = max(indptr.dim() - 1, 0)
     shape = list(src.shape)
@@ -362,3 +374,45 @@ def _written(out, res, arg):
         out.copy_(res)
         res = out
     return (res, arg) if arg is not None else res
+
+
+def _values(result):
+    """The values of a (values, argmax) pair, or the result itself."""
+    return result[0] if isinstance(result, tuple) else result
+
+
+# ---- torch_scatter's per-reduce segment names: sum/add/mean return values, max/min (values, arg) --
+
+def segment_sum_csr(src, indptr, out=None, *, backend="auto"):
+    return segment_csr(src, indptr, out, "sum", backend=backend)
+
+
+def segment_mean_csr(src, indptr, out=None, *, backend="auto"):
+    return segment_csr(src, indptr, out, "mean", backend=backend)
+
+
+def segment_max_csr(src, indptr, out=None, *, backend="auto"):
+    return _segment_csr(src, indptr, out, "max", backend)
+
+
+def segment_min_csr(src, indptr, out=None, *, backend="auto"):
+    return _segment_csr(src, indptr, out, "min", backend)
+
+
+def segment_sum_coo(src, index, out=None, dim_size=None, *, backend="auto"):
+    return segment_coo(src, index, out, dim_size, "sum", backend=backend)
+
+
+def segment_mean_coo(src, index, out=None, dim_size=None, *, backend="auto"):
+    return segment_coo(src, index, out, dim_size, "mean", backend=backend)
+
+
+def segment_max_coo(src, index, out=None, dim_size=None, *, backend="auto"):
+    return _segment_coo(src, index, out, dim_size, "max", backend)
+
+
+def segment_min_coo(src, index, out=None, dim_size=None, *, backend="auto"):
+    return _segment_coo(src, index, out, dim_size, "min", backend)
+
+
+segment_add_csr, segment_add_coo = segment_sum_csr, segment_sum_coo

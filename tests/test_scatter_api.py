@@ -157,12 +157,12 @@ def test_segment_table(case, reduce, backend):
     src, index, indptr = _t(src, torch.float32), _t(index, torch.long), _t(indptr, torch.long)
     want = _t(expected[_canon(reduce)], torch.float32)
     for s, i, p in ((src, index, indptr), tuple(map(_non_contiguous, (src, index, indptr)))):
-        for fn, arg in ((S.segment_coo, i), (S.segment_csr, p)):
-            got = fn(s, arg, reduce=reduce, backend=backend)
-            if _canon(reduce) in ("min", "max"):
-                got, where = got
-                assert where.tolist() == args[reduce]
-            assert got.tolist() == want.tolist(), fn.__name__
+        for kind, arg in (("coo", i), ("csr", p)):
+            got = getattr(S, f"segment_{kind}")(s, arg, reduce=reduce, backend=backend)  # values only, always
+            assert got.tolist() == want.tolist(), kind
+            if _canon(reduce) in ("min", "max"):  # the per-reduce names add the argmax
+                values, where = getattr(S, f"segment_{_canon(reduce)}_{kind}")(s, arg, backend=backend)
+                assert values.tolist() == want.tolist() and where.tolist() == args[reduce], kind
 
 
 @pytest.mark.parametrize("case,reduce",
@@ -171,10 +171,8 @@ def test_segment_table_backward_and_out(case, reduce):
     src, index, indptr, expected, _ = SEGMENT_CASES[case]
     index, indptr = _t(index, torch.long), _t(indptr, torch.long)
     s = _t(src, torch.float64).requires_grad_()
-    assert torch.autograd.gradcheck(lambda s: S.segment_coo(s, index, None, None, reduce)[0]
-                                    if reduce in ("min", "max") else S.segment_coo(s, index, None, None, reduce), (s,))
-    assert torch.autograd.gradcheck(lambda s: S.segment_csr(s, indptr, None, reduce)[0]
-                                    if reduce in ("min", "max") else S.segment_csr(s, indptr, None, reduce), (s,))
+    assert torch.autograd.gradcheck(lambda s: S.segment_coo(s, index, None, None, reduce), (s,))
+    assert torch.autograd.gradcheck(lambda s: S.segment_csr(s, indptr, None, reduce), (s,))
     want = _t(expected[reduce], torch.float32)
     out = torch.full_like(want, -2)
     S.segment_csr(_t(src, torch.float32), indptr, out, reduce=reduce)  # overwrites
@@ -192,7 +190,6 @@ def test_zero_elements(reduce, dtype):
     for out in (S.scatter(x, index, dim=0, dim_size=0, reduce=reduce),
                 S.segment_coo(x, index, dim_size=0, reduce=reduce),
                 S.segment_csr(x, index, reduce=reduce)):
-        out = out[0] if isinstance(out, tuple) else out
         out.backward(torch.randn_like(out))
         assert out.size() == (0, 0, 0, 16)
 
@@ -262,7 +259,6 @@ def test_compile_fullgraph_dynamic(reduce):
     def f(src, index, indptr):
         a = S.scatter(src, index, 0, dim_size=7, reduce=reduce)
         b = S.segment_csr(src, indptr, reduce=reduce)
-        b = b[0] if isinstance(b, tuple) else b
         return a, b
 
     compiled = torch.compile(f, fullgraph=True, dynamic=True)
@@ -279,6 +275,24 @@ def test_compile_fullgraph_dynamic(reduce):
 
 def test_exported_at_top_level():
     assert gnnfuse.scatter is S.scatter and gnnfuse.segment_csr is S.segment_csr
+
+
+def test_segment_functions_return_values_like_torch_scatter():
+    """segment_csr/segment_coo return a tensor for max/min too (torch_scatter's segment_csr does);
+    the per-reduce names segment_max_csr etc. return (values, argmax) and sum/add/mean a tensor."""
+    src = torch.tensor([[1.0], [4.0], [2.0], [3.0]])
+    indptr, index = torch.tensor([0, 2, 2, 4]), torch.tensor([0, 0, 2, 2])
+    for reduce in ("max", "min"):
+        assert isinstance(S.segment_csr(src, indptr, reduce=reduce), torch.Tensor)
+        assert isinstance(S.segment_coo(src, index, reduce=reduce), torch.Tensor)
+    values, arg = S.segment_max_csr(src, indptr)
+    assert values.flatten().tolist() == [4.0, 0.0, 3.0] and arg.flatten().tolist() == [1, 4, 3]
+    values, arg = S.segment_min_coo(src, index, dim_size=3)
+    assert values.flatten().tolist() == [1.0, 0.0, 2.0] and arg.flatten().tolist() == [0, 4, 2]
+    for name in ("sum", "add", "mean"):
+        for kind, idx in (("csr", indptr), ("coo", index)):
+            got = getattr(S, f"segment_{name}_{kind}")(src, idx)
+            assert torch.equal(got, getattr(S, f"segment_{kind}")(src, idx, reduce=name))
 
 
 def test_repeated_index_is_sorted_once_and_a_write_invalidates(monkeypatch):

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # On CPU machines take the CPU build of torch; an already-installed torch is kept.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup venv demo test docs typecheck package-check bench-cpu build-ext clean
+.PHONY: setup venv demo test docs typecheck package-check bench-cpu build-ext anchors clean
 
 venv: $(VENV)/.torch
 
@@ -53,5 +53,11 @@ build-ext: $(VENV)/.installed-examples
 bench-cpu: $(VENV)/.installed-examples
 	$(PY) -m benchmarks --suite cpu
 
+# torch_scatter 2.1.2 as a benchmark anchor, built from source against this torch (no wheel for every
+# torch; about 10 minutes on 2 cores) into .anchors/, outside the venv: installed there, stock PyG
+# would switch to it and stop being the stock anchor. Use with PYTHONPATH=.:.anchors.
+anchors: $(VENV)/.installed-test,triton
+	MAX_JOBS=2 FORCE_ONLY_CPU=1 $(PY) -m pip install -q --no-deps --no-build-isolation --target .anchors torch-scatter==2.1.2
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info docs/api
+	rm -rf $(VENV) build dist *.egg-info docs/api .anchors

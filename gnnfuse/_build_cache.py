@@ -56,6 +56,7 @@ EXTENSIONS: dict[str, list[str]] = {
     "sampler": ["sampler.cpp"],
     "aggregate": ["multi_aggregate.cpp"],
     "reorder": ["reorder.cpp"],
+    "scatter": ["scatter_unsorted.cpp"],
 }
 # No -std flag: cpp_extension picks the standard torch was built with (C++20 for torch >= 2.9).
 # Forcing another one mixes inline libstdc++/c10 code compiled under two standards, which

@@ -1,6 +1,6 @@
 """torch_scatter-compatible reductions on gnnfuse's fused kernels: :func:`scatter`,
-:func:`segment_csr`, :func:`segment_coo`, ``scatter_<reduce>``, :func:`scatter_max` /
-:func:`scatter_min` with their argmax.
+:func:`segment_csr`, :func:`segment_coo`, ``scatter_<reduce>``, ``segment_<reduce>_csr/_coo``,
+:func:`scatter_max` / :func:`scatter_min` with their argmax.
 
 Each call is turned into one segment reduction of a [S, F] matrix into [T, F] rows, i.e. a
 gather-scatter whose gather is the identity (source row s is read once, by the one segment that
@@ -8,12 +8,13 @@ holds it), and runs on the ``gnnfuse::gather_scatter`` op: OpenMP C++ on CPU, Tr
 compile-safe, with the op's gradients. ``segment_csr`` hands ``indptr`` to the kernels as the
 CSR's rowptr; ``scatter`` sorts the index once and caches the sort on the index tensor, so a
 repeated index (a GNN's edge index) is not sorted again (``segment_coo`` never sorts, its index is
-sorted). The *first* call with an index, on the Triton backend, takes a sort-free atomic route
-instead (gnnfuse/triton/scatter_atomic.py, as torch's ``scatter_reduce`` does) for sum/mean/max/min
-of float32/float64 when nothing needs the sort (no gradient, no argmax, no ``out=``), outside
-torch.compile and ``torch.use_deterministic_algorithms(True)``: a one-off index is never sorted;
-its sums may then differ in the last bits from run to run. A second call with the same index
-sorts it once and takes the deterministic cached route from then on.
+sorted). The *first* call with an index takes a sort-free route instead for sum/mean/max/min of
+float32/float64 when nothing needs the sort (no gradient, no argmax, no ``out=``), outside
+torch.compile: on the Triton backend, outside ``torch.use_deterministic_algorithms(True)``, an
+atomic kernel (gnnfuse/triton/scatter_atomic.py, as torch's ``scatter_reduce`` does; its sums may
+differ in the last bits from run to run); on CPU a deterministic C++ kernel in which each thread
+owns a range of targets (csrc/scatter_unsorted.cpp). A one-off index is never sorted. A second
+call with the same index sorts it once and takes the deterministic cached route from then on.
 
 Semantics follow torch_scatter, including the broadcasting of ``index`` against ``src`` and
 ``out=`` (scatter/segment_coo fold the result into ``out`` in place, segment_csr overwrites it).
@@ -34,6 +35,7 @@ import math
 
 import torch
 
+from ._build import optional_extension
 from ._tensor_cache import cached
 from ._validate import device_assert, require_tensor
 from .constants import INDEX_DTYPES, VALUE_DTYPES
@@ -42,9 +44,11 @@ from .ops.gather_scatter import FORWARD
 from .reductions import ARG, SINGLE, TORCH_NAME, canonical_reduce
 
 __all__ = ["scatter", "scatter_sum", "scatter_add", "scatter_mean", "scatter_mul", "scatter_min", "scatter_max",
-           "segment_csr", "segment_coo"]
+           "segment_csr", "segment_coo", "segment_sum_csr", "segment_add_csr", "segment_mean_csr", "segment_max_csr",
+           "segment_min_csr", "segment_sum_coo", "segment_add_coo", "segment_mean_coo", "segment_max_coo",
+           "segment_min_coo"]
 
-_ATOMIC_REDUCES = ("sum", "mean", "max", "min")  # what the one-off atomic route serves
+_ONE_OFF_REDUCES = ("sum", "mean", "max", "min")  # what the sort-free one-off routes serve
 
 
 # ---- the one segment reduction everything runs on -----------------------------------------------
@@ -139,22 +143,42 @@ def _check(src, index, reduce):
     return canonical_reduce(reduce, SINGLE)
 
 
-def _first_use_atomic(src, index, reduce, backend) -> bool:
-    """Whether this call takes the sort-free atomic route (gnnfuse/triton/scatter_atomic.py): the
-    first call with this index (a later call sorts it once and keeps the sort), for sum/mean/max/min
-    of float32/64 on the Triton backend, outside torch.compile and deterministic mode. The caller
-    has checked that no gradient, argmax or ``out=`` needs the sort."""
-    if reduce not in _ATOMIC_REDUCES or src.dtype not in (torch.float32, torch.float64):
-        return False
-    if torch.are_deterministic_algorithms_enabled() or torch.compiler.is_compiling():
-        return False
-    if resolve_backend(backend, src.device) != "triton":
-        return False
+def _one_off_route(src, index, reduce, backend) -> str | None:
+    """The sort-free route this call takes, if any: the first call with this index (a later call
+    sorts it once and keeps the sort), for sum/mean/max/min of float32/64, outside torch.compile:
+    "atomic" on the Triton backend outside deterministic mode (gnnfuse/triton/scatter_atomic.py),
+    "unsorted" on the CPU one (csrc/scatter_unsorted.cpp, deterministic). The caller has checked
+    that no gradient, argmax or ``out=`` needs the sort."""
+    if reduce not in _ONE_OFF_REDUCES or src.dtype not in (torch.float32, torch.float64):
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    backend = resolve_backend(backend, src.device)
+    if backend == "triton" and not torch.are_deterministic_algorithms_enabled():
+        route = "atomic"
+    elif backend == "cpu" and _unsorted_kernel() is not None:
+        route = "unsorted"
+    else:
+        return None
     # (an index the cache cannot hold -- an inference tensor, a subclass -- gets a new [0] each call,
-    # so it always takes the atomic route: it could never be served from a cached sort either)
+    # so it always takes the one-off route: it could never be served from a cached sort either)
     uses = cached("scatter-uses", (index,), (), lambda: [0])
     uses[0] += 1
-    return uses[0] == 1
+    return route if uses[0] == 1 else None
+
+
+def _unsorted_kernel():
+    """csrc/scatter_unsorted.cpp's function, or None where the C++ extension cannot be built."""
+    ext = optional_extension("scatter", "one-off CPU scatter unavailable, sorting the index", stacklevel=5)
+    return None if ext is None else ext.scatter_unsorted
+
+
+def _scatter_one_off(route, x, targets, T, reduce):
+    if route == "atomic":
+        from .triton import scatter_atomic  # lazy: Triton is only needed on GPU
+
+        return scatter_atomic.scatter(x, targets, T, reduce)
+    return _unsorted_kernel()(x, targets, T, reduce)
 
 
 def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=False, want_arg=True):
@@ -194,16 +218,15 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
 
     x = src.reshape(outer * E * (inner if F == 1 else 1), F)
     out_shape = shape[:dim] + [N] + shape[dim + 1:]
-    if out is None and not need_transpose and _first_use_atomic(src, index, reduce, backend):
+    route = None if out is not None or need_transpose else _one_off_route(src, index, reduce, backend)
+    if route is not None:
         if index.numel():
             lo, hi = torch.aminmax(index)
             device_assert((lo >= 0) & (hi < N), "index contains values outside [0, dim_size)")
-        from .triton import scatter_atomic  # lazy: Triton is only needed on GPU
-
         # (the common case, dim 0: the index itself, int32 or int64, with no copy)
         one_row_each = rows_share_index and outer == 1 and index.numel() == E
         targets = index.reshape(-1) if one_row_each else flat_targets()
-        return scatter_atomic.scatter(x.contiguous(), targets, T, reduce).reshape(out_shape), None
+        return _scatter_one_off(route, x.contiguous(), targets, T, reduce).reshape(out_shape), None
 
     # A repeated index (a GNN's edge index, layer after layer) is sorted once: the segments are
     # cached on the index tensor's memory like a graph's CSR (gnnfuse._tensor_cache: a write to the
@@ -291,9 +314,14 @@ def scatter_min(src, index, dim=-1, out=None, dim_size=None, *, backend="auto"):
 
 
 def segment_coo(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None,
-                dim_size: int | None = None, reduce: str = "sum", *, backend: str = "auto"):
+                dim_size: int | None = None, reduce: str = "sum", *, backend: str = "auto") -> torch.Tensor:
     """torch_scatter's ``segment_coo``: ``index`` is sorted and runs along ``dim = index.dim() - 1``
-    (its leading dims match ``src``'s). No sort is done. max/min return (values, argmax)."""
+    (its leading dims match ``src``'s). No sort is done. Returns the values for every reduce, as
+    torch_scatter does; ``segment_max_coo`` / ``segment_min_coo`` also return the argmax."""
+    return _values(_segment_coo(src, index, out, dim_size, reduce, backend))
+
+
+def _segment_coo(src, index, out, dim_size, reduce, backend):
     require_tensor("index", index)
     dim = index.dim() - 1
     if index.dim() > src.dim() or tuple(index.shape[:-1]) != tuple(src.shape[:dim]):
@@ -307,10 +335,15 @@ def segment_coo(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None
 
 
 def segment_csr(src: torch.Tensor, indptr: torch.Tensor, out: torch.Tensor | None = None, reduce: str = "sum", *,
-                backend: str = "auto"):
+                backend: str = "auto") -> torch.Tensor:
     """torch_scatter's ``segment_csr``: segment k of ``src`` along ``dim = indptr.dim() - 1`` is
     ``[indptr[..., k], indptr[..., k + 1])``; ``indptr`` goes to the kernels as the CSR's rowptr
-    (no sort, no index built). ``out`` is overwritten. max/min return (values, argmax)."""
+    (no sort, no index built). ``out`` is overwritten. Returns the values for every reduce, as
+    torch_scatter does; ``segment_max_csr`` / ``segment_min_csr`` also return the argmax."""
+    return _values(_segment_csr(src, indptr, out, reduce, backend))
+
+
+def _segment_csr(src, indptr, out, reduce, backend):
     reduce = _check(src, indptr, reduce)
     dim = max(indptr.dim() - 1, 0)
     shape = list(src.shape)
@@ -362,3 +395,45 @@ def _written(out, res, arg):
         out.copy_(res)
         res = out
     return (res, arg) if arg is not None else res
+
+
+def _values(result):
+    """The values of a (values, argmax) pair, or the result itself."""
+    return result[0] if isinstance(result, tuple) else result
+
+
+# ---- torch_scatter's per-reduce segment names: sum/add/mean return values, max/min (values, arg) --
+
+def segment_sum_csr(src, indptr, out=None, *, backend="auto"):
+    return segment_csr(src, indptr, out, "sum", backend=backend)
+
+
+def segment_mean_csr(src, indptr, out=None, *, backend="auto"):
+    return segment_csr(src, indptr, out, "mean", backend=backend)
+
+
+def segment_max_csr(src, indptr, out=None, *, backend="auto"):
+    return _segment_csr(src, indptr, out, "max", backend)
+
+
+def segment_min_csr(src, indptr, out=None, *, backend="auto"):
+    return _segment_csr(src, indptr, out, "min", backend)
+
+
+def segment_sum_coo(src, index, out=None, dim_size=None, *, backend="auto"):
+    return segment_coo(src, index, out, dim_size, "sum", backend=backend)
+
+
+def segment_mean_coo(src, index, out=None, dim_size=None, *, backend="auto"):
+    return segment_coo(src, index, out, dim_size, "mean", backend=backend)
+
+
+def segment_max_coo(src, index, out=None, dim_size=None, *, backend="auto"):
+    return _segment_coo(src, index, out, dim_size, "max", backend)
+
+
+def segment_min_coo(src, index, out=None, dim_size=None, *, backend="auto"):
+    return _segment_coo(src, index, out, dim_size, "min", backend)
+
+
+segment_add_csr, segment_add_coo = segment_sum_csr, segment_sum_coo

@@ -27,7 +27,7 @@ ei = torch.tensor([[0, 1, 2, 5, 4], [1, 2, 3, 0, 0]])
 expect = gnnfuse.fused_gather_scatter(x, ei, "sum", backend="reference")
 out = gnnfuse.fused_gather_scatter(x, ei, "sum")   # the CPU kernels, from the shared build cache
 assert torch.allclose(out, expect)
-import gnnfuse.datasets
+import gnnfuse.datasets, gnnfuse.loader, gnnfuse.nn, gnnfuse.ops, gnnfuse.triton
 print("smoke ok", gnnfuse.__version__)
 """
 

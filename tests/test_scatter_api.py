@@ -157,12 +157,12 @@ def test_segment_table(case, reduce, backend):
     src, index, indptr = _t(src, torch.float32), _t(index, torch.long), _t(indptr, torch.long)
     want = _t(expected[_canon(reduce)], torch.float32)
     for s, i, p in ((src, index, indptr), tuple(map(_non_contiguous, (src, index, indptr)))):
-        for fn, arg in ((S.segment_coo, i), (S.segment_csr, p)):
-            got = fn(s, arg, reduce=reduce, backend=backend)
-            if _canon(reduce) in ("min", "max"):
-                got, where = got
-                assert where.tolist() == args[reduce]
-            assert got.tolist() == want.tolist(), fn.__name__
+        for kind, arg in (("coo", i), ("csr", p)):
+            got = getattr(S, f"segment_{kind}")(s, arg, reduce=reduce, backend=backend)  # values only, always
+            assert got.tolist() == want.tolist(), kind
+            if _canon(reduce) in ("min", "max"):  # the per-reduce names add the argmax
+                values, where = getattr(S, f"segment_{_canon(reduce)}_{kind}")(s, arg, backend=backend)
+                assert values.tolist() == want.tolist() and where.tolist() == args[reduce], kind
 
 
 @pytest.mark.parametrize("case,reduce",
@@ -171,10 +171,8 @@ def test_segment_table_backward_and_out(case, reduce):
     src, index, indptr, expected, _ = SEGMENT_CASES[case]
     index, indptr = _t(index, torch.long), _t(indptr, torch.long)
     s = _t(src, torch.float64).requires_grad_()
-    assert torch.autograd.gradcheck(lambda s: S.segment_coo(s, index, None, None, reduce)[0]
-                                    if reduce in ("min", "max") else S.segment_coo(s, index, None, None, reduce), (s,))
-    assert torch.autograd.gradcheck(lambda s: S.segment_csr(s, indptr, None, reduce)[0]
-                                    if reduce in ("min", "max") else S.segment_csr(s, indptr, None, reduce), (s,))
+    assert torch.autograd.gradcheck(lambda s: S.segment_coo(s, index, None, None, reduce), (s,))
+    assert torch.autograd.gradcheck(lambda s: S.segment_csr(s, indptr, None, reduce), (s,))
     want = _t(expected[reduce], torch.float32)
     out = torch.full_like(want, -2)
     S.segment_csr(_t(src, torch.float32), indptr, out, reduce=reduce)  # overwrites
@@ -192,7 +190,6 @@ def test_zero_elements(reduce, dtype):
     for out in (S.scatter(x, index, dim=0, dim_size=0, reduce=reduce),
                 S.segment_coo(x, index, dim_size=0, reduce=reduce),
                 S.segment_csr(x, index, reduce=reduce)):
-        out = out[0] if isinstance(out, tuple) else out
         out.backward(torch.randn_like(out))
         assert out.size() == (0, 0, 0, 16)
 
@@ -262,7 +259,6 @@ def test_compile_fullgraph_dynamic(reduce):
     def f(src, index, indptr):
         a = S.scatter(src, index, 0, dim_size=7, reduce=reduce)
         b = S.segment_csr(src, indptr, reduce=reduce)
-        b = b[0] if isinstance(b, tuple) else b
         return a, b
 
     compiled = torch.compile(f, fullgraph=True, dynamic=True)
@@ -281,6 +277,24 @@ def test_exported_at_top_level():
     assert gnnfuse.scatter is S.scatter and gnnfuse.segment_csr is S.segment_csr
 
 
+def test_segment_functions_return_values_like_torch_scatter():
+    """segment_csr/segment_coo return a tensor for max/min too (torch_scatter's segment_csr does);
+    the per-reduce names segment_max_csr etc. return (values, argmax) and sum/add/mean a tensor."""
+    src = torch.tensor([[1.0], [4.0], [2.0], [3.0]])
+    indptr, index = torch.tensor([0, 2, 2, 4]), torch.tensor([0, 0, 2, 2])
+    for reduce in ("max", "min"):
+        assert isinstance(S.segment_csr(src, indptr, reduce=reduce), torch.Tensor)
+        assert isinstance(S.segment_coo(src, index, reduce=reduce), torch.Tensor)
+    values, arg = S.segment_max_csr(src, indptr)
+    assert values.flatten().tolist() == [4.0, 0.0, 3.0] and arg.flatten().tolist() == [1, 4, 3]
+    values, arg = S.segment_min_coo(src, index, dim_size=3)
+    assert values.flatten().tolist() == [1.0, 0.0, 2.0] and arg.flatten().tolist() == [0, 4, 2]
+    for name in ("sum", "add", "mean"):
+        for kind, idx in (("csr", indptr), ("coo", index)):
+            got = getattr(S, f"segment_{name}_{kind}")(src, idx)
+            assert torch.equal(got, getattr(S, f"segment_{kind}")(src, idx, reduce=name))
+
+
 def test_repeated_index_is_sorted_once_and_a_write_invalidates(monkeypatch):
     """scatter caches the sort of its index on the index tensor: a second call with the same index
     sorts nothing; an in-place write to the index (or another dim_size) builds a new one."""
@@ -288,7 +302,7 @@ def test_repeated_index_is_sorted_once_and_a_write_invalidates(monkeypatch):
     src = torch.randn(6, 3, device=DEVICE)
     # count scatter's own sorts (the GPU kernel plan sorts rows by degree with torch.sort as well)
     scatter_module = importlib.import_module("gnnfuse.scatter")
-    monkeypatch.setattr(scatter_module, "_first_use_atomic", lambda *a: False)  # the sorted route (CUDA)
+    monkeypatch.setattr(scatter_module, "_one_off_route", lambda *a: None)  # the sorted route
     sorts = []
     real_sort = scatter_module._sorted_segments
     monkeypatch.setattr(scatter_module, "_sorted_segments", lambda *a, **k: sorts.append(1) or real_sort(*a, **k))
@@ -342,6 +356,66 @@ def test_one_off_index_takes_the_atomic_route(reduce, dtype, monkeypatch):
     if reduce in ("max", "min"):
         S.scatter_max(src, index.clone(), 0, dim_size=11, backend="triton")
     assert len(calls) == 3
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the C++ kernels run on CPU")
+@pytest.mark.parametrize("reduce,dtype", list(itertools.product(["sum", "add", "mean", "max", "min"],
+                                                                 [torch.float32, torch.float64])))
+def test_one_off_index_takes_the_unsorted_route_on_cpu(reduce, dtype, monkeypatch):
+    """On CPU a first call with an index runs the sort-free C++ kernel (NaN wins and sticks, +-inf,
+    empty targets give 0), equal to the sorted route a second call takes and to the reference, the
+    same for any thread count; a gradient or an argmax keep the sorted route."""
+    scatter_module = importlib.import_module("gnnfuse.scatter")
+    calls = []
+    real = scatter_module._unsorted_kernel()
+    monkeypatch.setattr(scatter_module, "_unsorted_kernel", lambda: (lambda *a: calls.append(1) or real(*a)))
+    g = torch.Generator().manual_seed(2)
+    src = torch.randn(300, 5, generator=g, dtype=dtype)
+    src[3, 0], src[7, 1], src[9, 2], src[11, 3] = float("nan"), float("inf"), -float("inf"), -0.0
+    index = torch.randint(0, 9, (300,), generator=g)  # targets 9..10 empty
+    index[200:] = torch.randint(0, 3, (100,), generator=g)  # skewed counts: uneven owner ranges
+    before = src.clone(), index.clone()
+    first = S.scatter(src, index, 0, dim_size=11, reduce=reduce, backend="cpu")
+    assert len(calls) == 1
+    second = S.scatter(src, index, 0, dim_size=11, reduce=reduce, backend="cpu")  # now sorted and cached
+    assert len(calls) == 1
+    torch.testing.assert_close(first, second, equal_nan=True)
+    assert (first[9:] == 0).all()
+    assert torch.equal(index, before[1]) and torch.equal(src.nan_to_num(), before[0].nan_to_num())
+    clean = src.nan_to_num(posinf=3.0, neginf=-3.0)
+    want = S.scatter(clean, index, 0, dim_size=11, reduce=reduce, backend="reference")
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            for idx in (index.clone(), index.int()):
+                got = S.scatter(clean, idx, 0, dim_size=11, reduce=reduce, backend="cpu")
+                torch.testing.assert_close(got, want)
+                if n == 1:
+                    reference_bits = got
+                assert torch.equal(got, reference_bits)  # the same bits for any thread count
+    finally:
+        torch.set_num_threads(threads)
+    assert len(calls) == 7
+    S.scatter(src.clone().requires_grad_(), index.clone(), 0, dim_size=11, reduce=reduce, backend="cpu")
+    if reduce in ("max", "min"):
+        S.scatter_max(src, index.clone(), 0, dim_size=11, backend="cpu")
+    assert len(calls) == 7
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the C++ kernels run on CPU")
+def test_one_off_unsorted_kernel_checks_its_arguments():
+    kernel = importlib.import_module("gnnfuse.scatter")._unsorted_kernel()
+    with pytest.raises(IndexError, match="outside"):
+        kernel(torch.randn(4, 2), torch.tensor([0, 1, 5, 1]), 3, "sum")
+    with pytest.raises(ValueError, match="reduce"):
+        kernel(torch.randn(4, 2), torch.tensor([0, 1, 2, 1]), 3, "mul")
+    with pytest.raises(ValueError, match="targets"):
+        kernel(torch.randn(4, 2), torch.tensor([0, 1, 2]), 3, "sum")
+    with pytest.raises(ValueError, match="float32 or float64"):
+        kernel(torch.randn(4, 2).half(), torch.tensor([0, 1, 2, 1]), 3, "sum")
+    with pytest.raises(RuntimeError, match="outside"):  # through the public function: checked first
+        S.scatter(torch.randn(4, 2), torch.tensor([0, 1, 5, 1]), 0, dim_size=3, backend="cpu")
 
 
 @pytest.mark.skipif(DEVICE == "cuda" or not INTERPRETER, reason="a device-side assert would poison the CUDA context")

@@ -25,6 +25,8 @@ The @triton.jit kernels are in attention_kernels.py; this module is the host sid
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -32,6 +34,7 @@ import triton.language as tl
 from .._tensor_cache import cached
 from ..reductions import SUM
 from ._grid import cdiv, next_power_of_2
+from .attention_forward_kernels import _forward_one_pass_kernel
 from .attention_kernels import (
     NEG_INF,
     _backward_rows_kernel,
@@ -41,8 +44,9 @@ from .attention_kernels import (
     _merge_pieces_kernel,
 )
 from .gather_scatter import work_list
+from .work_lists import WorkList
 from .gather_scatter_fwd_kernels import _COMBINE_K, _combine_kernel
-from .schedule import choose_window, short_rows
+from .schedule import choose_window, short_rows, task_list
 
 # Longest row piece one program walks. Rows up to this length (nearly all rows of realistic
 # graphs) keep one program; a hub row of 100K edges becomes ~400 programs. A multiple of every BE.
@@ -53,6 +57,8 @@ WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles
 # gather-scatter's row groups, in tiles of about GROUP_TILE elements [ROWS, HB, FB].
 GROUP_MAX_DEGREE = 64
 GROUP_TILE = 1024
+# The one-pass forward's longest row piece (the backward's are SPLIT_EDGES): the sum's one-pass plan's.
+FORWARD_SPLIT_EDGES = 1024
 
 
 # ---- launchers ------------------------------------------------------------------------------------
@@ -170,7 +176,97 @@ def _work(rowptr):
     return work_list(rowptr, SPLIT_EDGES)
 
 
+class OnePass(NamedTuple):
+    """The one-pass forward's plan for one graph and width (cached on rowptr): the work list of the
+    long rows (pieces of at most ``seg`` edges), the short rows in row-group order, the task list,
+    and the tile [rows, hb, fb] with its warps."""
+    wl: WorkList
+    short: torch.Tensor
+    tasks: torch.Tensor
+    rows: int
+    hb: int
+    fb: int
+    seg: int
+    warps: int
+
+
+def _one_pass_config(H: int, F: int) -> dict:
+    """Tile of the one-pass forward, as the sum's one-pass kernel at the same width: 64 columns
+    (HB heads x FB features, 256 float32 bytes) of 16 rows or lanes (``_one_pass_rows``); rows of up
+    to GROUP_MAX_DEGREE edges in row groups, longer rows in pieces of at most FORWARD_SPLIT_EDGES.
+    4 warps, or 8 where the [R, HB] logit tile has as many elements as 4 warps have threads: with
+    fewer elements than threads Triton's layout pass re-loads the per-head terms in the feature
+    tile's layout instead of moving the softmax's factors between layouts through shared memory
+    (two barriers a step)."""
+    fb = next_power_of_2(F)
+    hb = max(1, min(next_power_of_2(H), 64 // fb))
+    rows = _one_pass_rows(hb, fb)
+    seg = FORWARD_SPLIT_EDGES
+    return dict(hb=hb, rows=rows, warps=8 if rows * hb >= 128 else 4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg))
+
+
+def _one_pass_rows(hb: int, fb: int) -> int:
+    """Rows of a row group, and lanes of a piece, of the one-pass forward: tiles of GROUP_TILE elements
+    [R, HB, FB], 2 to 16 rows."""
+    return max(2, min(16, GROUP_TILE // (hb * fb)))
+
+
+def _one_pass_plan(rowptr, col, num_src, H, F, itemsize) -> OnePass:
+    cfg = _one_pass_config(H, F)
+
+    def build():
+        short_max, seg, rows = cfg["short_max"], cfg["seg"], cfg["rows"]
+        window = choose_window(rowptr, col, num_src, H * F, itemsize, rowptr.device)[0]
+        wl = work_list(rowptr, seg, short_max)
+        short = short_rows(rowptr, short_max, window)
+        tasks = task_list(rowptr, short, wl, rows, seg, short_max, window)
+        return OnePass(wl, short, tasks, rows, cfg["hb"], next_power_of_2(F), seg, cfg["warps"])
+
+    return cached("attention-one-pass", (rowptr,), (num_src, H, F, itemsize, tuple(sorted(cfg.items()))), build)
+
+
+def _merge_pieces(p_acc, p_m, p_z, out, m, z, wl, H, F, hb, fb, acc):
+    """The split rows' pieces merged into out, m, z (``_merge_pieces_kernel``)."""
+    _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
+        p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=acc, BK=32, HB=hb, FB=fb)
+
+
+def _partials(like, parts, H, F, stat):
+    """(acc, max, sum) buffers of ``parts`` pieces of split rows (``like`` itself when there are none)."""
+    if not parts:
+        return like, like, like
+    p_m = like.new_empty(parts, H, dtype=stat)
+    return like.new_empty(parts, H, F, dtype=stat), p_m, torch.empty_like(p_m)
+
+
+_ONE_PASS = True  # (exploration switch: False runs the two-launch forward below)
+
+
 def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops, slope, p, seed):
+    if not _ONE_PASS:
+        return _forward_two_pass(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops,
+                                 slope, p, seed)
+    n_src, num_dst, H, F, acc, scalars = _common(x, rowptr, col, self_loops, slope, p, seed)
+    stat = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = x.new_empty(num_dst, H, F)
+    m = x.new_empty(num_dst, H, dtype=stat)
+    z = torch.empty_like(m)
+    if not (num_dst and H):
+        return out, m, z
+    plan = _one_pass_plan(rowptr, col, n_src, H, F, x.element_size())
+    wl = plan.wl
+    p_acc, p_m, p_z = _partials(m, wl.num_partials, H, F, stat)
+    _forward_one_pass_kernel[(plan.tasks.numel(), cdiv(H, plan.hb))](
+        x, a_src, a_dst, a_edge if a_edge is not None else x, a_loop if a_loop is not None else x, rowptr, col, out,
+        m, z, plan.short, plan.short.numel(), plan.tasks, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars,
+        HAS_EDGE=a_edge is not None, HAS_LOOP_TERM=a_loop is not None, SELF_LOOPS=bool(self_loops), DROPOUT=p > 0,
+        ACC=acc, HB=plan.hb, FB=plan.fb, R=plan.rows, SEG=plan.seg, DENSE=F == plan.fb, num_warps=plan.warps)
+    if wl.num_partials:
+        _merge_pieces(p_acc, p_m, p_z, out, m, z, wl, H, F, plan.hb, plan.fb, acc)
+    return out, m, z
+
+
+def _forward_two_pass(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops, slope, p, seed):
     n_src, num_dst, H, F, acc, scalars = _common(x, rowptr, col, self_loops, slope, p, seed)
     stat = torch.float64 if x.dtype == torch.float64 else torch.float32
     out = x.new_empty(num_dst, H, F)

@@ -41,6 +41,21 @@ def _endpoints(nbr, ks, end):
 
 
 @triton.jit
+def _gather(t, j, v2, heads, feats, fmask, H, F, DENSE: tl.constexpr, FB: tl.constexpr, ACC: tl.constexpr):
+    """[R, HB, FB]: the head vectors of rows ``j`` [R] of a [N, H, F] tensor where v2 [R, HB], 0 elsewhere.
+    DENSE (F == FB, a power of two): the offsets are multiples of FB known at compile time and the
+    mask is constant along a head's features, so a row is read in 16-byte vectors (with a run-time
+    F the compiler cannot prove the alignment and reads 4 bytes at a time)."""
+    if DENSE:
+        ptrs = t + j[:, None, None] * H * FB + heads[None, :, None] * FB + feats[None, None, :]
+        mask = tl.broadcast_to(v2[:, :, None], ptrs.shape)
+    else:
+        ptrs = t + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :]
+        mask = v2[:, :, None] & fmask[None, None, :]
+    return tl.load(ptrs, mask=mask, other=0).to(ACC), mask
+
+
+@triton.jit
 def _edge_block(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, ids, pos, ad_node,
                 N_EDGES, H, slope, seed, threshold, scale,
                 TRANSPOSED: tl.constexpr, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr,
@@ -261,29 +276,31 @@ def _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc):
 @triton.jit
 def _merge_pieces_kernel(p_acc, p_m, p_z, out, m_out, z_out, split_rows, seg_ptr, slot, H, F, ACC: tl.constexpr,
                          BK: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr):
-    """Second pass of the forward over split rows: the online-softmax merge of the pieces' states."""
+    """Second pass of the forward over split rows: the pieces' states (m_k, z_k, acc_k) merged in piece
+    order, BK at a time, by the online softmax's rule (M = max m_k, Z = sum z_k exp(m_k - M),
+    acc = sum acc_k exp(m_k - M)) in one pass over them."""
     i = tl.load(split_rows + tl.program_id(0)).to(tl.int64)
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     n = tl.load(seg_ptr + i + 1) - tl.load(seg_ptr + i)
     first = tl.load(slot + i)
     m = tl.full((HB,), NEG_INF, ACC)
-    for k0 in range(0, n, BK):
-        ks = first + k0 + tl.arange(0, BK)
-        km = (k0 + tl.arange(0, BK)) < n
-        m = tl.maximum(m, tl.max(tl.load(p_m + ks[:, None] * H + heads[None, :], mask=km[:, None] & hmask[None, :],
-                                         other=NEG_INF), 0))
-    m_safe = tl.where(m == NEG_INF, 0.0, m)
     z = tl.zeros((HB,), ACC)
     acc = tl.zeros((HB, FB), ACC)
     for k0 in range(0, n, BK):
         ks = first + k0 + tl.arange(0, BK)
         k2 = ((k0 + tl.arange(0, BK)) < n)[:, None] & hmask[None, :]
-        scale = tl.exp(tl.load(p_m + ks[:, None] * H + heads[None, :], mask=k2, other=NEG_INF) - m_safe[None, :])
-        z += tl.sum(scale * tl.load(p_z + ks[:, None] * H + heads[None, :], mask=k2, other=0), 0)
+        pm = tl.load(p_m + ks[:, None] * H + heads[None, :], mask=k2, other=NEG_INF)
+        pz = tl.load(p_z + ks[:, None] * H + heads[None, :], mask=k2, other=0)
         pa = tl.load(p_acc + ks[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
                      mask=k2[:, :, None] & fmask[None, None, :], other=0)
-        acc += tl.sum(scale[:, :, None] * pa, 0)
+        m_new = tl.maximum(m, tl.max(pm, 0))
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+        rescale = tl.exp(m - m_safe)
+        w = tl.exp(pm - m_safe[None, :])  # 0 for pieces without an edge (m_k = -inf)
+        z = z * rescale + tl.sum(w * pz, 0)
+        acc = acc * rescale[:, None] + tl.sum(w[:, :, None] * pa, 0)
+        m = m_new
     _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
 
 

@@ -10,6 +10,7 @@ import triton.language as tl
 
 from . import attention as gat
 from ._grid import cdiv
+from .attention_forward_kernels import _pair_forward_one_pass_kernel
 from .attention_kernels import _merge_pieces_kernel
 from .pair_attention_kernels import (
     _pair_backward_rows_kernel,
@@ -43,6 +44,32 @@ def _same(k, v) -> bool:
 
 
 def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
+    if not gat._ONE_PASS:
+        return _forward_two_pass(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2,
+                                 slope, scale, p, seed)
+    n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
+    num_dst = q.shape[0]
+    stat = torch.float64 if k.dtype == torch.float64 else torch.float32
+    out = k.new_empty(num_dst, H, F)
+    m = k.new_empty(num_dst, H, dtype=stat)
+    z = torch.empty_like(m)
+    if not (num_dst and H):
+        return out, m, z
+    plan = gat._one_pass_plan(rowptr, col, n_src, H, F, k.element_size())
+    wl = plan.wl
+    p_acc, p_m, p_z = gat._partials(m, wl.num_partials, H, F, stat)
+    _pair_forward_one_pass_kernel[(plan.tasks.numel(), cdiv(H, plan.hb))](
+        q, k, v, att if att is not None else k, edge if edge is not None else k, perm if perm is not None else col,
+        rowptr, col, out, m, z, plan.short, plan.short.numel(), plan.tasks, wl.seg_row, wl.seg_ptr, wl.slot, p_acc,
+        p_m, p_z, *scalars, SELF_LOOPS=bool(self_loops), DROPOUT=p > 0, GATV2=bool(gatv2), HAS_EDGE=edge is not None,
+        KV_SAME=_same(k, v), ACC=flags["ACC"], HB=plan.hb, FB=plan.fb, R=plan.rows, SEG=plan.seg,
+        DENSE=F == plan.fb, num_warps=plan.warps)
+    if wl.num_partials:
+        gat._merge_pieces(p_acc, p_m, p_z, out, m, z, wl, H, F, plan.hb, plan.fb, flags["ACC"])
+    return out, m, z
+
+
+def _forward_two_pass(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
     n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
     flags["HAS_EDGE"] = edge is not None
     num_dst = q.shape[0]

@@ -13,20 +13,21 @@ import triton
 import triton.language as tl
 
 from ._launch import fast_kernel
-from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _group, _head_block, _merge_lanes, _online_step,
+from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _gather, _group, _head_block, _merge_lanes, _online_step,
                                 _piece, _piece_at, _piece_state, _piece_step, _store_row, _store_rows)
 
 
 @triton.jit
 def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, pos, node_vec, att, edge, perm, N_EDGES,
                 H, F, slope, qk_scale, seed, threshold, scale, TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr,
-                DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
+                DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr,
+                DENSE: tl.constexpr, FB: tl.constexpr):
     """One block of a row's edges (the virtual self loop at position ``end`` when stop == end + 1),
     as GAT's _edge_block (``ids``: the other endpoints, ``node_vec``: the row's own vectors [1, HB, FB],
     [ROWS, HB, FB] in the row-group forward).
     Returns (other endpoint [BE], valid [BE, HB], valid [BE, HB, FB], the other endpoints' vectors
     [BE, HB, FB], logit e [BE, HB] (-inf where invalid), dropout factor [BE, HB], the edge
-    features' row [BE] and tile [BE, HB, FB] (zeros without HAS_EDGE))."""
+    features' row [BE] and tile [BE, HB, FB] (zeros without HAS_EDGE)). DENSE: vector loads (see _gather)."""
     real = ks < end
     other = tl.where(real, ids.to(tl.int64), node)
     valid = ks < stop
@@ -35,17 +36,14 @@ def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, po
     else:
         valid = valid & real
     v2 = valid[:, None] & hmask[None, :]
-    v3 = v2[:, :, None] & fmask[None, None, :]
-    ov = tl.load(others + other[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                 other=0).to(ACC)
+    ov, v3 = _gather(others, other, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
     if TRANSPOSED:
         k = tl.load(pos + ks, mask=real, other=0).to(tl.int64)
     else:
         k = ks
     if HAS_EDGE:  # edge features: row perm[k] (edge order), the self loop's row E + node
         erow = tl.where(real, tl.load(perm + k, mask=real, other=0).to(tl.int64), N_EDGES + node)
-        ev = tl.load(edge + erow[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                     other=0).to(ACC)
+        ev, _v3 = _gather(edge, erow, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
     else:
         erow = k
         ev = tl.zeros(ov.shape, ACC)
@@ -101,7 +99,7 @@ def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_ou
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                       _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
                                                       N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
-                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
+                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, False, FB)
         if KV_SAME:
             xv = kv
         else:
@@ -145,7 +143,7 @@ def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_ou
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(start + t, end, stop, rows, heads, hmask, feats, fmask, k, ids,
                                                       col, qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
                                                       threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
-                                                      ACC)
+                                                      ACC, False, FB)
         if KV_SAME:
             xv = kv
         else:
@@ -183,7 +181,7 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
         if D_INLINE:
             d = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask,
                           hf, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2,
-                          HAS_EDGE, KV_SAME, ACC, BE)
+                          HAS_EDGE, KV_SAME, ACC, BE, FB)
             tl.store(D + i * H + heads, d, mask=hmask)
         elif D_GIVEN:
             d = tl.load(D + i * H + heads, mask=hmask, other=0)
@@ -202,7 +200,7 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
                 j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                              _endpoints(col, ks, end), col, qi[None, :, :], a, edge,
                                                              perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
-                                                             scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
+                                                             scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, False, FB)
                 p = tl.exp(e - mi[None, :]) / zi[None, :]
                 if KV_SAME:
                     xv = kv
@@ -243,7 +241,7 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
 def _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
               N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS: tl.constexpr,
               DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
-              ACC: tl.constexpr, BE: tl.constexpr):
+              ACC: tl.constexpr, BE: tl.constexpr, FB: tl.constexpr):
     """[HB]: sum over edges [start, stop) of row i of c_k g_i . v_k (values with the edge term),
     each c_k recomputed from the saved row max and sum: the whole row's D_i = g_i . out_i when
     the range is the whole row."""
@@ -258,7 +256,7 @@ def _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, h
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                       _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
                                                       N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
-                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
+                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, False, FB)
         if KV_SAME:
             xv = kv
         else:
@@ -288,7 +286,7 @@ def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, 
     a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
     acc = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
                     N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
-                    KV_SAME, ACC, BE)
+                    KV_SAME, ACC, BE, FB)
     whole = part + 0 * heads < 0  # the row is one piece
     tl.store(D + i * H + heads, acc, mask=hmask & whole)
     tl.store(p_d + part * H + heads, acc, mask=hmask & ~whole)
@@ -318,7 +316,7 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
         i, v2, v3, qv, e, keep, _er, ev = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q,
                                                       _endpoints(t_col, qs, end), t_pos, kj[None, :, :], a, edge,
                                                       perm, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                                                      True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
+                                                      True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, False, FB)
         ih = i[:, None] * H + heads[None, :]
         mi = tl.load(m_in + ih, mask=v2, other=0)
         zi = tl.load(z_in + ih, mask=v2, other=1)

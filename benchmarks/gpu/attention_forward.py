@@ -6,15 +6,14 @@ Per call, for every variant, interleaved in rotating order over ``--rounds`` rou
     with CUDA events (no host time in it: what the kernels cost);
   * ``wall_us``: one call, synchronised before and after (host and launch included: what
     benchmarks/bench_attention.py's ``fwd/sum`` measures).
-Variants: ``default`` (the shipped forward), ``two-pass`` (the earlier two-launch forward, while it
-exists: attention._ONE_PASS off) and one-pass tiles written ``hb8.r16.w8.s1024.g64`` (heads per
+Variants: ``default`` (the shipped forward) and one-pass tiles written ``hb8.r16.w8.s1024.g64`` (heads per
 program, rows/lanes per program, warps, longest piece, longest row in row groups; any subset, the
 rest as the default chooses). Each variant's output is compared with the first one's
 (``max_diff``). The features are random; GATv2 and dot use the same tensor for keys and values
 (as bench_attention's fused forward).
 
     PYTHONPATH=. python benchmarks/gpu/attention_forward.py --graphs arxiv-like,rfc-uniform \\
-        --widths 8x8,4x64 --layers gat,gatv2,dot --variants default,two-pass,hb4.w4 --out FILE.md
+        --widths 8x8,4x64 --layers gat,gatv2,dot --variants default,hb4,hb2.r8 --out FILE.md
     PYTHONPATH=. python benchmarks/gpu/attention_forward.py --warm 8 ...   # compile in 8 processes first
     PYTHONPATH=. python benchmarks/gpu/attention_forward.py --warm 8 --compile-only ...   # only that
 """
@@ -33,8 +32,8 @@ KEYS = {"hb": "hb", "r": "rows", "w": "warps", "s": "seg", "g": "short_max"}
 
 
 def parse_variant(name: str) -> dict | None:
-    """The one-pass config overrides of a variant name (None: default or two-pass)."""
-    if name in ("default", "two-pass"):
+    """The one-pass config overrides of a variant name (None: the default)."""
+    if name == "default":
         return None
     return {KEYS[k]: int(v) for k, v in re.findall(r"(hb|r|w|s|g)(\d+)", name)}
 
@@ -47,29 +46,24 @@ def with_variant(name: str, fn):
     default_cfg = A._one_pass_config
 
     def run():
-        if name == "two-pass":
-            A._ONE_PASS = False
-        elif over:
-            A._one_pass_config = lambda H, F: _config(default_cfg(H, F), over, F)
+        if over:
+            A._one_pass_config = lambda H, F, pair=False: _config(default_cfg(H, F, pair), over, F)
         try:
             return fn()
         finally:
-            A._ONE_PASS = True
             A._one_pass_config = default_cfg
     return run
 
 
 def _config(cfg: dict, over: dict, F: int) -> dict:
-    """The default config with a variant's overrides; rows follow a forced hb, and warps the tile,
-    by the default's rules unless forced too."""
+    """The default config with a variant's overrides; rows follow a forced hb by the default's rule
+    unless forced too."""
     from gnnfuse.triton import attention as A
     from gnnfuse.triton._grid import next_power_of_2
 
     cfg = {**cfg, **over}
     if "hb" in over and "rows" not in over:
         cfg["rows"] = A._one_pass_rows(cfg["hb"], next_power_of_2(F))
-    if "warps" not in over:
-        cfg["warps"] = 8 if cfg["rows"] * cfg["hb"] >= 128 else 4
     cfg["short_max"] = min(cfg["short_max"], cfg["seg"])
     return cfg
 

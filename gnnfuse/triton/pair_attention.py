@@ -1,7 +1,8 @@
 """Triton host side of ``gnnfuse::pair_attention`` (GATv2 and dot-product attention): work lists,
-partial buffers and launches. Kernels in pair_attention_kernels.py; rows are split into pieces
-and merged exactly as for GAT (attention.py: SPLIT_EDGES, the online-softmax merge, ordered sums),
-and the forward's short rows run in row groups as GAT's do (attention._forward_plan).
+partial buffers and launches. Kernels in pair_attention_kernels.py (backward) and
+attention_forward_kernels.py (forward); the forward runs in one launch and merges split rows
+exactly as GAT's (attention._one_pass_plan, the online-softmax merge), the backward splits rows
+into pieces of SPLIT_EDGES with ordered sums as GAT's.
 """
 from __future__ import annotations
 
@@ -12,13 +13,7 @@ from . import attention as gat
 from ._grid import cdiv
 from .attention_forward_kernels import _pair_forward_one_pass_kernel
 from .attention_kernels import _merge_pieces_kernel
-from .pair_attention_kernels import (
-    _pair_backward_rows_kernel,
-    _pair_backward_sources_kernel,
-    _pair_forward_groups_kernel,
-    _pair_forward_kernel,
-    _pair_row_term_kernel,
-)
+from .pair_attention_kernels import _pair_backward_rows_kernel, _pair_backward_sources_kernel, _pair_row_term_kernel
 
 
 # GATv2's att gradient: the row pass runs at most this many programs, each summing its pieces'
@@ -44,9 +39,6 @@ def _same(k, v) -> bool:
 
 
 def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
-    if not gat._ONE_PASS:
-        return _forward_two_pass(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2,
-                                 slope, scale, p, seed)
     n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
     num_dst = q.shape[0]
     stat = torch.float64 if k.dtype == torch.float64 else torch.float32
@@ -55,7 +47,7 @@ def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_
     z = torch.empty_like(m)
     if not (num_dst and H):
         return out, m, z
-    plan = gat._one_pass_plan(rowptr, col, n_src, H, F, k.element_size())
+    plan = gat._one_pass_plan(rowptr, col, n_src, H, F, k.element_size(), pair=True)
     wl = plan.wl
     p_acc, p_m, p_z = gat._partials(m, wl.num_partials, H, F, stat)
     _pair_forward_one_pass_kernel[(plan.tasks.numel(), cdiv(H, plan.hb))](
@@ -66,41 +58,6 @@ def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_
         DENSE=F == plan.fb, num_warps=plan.warps)
     if wl.num_partials:
         gat._merge_pieces(p_acc, p_m, p_z, out, m, z, wl, H, F, plan.hb, plan.fb, flags["ACC"])
-    return out, m, z
-
-
-def _forward_two_pass(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
-    n_src, H, F, scalars, flags = _setup(q, k, rowptr, col, self_loops, gatv2, slope, scale, p, seed)
-    flags["HAS_EDGE"] = edge is not None
-    num_dst = q.shape[0]
-    stat = torch.float64 if k.dtype == torch.float64 else torch.float32
-    out = k.new_empty(num_dst, H, F)
-    m = k.new_empty(num_dst, H, dtype=stat)
-    z = torch.empty_like(m)
-    if not (num_dst and H):
-        return out, m, z
-    hb, fb = flags["HB"], flags["FB"]
-    wl, be, short, rows = gat._forward_plan(rowptr, col, n_src, H, F, k.element_size(), wide_sparse=flags["GATV2"])
-    parts = wl.num_partials
-    p_acc = k.new_empty(parts, H, F, dtype=stat) if parts else m
-    p_m = k.new_empty(parts, H, dtype=stat) if parts else m
-    p_z = torch.empty_like(p_m) if parts else m
-    tensors = (q, k, v, att if att is not None else k, edge if edge is not None else k,
-               perm if perm is not None else col, rowptr, col, out, m, z)
-    if short is not None and short.numel():
-        group_flags = {key: val for key, val in flags.items() if key not in ("BE", "SEG", "num_warps")}
-        _pair_forward_groups_kernel[(cdiv(short.numel(), rows), cdiv(H, hb))](
-            *tensors, short, short.numel(), *scalars, KV_SAME=_same(k, v), ROWS=rows, STAGES=gat._forward_stages(),
-            num_warps=gat._group_warps(rows, hb, fb), **group_flags)
-    if wl.num_pieces:
-        _pair_forward_kernel[(wl.num_pieces, cdiv(H, hb))](
-            *tensors, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars, KV_SAME=_same(k, v),
-            STAGES=gat._forward_stages(), LANES=gat._forward_lanes(be, hb, fb),
-            **dict(flags, BE=be, num_warps=gat._forward_warps(be, hb, fb)))
-    if parts:
-        _merge_pieces_kernel[(wl.split_rows.numel(), cdiv(H, hb))](
-            p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F, ACC=flags["ACC"], BK=32,
-            HB=hb, FB=flags["FB"])
     return out, m, z
 
 

@@ -13,8 +13,7 @@ import triton
 import triton.language as tl
 
 from ._launch import fast_kernel
-from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _gather, _group, _head_block, _merge_lanes, _online_step,
-                                _piece, _piece_at, _piece_state, _piece_step, _store_row, _store_rows)
+from .attention_kernels import NEG_INF, _dropout_scale, _endpoints, _gather, _head_block, _piece, _piece_at
 
 
 @triton.jit
@@ -78,81 +77,6 @@ def _att_tile(att, heads, feats, hf, F, GATV2: tl.constexpr, ACC: tl.constexpr, 
     if GATV2:
         return tl.load(att + heads[:, None] * F + feats[None, :], mask=hf, other=0).to(ACC)
     return tl.zeros((HB, FB), ACC)
-
-
-@fast_kernel
-@triton.jit(do_not_specialize=["H", "seed", "threshold"])
-def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot, p_acc,
-                         p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                         SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
-                         KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
-                         FB: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr,
-                         LANES: tl.constexpr):
-    i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
-    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
-    hf = hmask[:, None] & fmask[None, :]
-    qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
-    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
-    m, z, acc = _piece_state(BE, HB, FB, LANES, ACC)  # (attention_kernels: per lane or per head)
-    for k0 in tl.range(start, stop, BE, num_stages=STAGES):
-        ks = k0 + tl.arange(0, BE)
-        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
-                                                      _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
-                                                      N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
-                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, False, FB)
-        if KV_SAME:
-            xv = kv
-        else:
-            xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                         other=0).to(ACC)
-            if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
-                xv += ev
-        m, z, acc = _piece_step(m, z, acc, e, keep, xv, LANES)
-    if LANES:
-        m, z, acc = _merge_lanes(m, z, acc)
-    if part < 0:
-        _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
-    else:
-        tl.store(p_acc + part * H * F + heads[:, None] * F + feats[None, :], acc, mask=hf)
-        tl.store(p_m + part * H + heads, m, mask=hmask)
-        tl.store(p_z + part * H + heads, z, mask=hmask)
-
-
-@fast_kernel
-@triton.jit(do_not_specialize=["H", "seed", "threshold"])
-def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
-                                NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                                SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
-                                HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
-                                FB: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr):
-    """The forward over short rows, ROWS per program, one edge of each row per step (as GAT's
-    _forward_groups_kernel): tiles [ROWS, HB, FB]."""
-    rows, rmask, start, end, stop = _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS)
-    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
-    hf = hmask[:, None] & fmask[None, :]
-    qi = tl.load(q + rows[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
-                 mask=rmask[:, None, None] & hf[None, :, :], other=0).to(ACC)
-    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
-    m = tl.full((ROWS, HB), NEG_INF, ACC)
-    z = tl.zeros((ROWS, HB), ACC)
-    acc = tl.zeros((ROWS, HB, FB), ACC)
-    ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
-    for t in tl.range(0, tl.max(stop - start, 0), num_stages=STAGES):
-        ids = ids_next
-        ids_next = _endpoints(col, start + t + 1, end)
-        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(start + t, end, stop, rows, heads, hmask, feats, fmask, k, ids,
-                                                      col, qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
-                                                      threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
-                                                      ACC, False, FB)
-        if KV_SAME:
-            xv = kv
-        else:
-            xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                         other=0).to(ACC)
-            if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
-                xv += ev
-        m, z, acc = _online_step(m, z, acc, e, keep, xv)
-    _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc)
 
 
 @fast_kernel

@@ -125,12 +125,13 @@ def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
     of up to GROUP_MAX_DEGREE edges in row groups, longer rows in pieces of at most FORWARD_SPLIT_EDGES.
     Narrow heads (FB <= 16): 64 columns (256 float32 bytes, the sum's one-pass tile at the same width),
     16 rows. Wide heads: 4 rows of up to 256 columns for GAT, 8 rows of up to 128 for GATv2 and dot
-    (``pair``). On an H100 (benchmarks/results/attention-forward_h100_2026-11-23_explore.md, device
-    time, arxiv-like): at 8 x 8, 64 columns x 16 rows with 4 warps against 8 warps (fewer layout
-    moves in the loop, measured slower) GAT 157 vs 336 us, GATv2 166 vs 184, dot 133 vs 169; at
-    4 x 64, 4 heads x 4 rows / 2 heads x 8 rows / 1 head x 16 rows: GAT 654 / 707 / 763 us, GATv2
-    631 / 562 / 725, dot 519 / 473 / 523; pieces of 256 edges instead of 1024 and row groups up
-    to 16 edges instead of 64 were slower everywhere."""
+    (``pair``). On an H100 (benchmarks/results/archive/attention-forward_h100_2026-11-23_explore.md,
+    device time, arxiv-like): at 8 x 8, 64 columns x 16 rows with 4 warps against 8 warps (fewer
+    layout moves in the loop, measured slower) GAT 157 vs 336 us, GATv2 166 vs 184, dot 133 vs 169;
+    at 4 x 64, 4 heads x 4 rows / 2 heads x 8 rows / 1 head x 16 rows: GAT 654 / 707 / 763 us,
+    GATv2 631 / 562 / 725, dot 519 / 473 / 523; pieces of 256 edges instead of 1024 and row groups
+    up to 16 edges instead of 64 were slower everywhere (rechecked in
+    benchmarks/results/attention-forward_h100_2026-11-23_final.md)."""
     fb = next_power_of_2(F)
     columns = 64 if fb <= 16 else (128 if pair else 256)
     hb = max(1, min(next_power_of_2(H), columns // fb))

@@ -23,8 +23,9 @@ adds our step with GATConv's projection and attention terms through autograd op 
 run their default), interleaved with the others. ``--edge-dim D`` gives both layers edge features
 (edge_attr [E, D]). ``--edge-blocks 4,16,W1,BE8W1,HB4W2`` times our training step and forward with
 the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks), heads per program
-("HB<n>"), warps per program of the backward (``_warps``; "W<n>") or rows per row group and piece of the
-forward ("G<n>"; benchmarks/gpu/attention_forward.py sweeps the forward's whole tile) forced to each value or combination,
+("HB<n>"), warps per program of the backward (``_warps``; "W<n>") or rows per row group and piece
+of the forward ("G<n>"; benchmarks/gpu/attention_forward.py sweeps the forward's whole tile) forced
+to each value or combination,
 interleaved, against the default choice
 (attention-edge-block_<device> results).
 """

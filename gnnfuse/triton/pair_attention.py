@@ -12,7 +12,6 @@ import triton.language as tl
 from . import attention as gat
 from ._grid import cdiv
 from .attention_forward_kernels import _pair_forward_one_pass_kernel
-from .attention_kernels import _merge_pieces_kernel
 from .pair_attention_kernels import _pair_backward_rows_kernel, _pair_backward_sources_kernel, _pair_row_term_kernel
 
 

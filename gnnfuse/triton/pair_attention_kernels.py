@@ -1,11 +1,12 @@
 """@triton.jit kernels of ``gnnfuse::pair_attention`` (GATv2 and dot-product logits; maths in
 gnnfuse/ops/pair_attention.py, host side in pair_attention.py).
 
-Same scheme as the GAT kernels (attention_kernels.py, whose piece prologue, row store, piece
-merge and dropout they use): one program per (piece of a row, block of heads), online softmax,
-partials of split rows merged afterwards. ``_pair_edges`` is the one place that knows how a logit
-is made from the two endpoints' [HB, FB] head vectors. With KV_SAME (GATv2: the values are the
-source features the logit reads) the gathered source tile serves both.
+The backward kernels, by the same scheme as GAT's (attention_kernels.py, whose piece prologue,
+gathers and dropout they use): one program per (piece of a row, block of heads), partials of split
+rows folded afterwards; the forward is attention_forward_kernels.py's one-launch kernel.
+``_pair_edges`` (used by both) is the one place that knows how a logit is made from the two
+endpoints' [HB, FB] head vectors. With KV_SAME (GATv2: the values are the source features the
+logit reads) the gathered source tile serves both.
 """
 from __future__ import annotations
 
@@ -124,7 +125,8 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
                 j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                              _endpoints(col, ks, end), col, qi[None, :, :], a, edge,
                                                              perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
-                                                             scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, False, FB)
+                                                             scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC,
+                                                             False, FB)
                 p = tl.exp(e - mi[None, :]) / zi[None, :]
                 if KV_SAME:
                     xv = kv

@@ -23,8 +23,9 @@ adds our step with GATConv's projection and attention terms through autograd op 
 run their default), interleaved with the others. ``--edge-dim D`` gives both layers edge features
 (edge_attr [E, D]). ``--edge-blocks 4,16,W1,BE8W1,HB4W2`` times our training step and forward with
 the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks), heads per program
-("HB<n>"), warps per program (``_warps`` and ``_forward_warps``; "W<n>"), rows per row group of the forward
-("G<n>", G0: none) or its warps ("GW<n>") forced to each value or combination,
+("HB<n>"), warps per program of the backward (``_warps``; "W<n>") or rows per row group and piece
+of the forward ("G<n>"; benchmarks/gpu/attention_forward.py sweeps the forward's whole tile) forced
+to each value or combination,
 interleaved, against the default choice
 (attention-edge-block_<device> results).
 """
@@ -136,16 +137,17 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, laye
 
 
 def without_row_groups(fn):
-    """``fn`` run with the Triton attention forwards' row groups off (gnnfuse.triton.attention._group_rows)."""
+    """``fn`` run with the Triton attention forwards' row groups off (every row in pieces:
+    gnnfuse.triton.attention.GROUP_MAX_DEGREE -1)."""
     from gnnfuse.triton import attention as kernels
 
     def run():
-        default = kernels._group_rows
-        kernels._group_rows = lambda *tile: 0
+        default = kernels.GROUP_MAX_DEGREE
+        kernels.GROUP_MAX_DEGREE = -1
         try:
             return fn()
         finally:
-            kernels._group_rows = default
+            kernels.GROUP_MAX_DEGREE = default
     return run
 
 
@@ -179,13 +181,12 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
     ours = getattr(G, layer)(IN_CHANNELS, width, heads=heads, dropout=dropout).to(device).train()
     h = torch.randn(nodes, heads, width, device=device)
     a_src, a_dst = torch.randn(nodes, heads, device=device), torch.randn(nodes, heads, device=device)
-    default_blocks, default_warps, default_fwd_warps = kernels._blocks, kernels._warps, kernels._forward_warps
-    default_group_rows, default_group_warps = kernels._group_rows, kernels._group_warps
+    default_blocks, default_warps, default_rows = kernels._blocks, kernels._warps, kernels._one_pass_rows
     be, hb, fb = default_blocks(heads, width, edge_index.shape[1], nodes)
 
     def forced(label, fn):  # "default", or any of "BE<n>" (edges per step), "HB<n>" (heads per program), "W<n>"
-        # (warps), "G<n>" (rows per row group, G0: none), "GW<n>" (warps of the row groups), e.g. "BE8W1", "G8GW2"
-        knobs = {k: int(v) for k, v in re.findall(r"(GW|BE|HB|G|W)(\d+)", label)}
+        # (backward warps), "G<n>" (rows per row group and piece of the forward), e.g. "BE8W1", "G8"
+        knobs = {k: int(v) for k, v in re.findall(r"(BE|HB|G|W)(\d+)", label)}
 
         def blocks(H, F, *rest):
             be, hb, fb = default_blocks(H, F, *rest)
@@ -193,18 +194,14 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
 
         def run():
             kernels._blocks = blocks
-            if "W" in knobs:  # forward and backward kernels; else the default warps of the (forced) tile
-                kernels._warps = kernels._forward_warps = lambda *tile: knobs["W"]
-            if "G" in knobs:
-                kernels._group_rows = lambda *tile: knobs["G"]
-            if "GW" in knobs:
-                kernels._group_warps = lambda *tile: knobs["GW"]
+            if "W" in knobs:  # the backward kernels; else the default warps of the (forced) tile
+                kernels._warps = lambda *tile: knobs["W"]
+            if "G" in knobs:  # the forward's rows per row group and piece (benchmarks/gpu/attention_forward.py
+                kernels._one_pass_rows = lambda *tile: knobs["G"]  # sweeps the forward's whole tile)
             try:
                 fn()
             finally:
-                kernels._blocks, kernels._warps = default_blocks, default_warps
-                kernels._forward_warps = default_fwd_warps
-                kernels._group_rows, kernels._group_warps = default_group_rows, default_group_warps
+                kernels._blocks, kernels._warps, kernels._one_pass_rows = default_blocks, default_warps, default_rows
         return run
 
     step, fwd = make_step(ours, x, edge_index), fused_forward(layer, h, a_src, a_dst, edge_index)
@@ -215,8 +212,7 @@ def sweep_row(name, edge_index, nodes, heads, width, dropout, device, rounds, la
     row = {"layer": layer, "graph": name, "HxF": f"{heads}x{width}",
            "avg_degree": round(edge_index.shape[1] / nodes, 1),
            "default_BE": be, "default_warps": default_warps(be, hb, fb),
-           "default_fwd_warps": default_fwd_warps(be, hb, fb),
-           "default_group_rows": default_group_rows(hb, fb, edge_index.shape[1] / nodes, layer == "GATv2Conv")}
+           "default_group_rows": kernels._one_pass_config(heads, width, layer != "GATConv")["rows"]}
     for v in variants:
         row[f"step_{v}_ms"] = steps[v]["median_ms"]
         row[f"fwd_{v}_ms"] = fwds[v]["median_ms"]
@@ -289,7 +285,7 @@ def sweep(args, graphs, configs, device):
                         name, ei, nodes, heads, width, dropout, device, args.rounds, layer, blocks))
     meta = dict(machine(device), benchmark=f"{args.layers}: edge block BE sweep (training step, forward)",
                 load_average_1_5_15min=os.getloadavg())
-    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps", "default_fwd_warps",
+    columns = ["layer", "graph", "HxF", "avg_degree", "default_BE", "default_warps",
                "default_group_rows"] + [
         f"{kind}_{label}_ms" for kind in ("step", "fwd") for label in ["default", *blocks]] + ["error"]
     md = save_results(f"attention-edge-block_{device_label(device)}", meta, rows, columns, args.out)

@@ -88,14 +88,14 @@ def test_triton_splits_hub_rows(monkeypatch, split, self_loops, edge, loop, drop
 
 
 def force_small_row_groups(monkeypatch, csr, heads, width):
-    """Row groups of 2 rows (several groups, the last part empty) for rows of at most 6 edges, the
-    per-piece kernel for the longer ones (of graph(): 7 rows, 2 of them empty, and 2 rows)."""
+    """Row groups of 2 rows (several groups, the last part empty) for rows of at most 6 edges, row
+    pieces (in the same launch) for the longer ones (of graph(): 7 rows, 2 of them empty, and 2 rows)."""
     from gnnfuse.triton import attention as kernels
 
     monkeypatch.setattr(kernels, "GROUP_MAX_DEGREE", 6)
-    monkeypatch.setattr(kernels, "_group_rows", lambda *tile: 2)
-    wl, _be, short, rows = kernels._forward_plan(csr.rowptr, csr.col, csr.num_src, heads, width, 8)
-    assert rows == 2 and short.numel() % 2 == 1 and wl.num_pieces > 0
+    monkeypatch.setattr(kernels, "_one_pass_rows", lambda *tile: 2)
+    plan = kernels._one_pass_plan(csr.rowptr, csr.col, csr.num_src, heads, width, 8)
+    assert plan.rows == 2 and plan.short.numel() % 2 == 1 and plan.wl.num_pieces > 0
 
 
 @pytest.mark.parametrize("self_loops,edge,loop,dropout", [(False, True, False, 0.0), (True, True, True, 0.4)])

@@ -11,7 +11,7 @@ For each graph (suite names, default arxiv-like and rfc-uniform) at heads x F (d
   off: GATConv's projections op by op through autograd; the others have no such switch): kernels and
   device time per step, wall time per step, and the host's Python functions by own time (cProfile)
   for ours (``--host-ops N``: also its N torch ops by own host time, torch.profiler);
-* ``--sweep``: the GAT row-group kernel's device time with rows per group / warps forced.
+* ``--sweep``: the one-pass forward's device time with rows per group and piece / warps forced.
 
     PYTHONPATH=. python benchmarks/gpu/profile_attention.py --out "$OUT" [--graphs arxiv-like] [--sweep]
 """
@@ -221,25 +221,25 @@ def sweep(name, heads, width, lines):
     h = torch.randn(nodes, heads, width, device=dev)
     a_src, a_dst = torch.randn(nodes, heads, device=dev), torch.randn(nodes, heads, device=dev)
     fns = forwards(h, a_src, a_dst, edge_index)
-    rows0, gw0, st0 = kernels._group_rows, kernels._group_warps, kernels._forward_stages
-    emit(lines, f"\n## sweep {name} {heads}x{width}: device us per call (profiler); G rows per group (0: none), "
-                f"GW their warps, S the edge loops' pipelining stages")
-    for rows, warps, stages in ((None, None, 1), (None, None, 2), (None, None, 3), (8, 2, 2), (0, 4, 1), (0, 4, 2)):
+    rows0, cfg0 = kernels._one_pass_rows, kernels._one_pass_config
+    emit(lines, f"\n## sweep {name} {heads}x{width}: device us per call (profiler); G rows per group and piece, "
+                f"W warps of the one-pass forward")
+    for rows, warps in ((None, None), (8, None), (None, 8), (8, 8)):
         if rows is not None:
-            kernels._group_rows = (lambda *a, r=rows: r)
-            kernels._group_warps = (lambda *a, w=warps: w)
-        kernels._forward_stages = (lambda s=stages: s)
+            kernels._one_pass_rows = (lambda *a, r=rows: r)
+        if warps is not None:
+            kernels._one_pass_config = (lambda *a, w=warps, **k: {**cfg0(*a, **k), "warps": w})
         try:
             res = []
             for label in ("gat", "gatv2", "dot"):
                 with torch.no_grad():
                     res.append(kernel_table(fns[label], 10)[1])
-            emit(lines, f"    G{rows if rows is not None else 'default'} GW{warps or 'default'} S{stages}: "
+            emit(lines, f"    G{rows or 'default'} W{warps or 'default'}: "
                         f"gat {res[0]:.1f}  gatv2 {res[1]:.1f}  dot {res[2]:.1f}")
         except Exception as exc:
-            emit(lines, f"    G{rows} GW{warps} S{stages}: {type(exc).__name__}: {str(exc)[:300]}")
+            emit(lines, f"    G{rows} W{warps}: {type(exc).__name__}: {str(exc)[:300]}")
         finally:
-            kernels._group_rows, kernels._group_warps, kernels._forward_stages = rows0, gw0, st0
+            kernels._one_pass_rows, kernels._one_pass_config = rows0, cfg0
 
 
 def main():

@@ -1,29 +1,30 @@
-"""Triton kernels of ``gnnfuse.gat_attention`` (maths in gnnfuse/ops/attention.py).
+"""Triton kernels of ``gnnfuse.gat_attention`` (maths in gnnfuse/ops/attention.py): host side.
 
-One program per (piece of a target row, block of HB heads) in the forward and in the backward's
-row pass, one per (piece of a source row, block of heads) in the backward's transpose pass.
-The forward takes short rows (at most GROUP_MAX_DEGREE edges) apart: a row-group kernel runs
-ROWS of them per program, sorted by degree as the sum gather-scatter's row groups are, one edge of
-each row per step, each row with its own online softmax (``_forward_plan``). Rows
-are cut into pieces of at most SPLIT_EDGES edges by the gather-scatter's work list
-(``gather_scatter.work_list``), so the hub rows of power-law graphs are spread over many programs
-instead of serialising one. A row of one piece writes its results directly; the pieces of a split
-row write partials that a second pass folds in piece order. No atomics: deterministic. Edges are
-walked in blocks of BE; a tile is [BE, HB, FB] (edges x heads x features).
+Forward: one launch over every target row (attention_forward_kernels.py), as the sum
+gather-scatter's one-pass plan: rows of at most GROUP_MAX_DEGREE edges in row groups (several
+rows per program, sorted by degree), longer rows cut into pieces of at most FORWARD_SPLIT_EDGES
+edges by the gather-scatter's work list (``gather_scatter.work_list``), so the hub rows of
+power-law graphs are spread over many programs, both in one id-ordered task list
+(``_one_pass_plan``). Online softmax (flash-attention style): a running max m and sum z per head,
+the accumulator rescaled by exp(m_old - m_new) when an edge raises the max. A row of one piece
+writes its results directly; a split row's pieces leave (m, z, unnormalised acc) each, which
+``_merge_pieces_kernel`` merges in piece order (M = max m_k, Z = sum z_k exp(m_k - M),
+acc = sum acc_k exp(m_k - M)). No atomics: deterministic.
 
-Forward: online softmax (flash-attention style): a running max m and sum z per head, the
-accumulator rescaled by exp(m_old - m_new) when an edge raises the max. On tiles of several warps
-the per-piece kernel keeps one such state per edge lane of its [BE, HB, FB] tile and folds the
-lanes once at the end (``_forward_lanes``), so its loop has no reduction across warps. A split row's pieces
-leave (m, z, unnormalised acc) each; ``_merge_pieces_kernel`` merges them the same way
-(M = max m_k, Z = sum z_k exp(m_k - M), acc = sum acc_k exp(m_k - M)). The backward's partials
+Backward: one program per (piece of a target row, block of HB heads) in the row pass, one per
+(piece of a source row, block of heads) in the transpose pass, pieces of at most SPLIT_EDGES
+edges, edges walked in blocks of BE ([BE, HB, FB] tiles: edges x heads x features). Its partials
 are plain sums (gradients of alpha_dst, x, alpha_src), folded by the gather-scatter's
 ``_combine_kernel``.
 
-The @triton.jit kernels are in attention_kernels.py; this module is the host side and
-``gnnfuse.edge_softmax``'s kernels.
+The @triton.jit kernels are in attention_forward_kernels.py and attention_kernels.py; this module
+is the host side and ``gnnfuse.edge_softmax``'s kernels. The forward's and the backward's plans,
+grids and constexprs are built once per graph and configuration (forward_setup, _backward_setup,
+cached on rowptr) and launched through attention_launches.py's bound launches.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -32,29 +33,31 @@ import triton.language as tl
 from .._tensor_cache import cached
 from ..reductions import SUM
 from ._grid import cdiv, next_power_of_2
+from .attention_forward_kernels import _forward_one_pass_kernel
 from .attention_kernels import (
     NEG_INF,
     _backward_rows_kernel,
     _backward_sources_kernel,
-    _forward_groups_kernel,
-    _forward_kernel,
-    _merge_pieces_kernel,
 )
 from ._launch import BoundLaunches
 from .attention_launches import BackwardSetup, ForwardSetup
 from .gather_scatter import work_list
 from .gather_scatter_fwd_kernels import _COMBINE_K, _combine_kernel
-from .schedule import choose_window, short_rows
+from .schedule import choose_window, short_rows, task_list
+from .work_lists import WorkList
 
 # Longest row piece one program walks. Rows up to this length (nearly all rows of realistic
 # graphs) keep one program; a hub row of 100K edges becomes ~400 programs. A multiple of every BE.
 SPLIT_EDGES = 256
 SPARSE_DEGREE = 8  # graphs of at most this average degree get 4-edge steps (see _blocks)
 WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles (see _warps)
-# The forward's row groups: rows of at most this many edges (and at most SPLIT_EDGES), as the sum
-# gather-scatter's row groups, in tiles of about GROUP_TILE elements [ROWS, HB, FB].
+# The forward (one launch, attention_forward_kernels.py): rows of at most GROUP_MAX_DEGREE edges in
+# row groups, as the sum gather-scatter's one-pass plan, longer rows in pieces of at most
+# FORWARD_SPLIT_EDGES (the sum's too; the backward's pieces are SPLIT_EDGES), tiles of GROUP_TILE
+# elements [rows, HB, FB].
 GROUP_MAX_DEGREE = 64
 GROUP_TILE = 1024
+FORWARD_SPLIT_EDGES = 1024
 
 
 # ---- launchers ------------------------------------------------------------------------------------
@@ -92,76 +95,11 @@ def _warps(be: int, hb: int, fb: int) -> int:
     return 2 if be * hb * fb <= 512 else 4
 
 
-def _forward_warps(be: int, hb: int, fb: int) -> int:
-    """Warps per program of the forward kernels: one for tiles of at most 512 elements (the sparse
-    graphs' 4-edge tiles), where the online softmax's sums over a tile's edges then stay in one
-    warp; the forward ran 1.15-1.25x faster than with 2 warps at 8 x 8 (GAT, Transformer; GATv2
-    within 5%) and 1.5-1.6x at 4 x 64 (benchmarks/results/attention-edge-block_h100_2026-11-23_
-    fwd-warps.md). _warps otherwise."""
-    return 1 if be * hb * fb <= 512 else _warps(be, hb, fb)
-
-
-def _group_rows(hb: int, fb: int, average_degree: float, wide_sparse: bool = False) -> int:
-    """Rows per program of the row-group forward, 0 for none (every row in the per-piece kernel):
-    GROUP_TILE elements, between 2 and 32 rows (16 at 8 heads x 8, 8 at 2 heads x 64 per program).
-
-    None for wide heads (F >= WIDE_HEAD) on sparse graphs (average degree <= SPARSE_DEGREE) unless
-    ``wide_sparse`` (GATv2): there a one-warp program walks a row in one or two [4, HB, FB] steps,
-    each with 4 gathers of HB * FB features in flight, and row groups measured slower for GAT and
-    TransformerConv. On an H100 (benchmarks/results/attention_gatconv-gatv2conv-transformerconv_h100_
-    2026-11-23_groups-everywhere.md and archive/..._edge-dim8_h100_2026-11-23_groups-everywhere.md,
-    forward with / without row groups, interleaved, time ratio): arxiv-scale graphs (average degree
-    6.9) at 8 x 8 0.84-1.01 (all three); at 4 x 64 GAT 1.10-1.19, TransformerConv 1.01-1.10,
-    GATv2 0.87-1.00 (with edge features 0.87); products-like (average degree 25) 0.48-0.66 at
-    both widths."""
-    if fb >= WIDE_HEAD and average_degree <= SPARSE_DEGREE and not wide_sparse:
-        return 0
-    return max(2, min(32, GROUP_TILE // (hb * fb)))
-
-
-def _group_warps(rows: int, hb: int, fb: int) -> int:
-    """Warps of the row-group forward: 4 (the sum's row groups use 4 at 16 rows x 64 features)."""
-    return 4
-
-
-def _forward_lanes(be: int, hb: int, fb: int) -> bool:
-    """Whether the per-piece forward keeps one online softmax per edge lane (folded once at the
-    end) instead of reducing each [BE, HB, FB] block over its edges: where the tile spans several
-    warps, whose reductions go through shared memory with a barrier, three a step. On an H100 the
-    per-piece kernel (32-edge tiles, 4 warps) took 147 us of the GAT forward's 257 us at 8 x 8 on
-    arxiv-like, the row groups 89 us (benchmarks/results/attention-profile_h100_2026-11-23_before.md).
-    One-warp tiles (4-edge steps on sparse graphs) reduce within a thread and keep the block form."""
-    return _forward_warps(be, hb, fb) > 1
-
-
-def _forward_stages() -> int:
-    """Software-pipelining depth of the forward kernels' edge loops (``tl.range(num_stages=)``; 1:
-    none, each step's gathers issued after the step before has finished)."""
-    return 1
-
-
-def _forward_plan(rowptr, col, num_src, H, F, itemsize, wide_sparse=False):
-    """The forward's split of the target rows: (the per-piece kernel's work list and edge block BE,
-    the row-group kernel's rows (None: no row groups) and rows per group). The short rows come
-    sorted by decreasing degree, within windows of consecutive ids where the graph's ids carry
-    locality and the features do not fit in L2 (schedule.choose_window: the sum plan's rule at the
-    same width). The per-piece kernel then walks only rows longer than GROUP_MAX_DEGREE: full
-    edge blocks, not the ones sized for the graph's average degree. ``wide_sparse``: see _group_rows."""
-    num_rows = rowptr.shape[0] - 1
-    be, hb, fb = _blocks(H, F, col.shape[0], num_rows)
-    rows = _group_rows(hb, fb, col.shape[0] / max(num_rows, 1), wide_sparse)
-    if not rows:
-        return _work(rowptr), be, None, 0
-    short_max = min(GROUP_MAX_DEGREE, SPLIT_EDGES)
-    window = cached("attention-window", (rowptr,), (num_src, H * F, itemsize),
-                    lambda: choose_window(rowptr, col, num_src, H * F, itemsize, rowptr.device)[0])
-    return work_list(rowptr, SPLIT_EDGES, short_max), _blocks(H, F)[0], short_rows(rowptr, short_max, window), rows
-
-
 def _knobs() -> tuple:
-    """The tile and plan choices above, as functions: part of every cached setup's key, so that a
-    benchmark or test swapping one of them (bench_attention.py's sweeps) gets a setup made with them."""
-    return (_blocks, _warps, _forward_warps, _group_rows, _group_warps, _forward_stages, _forward_lanes)
+    """The backward's tile choices above, as functions: part of its cached setups' key, so that a
+    benchmark or test swapping one of them (bench_attention.py's sweeps) gets a setup made with them.
+    (The forward's setups are keyed by _one_pass_config's answer.)"""
+    return (_blocks, _warps)
 
 
 def _acc(dtype: torch.dtype):
@@ -179,24 +117,78 @@ def _work(rowptr):
     return work_list(rowptr, SPLIT_EDGES)
 
 
-def forward_setup(kind: str, kernels, features, rowptr, col, flags: tuple, wide_sparse: bool = False) -> ForwardSetup:
-    """The forward's plan, grids, constexprs and bound launches for this graph, the [N_src, H, F]
-    ``features``' shape and dtype and the kernels' ``flags`` ((name, value) pairs), cached on rowptr
-    (``kind``: the cache's name for ``kernels``, the row-group and per-piece forwards)."""
-    n_src, H, F = features.shape
-    dtype = features.dtype
+class OnePass(NamedTuple):
+    """The one-pass forward's plan for one graph and width (cached on rowptr): the work list of the
+    long rows (pieces of at most ``seg`` edges), the short rows in row-group order, the task list,
+    and the tile [rows, hb, fb] with its warps."""
+    wl: WorkList
+    short: torch.Tensor
+    tasks: torch.Tensor
+    rows: int
+    hb: int
+    fb: int
+    seg: int
+    warps: int
+
+
+def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
+    """Tile of the one-pass forward [rows, HB heads, FB features] of GROUP_TILE elements, 4 warps; rows
+    of up to GROUP_MAX_DEGREE edges in row groups, longer rows in pieces of at most FORWARD_SPLIT_EDGES.
+    Narrow heads (FB <= 16): 64 columns (256 float32 bytes, the sum's one-pass tile at the same width),
+    16 rows. Wide heads: 4 rows of up to 256 columns for GAT, 8 rows of up to 128 for GATv2 and dot
+    (``pair``). On an H100 (benchmarks/results/archive/attention-forward_h100_2026-11-23_explore.md,
+    device time, arxiv-like): at 8 x 8, 64 columns x 16 rows with 4 warps against 8 warps (fewer
+    layout moves in the loop, measured slower) GAT 157 vs 336 us, GATv2 166 vs 184, dot 133 vs 169;
+    at 4 x 64, 4 heads x 4 rows / 2 heads x 8 rows / 1 head x 16 rows: GAT 654 / 707 / 763 us,
+    GATv2 631 / 562 / 725, dot 519 / 473 / 523; pieces of 256 edges instead of 1024 and row groups
+    up to 16 edges instead of 64 were slower everywhere (rechecked in
+    benchmarks/results/attention-forward_h100_2026-11-23_final.md)."""
+    fb = next_power_of_2(F)
+    columns = 64 if fb <= 16 else (128 if pair else 256)
+    hb = max(1, min(next_power_of_2(H), columns // fb))
+    seg = FORWARD_SPLIT_EDGES
+    return dict(hb=hb, rows=_one_pass_rows(hb, fb), warps=4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg))
+
+
+def _one_pass_rows(hb: int, fb: int) -> int:
+    """Rows of a row group, and lanes of a piece, of the one-pass forward: GROUP_TILE elements, 2 to 16."""
+    return max(2, min(16, GROUP_TILE // (hb * fb)))
+
+
+def _one_pass_plan(rowptr, col, num_src, H, F, itemsize, pair=False) -> OnePass:
+    """The one-pass forward's plan (``_one_pass_config``'s tile) for this graph, cached on rowptr. The
+    short rows come sorted by decreasing degree, within windows of consecutive ids where the graph's
+    ids carry locality and the features do not fit in L2 (schedule.choose_window: the sum plan's
+    rule at the same width); the task list puts each window's long-row pieces before its row groups."""
+    cfg = _one_pass_config(H, F, pair)
 
     def build():
-        _, hb, fb = _blocks(H, F, col.shape[0], rowptr.shape[0] - 1)
-        wl, be, short, rows = _forward_plan(rowptr, col, n_src, H, F, dtype.itemsize, wide_sparse)
-        base = dict(flags, ACC=_acc(dtype), HB=hb, FB=fb)
-        groups = dict(base, ROWS=rows, STAGES=_forward_stages(), num_warps=_group_warps(rows, hb, fb))
-        pieces = dict(base, BE=be, SEG=SPLIT_EDGES, STAGES=_forward_stages(), LANES=_forward_lanes(be, hb, fb),
-                      num_warps=_forward_warps(be, hb, fb))
-        return ForwardSetup(kernels, wl, short, rows, cdiv(H, hb), groups, pieces, dict(ACC=base["ACC"], BK=32, HB=hb,
-                                                                                       FB=fb))
+        short_max, seg, rows = cfg["short_max"], cfg["seg"], cfg["rows"]
+        window = choose_window(rowptr, col, num_src, H * F, itemsize, rowptr.device)[0]
+        wl = work_list(rowptr, seg, short_max)
+        short = short_rows(rowptr, short_max, window)
+        tasks = task_list(rowptr, short, wl, rows, seg, short_max, window)
+        return OnePass(wl, short, tasks, rows, cfg["hb"], next_power_of_2(F), seg, cfg["warps"])
 
-    key = (n_src, H, F, dtype, col.dtype, col.shape[0], flags, wide_sparse, _knobs())
+    return cached("attention-one-pass", (rowptr,), (num_src, H, F, itemsize, tuple(sorted(cfg.items()))), build)
+
+
+def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: bool = False) -> ForwardSetup:
+    """The forward's plan (_one_pass_plan), grid, constexprs and bound launches for this graph, the
+    [N_src, H, F] ``features``' shape and dtype and the kernel's ``flags`` ((name, value) pairs),
+    cached on rowptr (``kind``: the cache's name for ``kernel``, GAT's or the pair attention's)."""
+    n_src, H, F = features.shape
+    dtype = features.dtype
+    config = _one_pass_config(H, F, pair)  # (asked on every call: a swapped knob keys another setup)
+
+    def build():
+        plan = _one_pass_plan(rowptr, col, n_src, H, F, dtype.itemsize, pair)
+        meta = dict(flags, ACC=_acc(dtype), HB=plan.hb, FB=plan.fb, R=plan.rows, SEG=plan.seg, DENSE=F == plan.fb,
+                    num_warps=plan.warps)
+        return ForwardSetup(kernel, plan.wl, plan.short, plan.tasks, cdiv(H, plan.hb), meta,
+                            dict(ACC=meta["ACC"], BK=32, HB=plan.hb, FB=plan.fb))
+
+    key = (n_src, H, F, dtype, col.dtype, col.shape[0], flags, pair, tuple(sorted(config.items())))
     return cached(kind, (rowptr,), key, build)
 
 
@@ -210,7 +202,7 @@ def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos
         return out, m, z
     has_edge, has_loop = a_edge is not None, a_loop is not None
     flags = (("HAS_EDGE", has_edge), ("HAS_LOOP_TERM", has_loop), ("SELF_LOOPS", bool(self_loops)), ("DROPOUT", p > 0))
-    setup = forward_setup("attention-forward", (_forward_groups_kernel, _forward_kernel), x, rowptr, col, flags)
+    setup = forward_setup("attention-forward", _forward_one_pass_kernel, x, rowptr, col, flags)
     tensors = (x, a_src, a_dst, a_edge if has_edge else x, a_loop if has_loop else x, rowptr, col, out, m, z)
     fast = x.is_cuda and BoundLaunches.usable(*tensors[:7])
     setup.run(tensors, _scalars(n_src, num_dst, col.shape[0], H, F, self_loops, slope, p, seed), fast)

@@ -1,10 +1,12 @@
-"""@triton.jit kernels of ``gnnfuse.gat_attention``; the host side (work lists, launches) and the
-description of the scheme are in attention.py.
+"""@triton.jit kernels of ``gnnfuse.gat_attention``'s backward, the forward's piece merge, and the
+device helpers the attention kernels share; the host side (work lists, launches) and the
+description of the scheme are in attention.py, the forwards in attention_forward_kernels.py.
 
-The three kernels share one edge walk (``_edge_block``): the only place that knows how a logit is
+GAT's kernels share one edge walk (``_edge_block``): the only place that knows how a logit is
 made (alpha_src[j] + alpha_dst[i] (+ edge term), leaky_relu), how self loops are replaced and
 how dropout is drawn. GATv2 and dot-product attention (pair_attention_kernels.py) have their own
-edge walk and reuse the rest: the piece prologue, the row store, the piece merge and dropout.
+edge walk and reuse the rest: the piece prologue, the gathers, the online-softmax step, the row
+store, the piece merge and dropout.
 """
 from __future__ import annotations
 
@@ -38,6 +40,21 @@ def _dropout_scale(seed, ids, heads, H, threshold, scale):
 def _endpoints(nbr, ks, end):
     """The other endpoints of edges ks, 0 from ``end`` on (the virtual self loop, masked lanes)."""
     return tl.load(nbr + ks, mask=ks < end, other=0)
+
+
+@triton.jit
+def _gather(t, j, v2, heads, feats, fmask, H, F, DENSE: tl.constexpr, FB: tl.constexpr, ACC: tl.constexpr):
+    """[R, HB, FB]: the head vectors of rows ``j`` [R] of a [N, H, F] tensor where v2 [R, HB], 0 elsewhere.
+    DENSE (F == FB, a power of two): the offsets are multiples of FB known at compile time and the
+    mask is constant along a head's features, so a row is read in 16-byte vectors (with a run-time
+    F the compiler cannot prove the alignment and reads 4 bytes at a time)."""
+    if DENSE:
+        ptrs = t + j[:, None, None] * H * FB + heads[None, :, None] * FB + feats[None, None, :]
+        mask = tl.broadcast_to(v2[:, :, None], ptrs.shape)
+    else:
+        ptrs = t + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :]
+        mask = v2[:, :, None] & fmask[None, None, :]
+    return tl.load(ptrs, mask=mask, other=0).to(ACC), mask
 
 
 @triton.jit
@@ -102,51 +119,6 @@ def _piece_at(s, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG: tl.constexpr):
     return row, k, start, end, stop, tl.where(first >= 0, first + k, -1)
 
 
-@fast_kernel
-@triton.jit(do_not_specialize=["H", "seed", "threshold"])  # .to() needs tensors, not constexpr 1
-def _forward_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot,
-                    p_acc, p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
-                    HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
-                    DROPOUT: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                    SEG: tl.constexpr, STAGES: tl.constexpr,
-                    LANES: tl.constexpr):
-    i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
-    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
-    ad = tl.load(a_dst + i * H + heads, mask=hmask, other=0).to(ACC)
-    m, z, acc = _piece_state(BE, HB, FB, LANES, ACC)
-    for k0 in tl.range(start, stop, BE, num_stages=STAGES):
-        ks = k0 + tl.arange(0, BE)
-        j, v2, s, e, keep = _edge_block(ks, end, stop, i, heads, hmask, a_src, a_edge, a_loop, _endpoints(col, ks, end),
-                                        col, ad[None, :], N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE,
-                                        HAS_LOOP_TERM, SELF_LOOPS, DROPOUT, ACC)
-        xv = tl.load(x + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
-                     mask=v2[:, :, None] & fmask[None, None, :], other=0).to(ACC)
-        m, z, acc = _piece_step(m, z, acc, e, keep, xv, LANES)
-    if LANES:
-        m, z, acc = _merge_lanes(m, z, acc)
-    hf = hmask[:, None] & fmask[None, :]
-    if part < 0:  # the whole row
-        _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
-    else:  # a piece of a split row: (m, z, unnormalised acc), merged by _merge_pieces_kernel
-        tl.store(p_acc + part * H * F + heads[:, None] * F + feats[None, :], acc, mask=hf)
-        tl.store(p_m + part * H + heads, m, mask=hmask)
-        tl.store(p_z + part * H + heads, z, mask=hmask)
-
-
-@triton.jit
-def _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS: tl.constexpr):
-    """This program's row group: ROWS consecutive entries of the degree-sorted short-row list
-    ``rows_ptr``. Returns (rows [ROWS], in range [ROWS], first edge, end, stop: end plus the row's
-    virtual self loop; an out-of-range lane has no edges)."""
-    offs = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    rmask = offs < num_rows
-    rows = tl.load(rows_ptr + offs, mask=rmask, other=0).to(tl.int64)
-    start = tl.load(rowptr + rows, mask=rmask, other=0).to(tl.int64)
-    end = tl.load(rowptr + rows + 1, mask=rmask, other=0).to(tl.int64)
-    stop = tl.where(rmask, end + (rows < NUM_LOOPS).to(tl.int64), start)
-    return rows, rmask, start, end, stop
-
-
 @triton.jit
 def _online_step(m, z, acc, e, keep, xv):
     """One edge of each row of a row group: the online softmax's max m and sum z [ROWS, HB] and the
@@ -168,33 +140,6 @@ def _head_block(H, F, HB: tl.constexpr, FB: tl.constexpr):
 
 
 @triton.jit
-def _piece_state(BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, LANES: tl.constexpr, ACC: tl.constexpr):
-    """The per-piece forward's initial online-softmax state (m, z, acc): one per edge lane of the
-    [BE, HB, FB] tile with LANES (folded at the end by _merge_lanes), else one per head."""
-    if LANES:  # (one return: the compiler takes no return inside a branch)
-        m, z, acc = tl.full((BE, HB), NEG_INF, ACC), tl.zeros((BE, HB), ACC), tl.zeros((BE, HB, FB), ACC)
-    else:
-        m, z, acc = tl.full((HB,), NEG_INF, ACC), tl.zeros((HB,), ACC), tl.zeros((HB, FB), ACC)
-    return m, z, acc
-
-
-@triton.jit
-def _piece_step(m, z, acc, e, keep, xv, LANES: tl.constexpr):
-    """One [BE, HB] block of a piece's edges (logits e, dropout keep, values xv [BE, HB, FB]) into
-    the state of _piece_state: elementwise per lane with LANES, else reduced over the block's edges."""
-    if LANES:
-        m_new, z_new, acc_new = _online_step(m, z, acc, e, keep, xv)
-    else:
-        m_new = tl.maximum(m, tl.max(e, 0))
-        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # a block of skipped edges only
-        rescale = tl.exp(m - m_safe)
-        w = tl.exp(e - m_safe[None, :])
-        z_new = z * rescale + tl.sum(w, 0)
-        acc_new = acc * rescale[:, None] + tl.sum((w * keep)[:, :, None] * xv, 0)
-    return m_new, z_new, acc_new
-
-
-@triton.jit
 def _merge_lanes(m, z, acc):
     """The per-lane states of a piece walked BE edges a step (lane l took edges l, l + BE, ...; m, z
     [BE, HB], acc [BE, HB, FB]) folded into the piece's (max [HB], sum [HB], acc [HB, FB]) by the
@@ -205,46 +150,6 @@ def _merge_lanes(m, z, acc):
     m_safe = tl.where(m_row == NEG_INF, 0.0, m_row)  # no edge in the piece
     lane_scale = tl.exp(m - m_safe[None, :])  # 0 for lanes without an edge
     return m_row, tl.sum(z * lane_scale, 0), tl.sum(acc * lane_scale[:, :, None], 0)
-
-
-@triton.jit
-def _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc):
-    """_store_row for the rows of a row group (m, z [ROWS, HB], acc [ROWS, HB, FB])."""
-    inv = tl.where(z > 0, 1.0 / tl.where(z > 0, z, 1.0), 0.0)
-    rh = rmask[:, None] & hmask[None, :]
-    tl.store(out + rows[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
-             (acc * inv[:, :, None]).to(out.dtype.element_ty), mask=rh[:, :, None] & fmask[None, None, :])
-    tl.store(m_out + rows[:, None] * H + heads[None, :], tl.where(z > 0, m, 0.0), mask=rh)
-    tl.store(z_out + rows[:, None] * H + heads[None, :], z, mask=rh)
-
-
-@fast_kernel
-@triton.jit(do_not_specialize=["H", "seed", "threshold"])
-def _forward_groups_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
-                           NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold, scale,
-                           HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
-                           DROPOUT: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                           ROWS: tl.constexpr, STAGES: tl.constexpr):
-    """The forward over short rows, ROWS per program (attention.py: row groups): step t takes the
-    t-th edge of every row at once, so a program keeps ROWS gathers in flight where the per-piece
-    kernel spends a tile on a row of a few edges; the rows' online softmaxes advance side by side."""
-    rows, rmask, start, end, stop = _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS)
-    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
-    ad = tl.load(a_dst + rows[:, None] * H + heads[None, :], mask=rmask[:, None] & hmask[None, :], other=0).to(ACC)
-    m = tl.full((ROWS, HB), NEG_INF, ACC)
-    z = tl.zeros((ROWS, HB), ACC)
-    acc = tl.zeros((ROWS, HB, FB), ACC)
-    ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
-    for t in tl.range(0, tl.max(stop - start, 0), num_stages=STAGES):  # STAGES > 1: loads pipelined
-        ids = ids_next
-        ids_next = _endpoints(col, start + t + 1, end)
-        j, v2, s, e, keep = _edge_block(start + t, end, stop, rows, heads, hmask, a_src, a_edge, a_loop, ids, col, ad,
-                                        N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM,
-                                        SELF_LOOPS, DROPOUT, ACC)
-        xv = tl.load(x + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
-                     mask=v2[:, :, None] & fmask[None, None, :], other=0).to(ACC)
-        m, z, acc = _online_step(m, z, acc, e, keep, xv)
-    _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc)
 
 
 @triton.jit
@@ -261,29 +166,31 @@ def _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc):
 @triton.jit
 def _merge_pieces_kernel(p_acc, p_m, p_z, out, m_out, z_out, split_rows, seg_ptr, slot, H, F, ACC: tl.constexpr,
                          BK: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr):
-    """Second pass of the forward over split rows: the online-softmax merge of the pieces' states."""
+    """Second pass of the forward over split rows: the pieces' states (m_k, z_k, acc_k) merged in piece
+    order, BK at a time, by the online softmax's rule (M = max m_k, Z = sum z_k exp(m_k - M),
+    acc = sum acc_k exp(m_k - M)) in one pass over them."""
     i = tl.load(split_rows + tl.program_id(0)).to(tl.int64)
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     n = tl.load(seg_ptr + i + 1) - tl.load(seg_ptr + i)
     first = tl.load(slot + i)
     m = tl.full((HB,), NEG_INF, ACC)
-    for k0 in range(0, n, BK):
-        ks = first + k0 + tl.arange(0, BK)
-        km = (k0 + tl.arange(0, BK)) < n
-        m = tl.maximum(m, tl.max(tl.load(p_m + ks[:, None] * H + heads[None, :], mask=km[:, None] & hmask[None, :],
-                                         other=NEG_INF), 0))
-    m_safe = tl.where(m == NEG_INF, 0.0, m)
     z = tl.zeros((HB,), ACC)
     acc = tl.zeros((HB, FB), ACC)
     for k0 in range(0, n, BK):
         ks = first + k0 + tl.arange(0, BK)
         k2 = ((k0 + tl.arange(0, BK)) < n)[:, None] & hmask[None, :]
-        scale = tl.exp(tl.load(p_m + ks[:, None] * H + heads[None, :], mask=k2, other=NEG_INF) - m_safe[None, :])
-        z += tl.sum(scale * tl.load(p_z + ks[:, None] * H + heads[None, :], mask=k2, other=0), 0)
+        pm = tl.load(p_m + ks[:, None] * H + heads[None, :], mask=k2, other=NEG_INF)
+        pz = tl.load(p_z + ks[:, None] * H + heads[None, :], mask=k2, other=0)
         pa = tl.load(p_acc + ks[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
                      mask=k2[:, :, None] & fmask[None, None, :], other=0)
-        acc += tl.sum(scale[:, :, None] * pa, 0)
+        m_new = tl.maximum(m, tl.max(pm, 0))
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+        rescale = tl.exp(m - m_safe)
+        w = tl.exp(pm - m_safe[None, :])  # 0 for pieces without an edge (m_k = -inf)
+        z = z * rescale + tl.sum(w * pz, 0)
+        acc = acc * rescale[:, None] + tl.sum(w[:, :, None] * pa, 0)
+        m = m_new
     _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
 
 

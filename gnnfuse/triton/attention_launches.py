@@ -38,40 +38,32 @@ class Launches:
 
 
 class ForwardSetup(Launches):
-    """A forward's plan for one graph and configuration: the row groups (``short`` rows, ``rows``
-    per program) run by ``kernels[0]``, the work list ``wl``'s row pieces by ``kernels[1]``, and the
-    merge of split rows; ``groups``, ``pieces``: those launches' constexprs; ``heads``: programs
-    per row (blocks of heads)."""
+    """A forward's plan for one graph and configuration: ``kernel`` (the one-pass forward) runs the
+    ``tasks`` (row groups of the ``short`` rows and the work list ``wl``'s pieces of the long ones)
+    with the constexprs ``meta``, ``heads`` programs per task (blocks of heads); the merge of split
+    rows takes ``merge``'s constexprs."""
 
-    def __init__(self, kernels, wl, short, rows: int, heads: int, groups: dict, pieces: dict, merge: dict):
+    def __init__(self, kernel, wl, short, tasks, heads: int, meta: dict, merge: dict):
         super().__init__()
-        self.groups_kernel, self.pieces_kernel = kernels
-        self.wl, self.parts = wl, wl.num_partials
-        self.short = short if short is not None and short.numel() else None
-        self.groups = ((cdiv(short.numel(), rows), heads), groups) if self.short is not None else None
-        self.pieces = ((wl.num_pieces, heads), pieces)
+        self.kernel, self.wl, self.short, self.tasks, self.meta = kernel, wl, short, tasks, meta
+        self.grid = (tasks.numel(), heads)
         self.merge = ((wl.split_rows.numel(), heads), merge)
 
     def run(self, tensors: tuple, scalars: tuple, fast: bool) -> None:
-        """The forward's launches. ``tensors``: the kernels' leading arguments, ending in out, m, z;
-        ``scalars``: their trailing runtime scalars; ``fast``: BoundLaunches.usable's answer."""
-        launch, short = self.launch, self.short
-        if self.groups is not None and short is not None:
-            launch("groups", self.groups_kernel, self.groups[0], (*tensors, short, short.numel(), *scalars),
-                   self.groups[1], fast)
-        wl, parts = self.wl, self.parts
-        if not wl.num_pieces:
-            return
+        """The forward's launches. ``tensors``: the kernel's leading arguments, ending in out, m, z;
+        ``scalars``: its trailing runtime scalars; ``fast``: BoundLaunches.usable's answer."""
+        wl, parts = self.wl, self.wl.num_partials
         out, m, z = tensors[-3:]
         H, F = out.shape[1], out.shape[2]
         p_acc = m.new_empty(parts, H, F) if parts else m  # (m's dtype: the accumulation's)
         p_m = m.new_empty(parts, H) if parts else m
         p_z = torch.empty_like(p_m) if parts else m
-        launch("pieces", self.pieces_kernel, self.pieces[0],
-               (*tensors, wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars), self.pieces[1], fast)
+        self.launch("one_pass", self.kernel, self.grid, (*tensors, self.short, self.short.numel(), self.tasks,
+                                                         wl.seg_row, wl.seg_ptr, wl.slot, p_acc, p_m, p_z, *scalars),
+                    self.meta, fast)
         if parts:
-            launch("merge", _merge_pieces_kernel, self.merge[0],
-                   (p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F), self.merge[1], fast)
+            self.launch("merge", _merge_pieces_kernel, self.merge[0],
+                        (p_acc, p_m, p_z, out, m, z, wl.split_rows, wl.seg_ptr, wl.slot, H, F), self.merge[1], fast)
 
 
 class BackwardSetup(Launches):

@@ -1,7 +1,8 @@
 """Triton host side of ``gnnfuse::pair_attention`` (GATv2 and dot-product attention): work lists,
-partial buffers and launches. Kernels in pair_attention_kernels.py; rows are split into pieces
-and merged exactly as for GAT (attention.py: SPLIT_EDGES, the online-softmax merge, ordered sums),
-and the forward's short rows run in row groups as GAT's do (attention._forward_plan).
+partial buffers and launches. Kernels in pair_attention_kernels.py (backward) and
+attention_forward_kernels.py (forward); the forward runs in one launch and merges split rows
+exactly as GAT's (attention._one_pass_plan, the online-softmax merge), the backward splits rows
+into pieces of SPLIT_EDGES with ordered sums as GAT's.
 """
 from __future__ import annotations
 
@@ -11,14 +12,9 @@ from . import attention as gat
 from .._tensor_cache import cached
 from ._grid import cdiv
 from ._launch import BoundLaunches
+from .attention_forward_kernels import _pair_forward_one_pass_kernel
 from .attention_launches import BackwardSetup
-from .pair_attention_kernels import (
-    _pair_backward_rows_kernel,
-    _pair_backward_sources_kernel,
-    _pair_forward_groups_kernel,
-    _pair_forward_kernel,
-    _pair_row_term_kernel,
-)
+from .pair_attention_kernels import _pair_backward_rows_kernel, _pair_backward_sources_kernel, _pair_row_term_kernel
 
 
 # GATv2's att gradient: the row pass runs at most this many programs, each summing its pieces'
@@ -46,8 +42,8 @@ def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_
     z = torch.empty_like(m)
     if not (num_dst and H):
         return out, m, z
-    setup = gat.forward_setup("pair-forward", (_pair_forward_groups_kernel, _pair_forward_kernel), k, rowptr, col,
-                              _flags(k, v, self_loops, gatv2, p, edge), wide_sparse=bool(gatv2))
+    setup = gat.forward_setup("pair-forward", _pair_forward_one_pass_kernel, k, rowptr, col,
+                              _flags(k, v, self_loops, gatv2, p, edge), pair=True)
     tensors = (q, k, v, att if att is not None else k, edge if edge is not None else k,
                perm if perm is not None else col, rowptr, col, out, m, z)
     fast = k.is_cuda and BoundLaunches.usable(*tensors[:8])

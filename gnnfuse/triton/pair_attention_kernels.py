@@ -1,11 +1,12 @@
 """@triton.jit kernels of ``gnnfuse::pair_attention`` (GATv2 and dot-product logits; maths in
 gnnfuse/ops/pair_attention.py, host side in pair_attention.py).
 
-Same scheme as the GAT kernels (attention_kernels.py, whose piece prologue, row store, piece
-merge and dropout they use): one program per (piece of a row, block of heads), online softmax,
-partials of split rows merged afterwards. ``_pair_edges`` is the one place that knows how a logit
-is made from the two endpoints' [HB, FB] head vectors. With KV_SAME (GATv2: the values are the
-source features the logit reads) the gathered source tile serves both.
+The backward kernels, by the same scheme as GAT's (attention_kernels.py, whose piece prologue,
+gathers and dropout they use): one program per (piece of a row, block of heads), partials of split
+rows folded afterwards; the forward is attention_forward_kernels.py's one-launch kernel.
+``_pair_edges`` (used by both) is the one place that knows how a logit is made from the two
+endpoints' [HB, FB] head vectors. With KV_SAME (GATv2: the values are the source features the
+logit reads) the gathered source tile serves both.
 """
 from __future__ import annotations
 
@@ -13,20 +14,20 @@ import triton
 import triton.language as tl
 
 from ._launch import fast_kernel
-from .attention_kernels import (NEG_INF, _dropout_scale, _endpoints, _group, _head_block, _merge_lanes, _online_step,
-                                _piece, _piece_at, _piece_state, _piece_step, _store_row, _store_rows)
+from .attention_kernels import NEG_INF, _dropout_scale, _endpoints, _gather, _head_block, _piece, _piece_at
 
 
 @triton.jit
 def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, pos, node_vec, att, edge, perm, N_EDGES,
                 H, F, slope, qk_scale, seed, threshold, scale, TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr,
-                DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
+                DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr,
+                DENSE: tl.constexpr, FB: tl.constexpr):
     """One block of a row's edges (the virtual self loop at position ``end`` when stop == end + 1),
     as GAT's _edge_block (``ids``: the other endpoints, ``node_vec``: the row's own vectors [1, HB, FB],
     [ROWS, HB, FB] in the row-group forward).
     Returns (other endpoint [BE], valid [BE, HB], valid [BE, HB, FB], the other endpoints' vectors
     [BE, HB, FB], logit e [BE, HB] (-inf where invalid), dropout factor [BE, HB], the edge
-    features' row [BE] and tile [BE, HB, FB] (zeros without HAS_EDGE))."""
+    features' row [BE] and tile [BE, HB, FB] (zeros without HAS_EDGE)). DENSE: vector loads (see _gather)."""
     real = ks < end
     other = tl.where(real, ids.to(tl.int64), node)
     valid = ks < stop
@@ -35,17 +36,14 @@ def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, po
     else:
         valid = valid & real
     v2 = valid[:, None] & hmask[None, :]
-    v3 = v2[:, :, None] & fmask[None, None, :]
-    ov = tl.load(others + other[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                 other=0).to(ACC)
+    ov, v3 = _gather(others, other, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
     if TRANSPOSED:
         k = tl.load(pos + ks, mask=real, other=0).to(tl.int64)
     else:
         k = ks
     if HAS_EDGE:  # edge features: row perm[k] (edge order), the self loop's row E + node
         erow = tl.where(real, tl.load(perm + k, mask=real, other=0).to(tl.int64), N_EDGES + node)
-        ev = tl.load(edge + erow[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                     other=0).to(ACC)
+        ev, _v3 = _gather(edge, erow, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
     else:
         erow = k
         ev = tl.zeros(ov.shape, ACC)
@@ -84,81 +82,6 @@ def _att_tile(att, heads, feats, hf, F, GATV2: tl.constexpr, ACC: tl.constexpr, 
 
 @fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
-def _pair_forward_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot, p_acc,
-                         p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                         SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
-                         KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
-                         FB: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr,
-                         LANES: tl.constexpr):
-    i, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
-    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
-    hf = hmask[:, None] & fmask[None, :]
-    qi = _head_tile(q, i, heads, feats, hf, H, F, ACC)
-    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
-    m, z, acc = _piece_state(BE, HB, FB, LANES, ACC)  # (attention_kernels: per lane or per head)
-    for k0 in tl.range(start, stop, BE, num_stages=STAGES):
-        ks = k0 + tl.arange(0, BE)
-        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
-                                                      _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
-                                                      N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
-                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
-        if KV_SAME:
-            xv = kv
-        else:
-            xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                         other=0).to(ACC)
-            if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
-                xv += ev
-        m, z, acc = _piece_step(m, z, acc, e, keep, xv, LANES)
-    if LANES:
-        m, z, acc = _merge_lanes(m, z, acc)
-    if part < 0:
-        _store_row(out, m_out, z_out, i, heads, feats, hmask, hf, H, F, m, z, acc)
-    else:
-        tl.store(p_acc + part * H * F + heads[:, None] * F + feats[None, :], acc, mask=hf)
-        tl.store(p_m + part * H + heads, m, mask=hmask)
-        tl.store(p_z + part * H + heads, z, mask=hmask)
-
-
-@fast_kernel
-@triton.jit(do_not_specialize=["H", "seed", "threshold"])
-def _pair_forward_groups_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
-                                NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                                SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr,
-                                HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
-                                FB: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr):
-    """The forward over short rows, ROWS per program, one edge of each row per step (as GAT's
-    _forward_groups_kernel): tiles [ROWS, HB, FB]."""
-    rows, rmask, start, end, stop = _group(rows_ptr, rowptr, num_rows, NUM_LOOPS, ROWS)
-    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
-    hf = hmask[:, None] & fmask[None, :]
-    qi = tl.load(q + rows[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
-                 mask=rmask[:, None, None] & hf[None, :, :], other=0).to(ACC)
-    a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
-    m = tl.full((ROWS, HB), NEG_INF, ACC)
-    z = tl.zeros((ROWS, HB), ACC)
-    acc = tl.zeros((ROWS, HB, FB), ACC)
-    ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
-    for t in tl.range(0, tl.max(stop - start, 0), num_stages=STAGES):
-        ids = ids_next
-        ids_next = _endpoints(col, start + t + 1, end)
-        j, v2, v3, kv, e, keep, _er, ev = _pair_edges(start + t, end, stop, rows, heads, hmask, feats, fmask, k, ids,
-                                                      col, qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed,
-                                                      threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
-                                                      ACC)
-        if KV_SAME:
-            xv = kv
-        else:
-            xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                         other=0).to(ACC)
-            if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
-                xv += ev
-        m, z, acc = _online_step(m, z, acc, e, keep, xv)
-    _store_rows(out, m_out, z_out, rows, rmask, heads, feats, hmask, fmask, H, F, m, z, acc)
-
-
-@fast_kernel
-@triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, g_q, p_q, p_att, g_edge,
                                seg_row, seg_ptr, slot, NUM_PIECES, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
                                threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
@@ -183,7 +106,7 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
         if D_INLINE:
             d = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask,
                           hf, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2,
-                          HAS_EDGE, KV_SAME, ACC, BE)
+                          HAS_EDGE, KV_SAME, ACC, BE, FB)
             tl.store(D + i * H + heads, d, mask=hmask)
         elif D_GIVEN:
             d = tl.load(D + i * H + heads, mask=hmask, other=0)
@@ -202,7 +125,8 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
                 j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                              _endpoints(col, ks, end), col, qi[None, :, :], a, edge,
                                                              perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
-                                                             scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
+                                                             scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC,
+                                                             False, FB)
                 p = tl.exp(e - mi[None, :]) / zi[None, :]
                 if KV_SAME:
                     xv = kv
@@ -243,7 +167,7 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
 def _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
               N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS: tl.constexpr,
               DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
-              ACC: tl.constexpr, BE: tl.constexpr):
+              ACC: tl.constexpr, BE: tl.constexpr, FB: tl.constexpr):
     """[HB]: sum over edges [start, stop) of row i of c_k g_i . v_k (values with the edge term),
     each c_k recomputed from the saved row max and sum: the whole row's D_i = g_i . out_i when
     the range is the whole row."""
@@ -258,7 +182,7 @@ def _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, h
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                       _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
                                                       N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
-                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
+                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, False, FB)
         if KV_SAME:
             xv = kv
         else:
@@ -288,7 +212,7 @@ def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, 
     a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
     acc = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
                     N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
-                    KV_SAME, ACC, BE)
+                    KV_SAME, ACC, BE, FB)
     whole = part + 0 * heads < 0  # the row is one piece
     tl.store(D + i * H + heads, acc, mask=hmask & whole)
     tl.store(p_d + part * H + heads, acc, mask=hmask & ~whole)
@@ -318,7 +242,7 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
         i, v2, v3, qv, e, keep, _er, ev = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q,
                                                       _endpoints(t_col, qs, end), t_pos, kj[None, :, :], a, edge,
                                                       perm, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                                                      True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC)
+                                                      True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, False, FB)
         ih = i[:, None] * H + heads[None, :]
         mi = tl.load(m_in + ih, mask=v2, other=0)
         zi = tl.load(z_in + ih, mask=v2, other=1)

@@ -1,0 +1,158 @@
+"""@triton.jit one-pass forward kernels of ``gnnfuse.gat_attention`` and ``gnnfuse::pair_attention``
+(GATv2 and dot-product logits); host side in attention.py and pair_attention.py.
+
+One launch does every row, as the sum gather-scatter's one-pass kernel does: program t runs task t
+of an id-ordered task list (schedule.task_list), either a row group (R short rows, degree-sorted,
+one edge of each per step) or a piece of a long row (R lanes, lane l taking the piece's edges l,
+l + R, l + 2R, ...). Both are R independent online softmaxes (running max m, sum z, accumulator
+rescaled when the max rises) over [R, HB, FB] tiles (lanes x heads x features), so one loop
+serves both: a row group stores its R rows; a piece folds its lanes into the row's (max, sum, acc)
+(``_merge_lanes``) and stores the row or, for a piece of a split row, a partial that
+``_merge_pieces_kernel`` merges afterwards. No reduction across the tile's lanes inside the loop.
+Feature loads are 16-byte vectors where the head width is a power of two (DENSE, see _gather).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._launch import fast_kernel
+from .attention_kernels import (NEG_INF, _edge_block, _endpoints, _gather, _head_block, _merge_lanes, _online_step,
+                                _piece_at)
+from .pair_attention_kernels import _att_tile, _pair_edges
+
+
+@triton.jit
+def _task_lanes(task_ptr, rows_ptr, num_rows, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, R: tl.constexpr,
+                SEG: tl.constexpr):
+    """This program's task as R lanes: (a row group or not, the task's code, each lane's row [R],
+    lane in use [R], first edge [R], the row's end [R], stop [R] (the row's end plus its virtual self
+    loop where it has one; a piece's own end), edge step, number of steps). A row group's lane r
+    walks row r one edge a step; a piece's lane l its edges first + l, first + l + R, ..."""
+    code = tl.load(task_ptr + tl.program_id(0)).to(tl.int64)
+    lane = tl.arange(0, R)
+    group = code >= 0
+    if group:
+        offs = code * R + lane
+        used = offs < num_rows
+        node = tl.load(rows_ptr + offs, mask=used, other=0).to(tl.int64)
+        start = tl.load(rowptr + node, mask=used, other=0).to(tl.int64)
+        end = tl.load(rowptr + node + 1, mask=used, other=0).to(tl.int64)
+        stop = tl.where(used, end + (node < NUM_LOOPS).to(tl.int64), start)
+        step = code * 0 + 1
+        steps = tl.max(stop - start, 0)
+    else:
+        row, _k, first, row_end, piece_stop, _part = _piece_at(-1 - code, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS,
+                                                               SEG)
+        used = lane < R
+        node = row + 0 * lane
+        start = first + lane
+        end = row_end + 0 * lane
+        stop = piece_stop + 0 * lane
+        step = code * 0 + R
+        steps = (piece_stop - first + R - 1) // R
+    return group, code, node, used, start, end, stop, step, steps
+
+
+@triton.jit
+def _finish(group, code, node, used, seg_row, seg_ptr, slot, rowptr, out, m_out, z_out, p_acc, p_m, p_z, heads,
+            hmask, feats, fmask, H, F, m, z, acc, NUM_LOOPS, DENSE: tl.constexpr, FB: tl.constexpr,
+            SEG: tl.constexpr):
+    """Stores a task's result: a row group's R rows (out = acc / z, 0 for a row without edges, and the
+    saved row max and sum); a piece's lanes folded into its row, stored the same way, or for a piece
+    of a split row its unnormalised partial (m, z, acc)."""
+    if group:
+        inv = tl.where(z > 0, 1.0 / tl.where(z > 0, z, 1.0), 0.0)
+        rh = used[:, None] & hmask[None, :]
+        if DENSE:
+            ptrs = out + node[:, None, None] * H * FB + heads[None, :, None] * FB + feats[None, None, :]
+            mask = tl.broadcast_to(rh[:, :, None], ptrs.shape)
+        else:
+            ptrs = out + node[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :]
+            mask = rh[:, :, None] & fmask[None, None, :]
+        tl.store(ptrs, (acc * inv[:, :, None]).to(out.dtype.element_ty), mask=mask)
+        tl.store(m_out + node[:, None] * H + heads[None, :], tl.where(z > 0, m, 0.0), mask=rh)
+        tl.store(z_out + node[:, None] * H + heads[None, :], z, mask=rh)
+    else:
+        m1, z1, acc1 = _merge_lanes(m, z, acc)
+        row, _k, _first, _end, _stop, part = _piece_at(-1 - code, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, SEG)
+        hf = hmask[:, None] & fmask[None, :]
+        if part < 0:  # the whole row
+            inv = tl.where(z1 > 0, 1.0 / tl.where(z1 > 0, z1, 1.0), 0.0)
+            tl.store(out + row * H * F + heads[:, None] * F + feats[None, :],
+                     (acc1 * inv[:, None]).to(out.dtype.element_ty), mask=hf)
+            tl.store(m_out + row * H + heads, tl.where(z1 > 0, m1, 0.0), mask=hmask)
+            tl.store(z_out + row * H + heads, z1, mask=hmask)
+        else:
+            tl.store(p_acc + part * H * F + heads[:, None] * F + feats[None, :], acc1, mask=hf)
+            tl.store(p_m + part * H + heads, m1, mask=hmask)
+            tl.store(p_z + part * H + heads, z1, mask=hmask)
+
+
+@fast_kernel
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])  # .to() needs tensors, not constexpr 1
+def _forward_one_pass_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
+                             task_ptr, seg_row, seg_ptr, slot, p_acc, p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, seed,
+                             threshold, scale, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr,
+                             SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
+                             FB: tl.constexpr, R: tl.constexpr, SEG: tl.constexpr, DENSE: tl.constexpr):
+    """GAT's forward over every row in one launch (module docstring): logits from the per-node
+    terms alpha_src [N, H] and alpha_dst [N, H] (``_edge_block``), values x [N, H, F]."""
+    group, code, node, used, start, end, stop, step, steps = _task_lanes(task_ptr, rows_ptr, num_rows, seg_row,
+                                                                         seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG)
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
+    ad = tl.load(a_dst + node[:, None] * H + heads[None, :], mask=used[:, None] & hmask[None, :], other=0).to(ACC)
+    m = tl.full((R, HB), NEG_INF, ACC)
+    z = tl.zeros((R, HB), ACC)
+    acc = tl.zeros((R, HB, FB), ACC)
+    ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
+    for t in range(0, steps):
+        ks = start + t * step
+        ids = ids_next
+        ids_next = _endpoints(col, ks + step, end)
+        j, v2, _s, e, keep = _edge_block(ks, end, stop, node, heads, hmask, a_src, a_edge, a_loop, ids, col, ad,
+                                         N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM,
+                                         SELF_LOOPS, DROPOUT, ACC)
+        xv, _mask = _gather(x, j, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
+        m, z, acc = _online_step(m, z, acc, e, keep, xv)
+    _finish(group, code, node, used, seg_row, seg_ptr, slot, rowptr, out, m_out, z_out, p_acc, p_m, p_z, heads, hmask,
+            feats, fmask, H, F, m, z, acc, NUM_LOOPS, DENSE, FB, SEG)
+
+
+@fast_kernel
+@triton.jit(do_not_specialize=["H", "seed", "threshold"])
+def _pair_forward_one_pass_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
+                                  task_ptr, seg_row, seg_ptr, slot, p_acc, p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope,
+                                  qk_scale, seed, threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
+                                  GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
+                                  ACC: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, R: tl.constexpr,
+                                  SEG: tl.constexpr, DENSE: tl.constexpr):
+    """GATv2's and dot-product attention's forward over every row in one launch (module docstring):
+    logits from the two endpoints' head vectors (``_pair_edges``); KV_SAME: the values are the
+    gathered keys (GATv2's source features), one gather for both."""
+    group, code, node, used, start, end, stop, step, steps = _task_lanes(task_ptr, rows_ptr, num_rows, seg_row,
+                                                                         seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG)
+    heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
+    qi, _mask = _gather(q, node, used[:, None] & hmask[None, :], heads, feats, fmask, H, F, DENSE, FB, ACC)
+    a = _att_tile(att, heads, feats, hmask[:, None] & fmask[None, :], F, GATV2, ACC, HB, FB)
+    m = tl.full((R, HB), NEG_INF, ACC)
+    z = tl.zeros((R, HB), ACC)
+    acc = tl.zeros((R, HB, FB), ACC)
+    ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
+    for t in range(0, steps):
+        ks = start + t * step
+        ids = ids_next
+        ids_next = _endpoints(col, ks + step, end)
+        j, v2, _v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, k, ids, col, qi,
+                                                       a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
+                                                       scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, DENSE,
+                                                       FB)
+        if KV_SAME:
+            xv = kv
+        else:
+            xv, _mask = _gather(v, j, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
+            if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
+                xv += ev
+        m, z, acc = _online_step(m, z, acc, e, keep, xv)
+    _finish(group, code, node, used, seg_row, seg_ptr, slot, rowptr, out, m_out, z_out, p_acc, p_m, p_z, heads, hmask,
+            feats, fmask, H, F, m, z, acc, NUM_LOOPS, DENSE, FB, SEG)

@@ -82,7 +82,7 @@ def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None =
 
 
 def _warps(be: int, hb: int, fb: int) -> int:
-    """Warps per program of the backward kernels (and of the forward's larger tiles, _forward_warps).
+    """Warps per program of the backward kernels.
     One warp for wide heads (F >= WIDE_HEAD) in tiles of at most 1024 elements (4 edges x 2 heads x
     64 features on sparse graphs): a thread then holds all edges of its features, so the sums over
     a tile's edges stay in registers, with no cross-warp reduction; at 4 x 64 the GAT, GATv2 and

@@ -35,7 +35,7 @@ import math
 
 import torch
 
-from ._build import optional_extension
+from ._one_off_scatter import one_off_route as _one_off_route, scatter_one_off as _scatter_one_off
 from ._tensor_cache import cached
 from ._validate import device_assert, require_tensor
 from .constants import INDEX_DTYPES, VALUE_DTYPES
@@ -48,7 +48,6 @@ __all__ = ["scatter", "scatter_sum", "scatter_add", "scatter_mean", "scatter_mul
            "segment_min_csr", "segment_sum_coo", "segment_add_coo", "segment_mean_coo", "segment_max_coo",
            "segment_min_coo"]
 
-_ONE_OFF_REDUCES = ("sum", "mean", "max", "min")  # what the sort-free one-off routes serve
 
 
 # ---- the one segment reduction everything runs on -----------------------------------------------
@@ -141,44 +140,6 @@ def _check(src, index, reduce):
     if index.device != src.device:
         raise ValueError(f"src and index must be on one device; got src on {src.device}, index on {index.device}")
     return canonical_reduce(reduce, SINGLE)
-
-
-def _one_off_route(src, index, reduce, backend) -> str | None:
-    """The sort-free route this call takes, if any: the first call with this index (a later call
-    sorts it once and keeps the sort), for sum/mean/max/min of float32/64, outside torch.compile:
-    "atomic" on the Triton backend outside deterministic mode (gnnfuse/triton/scatter_atomic.py),
-    "unsorted" on the CPU one (csrc/scatter_unsorted.cpp, deterministic). The caller has checked
-    that no gradient, argmax or ``out=`` needs the sort."""
-    if reduce not in _ONE_OFF_REDUCES or src.dtype not in (torch.float32, torch.float64):
-        return None
-    if torch.compiler.is_compiling():
-        return None
-    backend = resolve_backend(backend, src.device)
-    if backend == "triton" and not torch.are_deterministic_algorithms_enabled():
-        route = "atomic"
-    elif backend == "cpu" and _unsorted_kernel() is not None:
-        route = "unsorted"
-    else:
-        return None
-    # (an index the cache cannot hold -- an inference tensor, a subclass -- gets a new [0] each call,
-    # so it always takes the one-off route: it could never be served from a cached sort either)
-    uses = cached("scatter-uses", (index,), (), lambda: [0])
-    uses[0] += 1
-    return route if uses[0] == 1 else None
-
-
-def _unsorted_kernel():
-    """csrc/scatter_unsorted.cpp's function, or None where the C++ extension cannot be built."""
-    ext = optional_extension("scatter", "one-off CPU scatter unavailable, sorting the index", stacklevel=5)
-    return None if ext is None else ext.scatter_unsorted
-
-
-def _scatter_one_off(route, x, targets, T, reduce):
-    if route == "atomic":
-        from .triton import scatter_atomic  # lazy: Triton is only needed on GPU
-
-        return scatter_atomic.scatter(x, targets, T, reduce)
-    return _unsorted_kernel()(x, targets, T, reduce)
 
 
 def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=False, want_arg=True):

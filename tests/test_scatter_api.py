@@ -365,10 +365,10 @@ def test_one_off_index_takes_the_unsorted_route_on_cpu(reduce, dtype, monkeypatc
     """On CPU a first call with an index runs the sort-free C++ kernel (NaN wins and sticks, +-inf,
     empty targets give 0), equal to the sorted route a second call takes and to the reference, the
     same for any thread count; a gradient or an argmax keep the sorted route."""
-    scatter_module = importlib.import_module("gnnfuse.scatter")
+    one_off = importlib.import_module("gnnfuse._one_off_scatter")
     calls = []
-    real = scatter_module._unsorted_kernel()
-    monkeypatch.setattr(scatter_module, "_unsorted_kernel", lambda: (lambda *a: calls.append(1) or real(*a)))
+    real = one_off._unsorted_kernel()
+    monkeypatch.setattr(one_off, "_unsorted_kernel", lambda: (lambda *a: calls.append(1) or real(*a)))
     g = torch.Generator().manual_seed(2)
     src = torch.randn(300, 5, generator=g, dtype=dtype)
     src[3, 0], src[7, 1], src[9, 2], src[11, 3] = float("nan"), float("inf"), -float("inf"), -0.0
@@ -405,7 +405,7 @@ def test_one_off_index_takes_the_unsorted_route_on_cpu(reduce, dtype, monkeypatc
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the C++ kernels run on CPU")
 def test_one_off_unsorted_kernel_checks_its_arguments():
-    kernel = importlib.import_module("gnnfuse.scatter")._unsorted_kernel()
+    kernel = importlib.import_module("gnnfuse._one_off_scatter")._unsorted_kernel()
     with pytest.raises(IndexError, match="outside"):
         kernel(torch.randn(4, 2), torch.tensor([0, 1, 5, 1]), 3, "sum")
     with pytest.raises(ValueError, match="reduce"):

@@ -778,6 +778,31 @@ std::tuple<at::Tensor, at::Tensor> multi_aggregate_backward(
   return {grad_x, grad_w};
 }
 
+// A control for benchmarks (benchmarks/bench_multi_cpu.py): the forward's output stores alone. Fills
+// out [N, W] (float, W a multiple of 16) with ones, rows split over threads as the forward splits
+// them and stored as it stores them (streamed exactly where it would stream an output of that size):
+// with W = K*F against W = F it gives what writing the wider output costs by itself, the floor of a
+// pass of K reductions next to one sum pass where the stores, not the gathers, bound the time.
+void output_writes_only(at::Tensor& out, const at::Tensor& rowptr) {
+  TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.scalar_type() == at::kFloat && out.size(1) % 16 == 0 &&
+                  rowptr.scalar_type() == at::kInt && rowptr.numel() == out.size(0) + 1,
+              "output_writes_only: out must be a contiguous float [N, W] (W a multiple of 16), rowptr int32 [N + 1]");
+  float* o = out.data_ptr<float>();
+  const int32_t* rp = rowptr.data_ptr<int32_t>();
+  const int64_t N = out.size(0), W = out.size(1);
+  const bool stream = multi::should_stream(o, static_cast<const int32_t*>(nullptr), N, 1, W);
+  parallel_over_rows(rp, N, W, [&](int64_t row_begin, int64_t row_end) {
+    const Vec64<float> ones = Vec64<float>{} + 1.0f;
+    for (int64_t row = row_begin; row < row_end; ++row) {
+      for (int64_t f = 0; f < W; f += 16) {
+        if (stream) multi::stream_vec(o + row * W + f, ones);
+        else store_vec(o + row * W + f, ones);
+      }
+    }
+    if (stream) multi::stream_fence();
+  });
+}
+
 // The reductions of the op's `aggrs` argument: canonical names joined by "," (gnnfuse/ops/multi_aggregate.py
 // resolves aliases), as codes.
 std::vector<int64_t> codes_of(c10::string_view aggrs) {
@@ -838,4 +863,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the kernels alone, taking codes (benchmarks)
   m.def("multi_aggregate_forward", &gnnfuse::multi_aggregate_forward);
   m.def("multi_aggregate_backward_codes", &gnnfuse::multi_aggregate_backward);
+  m.def("output_writes_only", &gnnfuse::output_writes_only);
 }

@@ -60,7 +60,7 @@ def interleaved(fns: dict, rounds: int, clock) -> dict:
     return {n: (statistics.median(v), min(v)) for n, v in samples.items()}
 
 
-def graph_rows(name, csr, nodes, width, rounds, clock, before):
+def graph_rows(name, csr, nodes, width, rounds, clock, before, backward_parts=False):
     import gnnfuse
     from gnnfuse._build import load_extension
     from gnnfuse.ops.multi_aggregate import _codes
@@ -98,6 +98,14 @@ def graph_rows(name, csr, nodes, width, rounds, clock, before):
         # the control: the forward's output stores alone, [N, F] (the sum's output) and [N, K*F]
         for label, k in (("fwd writes only [N,F]", 1), (f"fwd writes only [N,{len(codes)}F]", len(codes))):
             fns[label] = (lambda o: lambda: aggregate.output_writes_only(o, rowptr))(torch.empty(nodes, k * width))
+    if backward_parts:  # each reduction's backward alone and in pairs (broadcast gradient, as "out.sum()")
+        for names in (["mean"], ["min"], ["max"], ["std"], ["mean", "std"], ["min", "max"]):
+            sub = _codes(",".join(names))
+            o, a = aggregate.multi_aggregate_forward(x, rowptr, col, None, sub, True)
+            g = torch.randn(1, o.shape[1]).expand_as(o)
+            fns[f"bwd {'+'.join(names)}, broadcast grad"] = (
+                lambda g, o, a, sub: lambda: aggregate.multi_aggregate_backward_codes(
+                    g, x, o, rowptr, col, None, *transpose, a, sub, True, False))(g, o, a, sub)
     kernels = interleaved(fns, rounds, clock)
     public = interleaved({
         "sum": lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"),
@@ -129,6 +137,8 @@ def main(argv=None):
     parser.add_argument("--graphs", default=None, help="comma-separated names (default: all)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--suffix", default="")
+    parser.add_argument("--backward-parts", action="store_true",
+                        help="also each reduction's backward alone and mean+std, min+max (broadcast gradient)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import gnnfuse
@@ -143,7 +153,7 @@ def main(argv=None):
     for name, (edge_index, nodes) in graphs.items():
         if name in wanted:
             csr = gnnfuse.CSR.from_edge_index(edge_index, num_nodes=nodes)
-            rows += graph_rows(name, csr, nodes, args.width, args.rounds, clock, before)
+            rows += graph_rows(name, csr, nodes, args.width, args.rounds, clock, before, args.backward_parts)
     gc.enable()
     meta = dict(machine("cpu"), clock="thread CPU time" if args.threads == 1 else "wall",
                 load_average_at_start=load_start, load_average_at_end=os.getloadavg(),

@@ -349,7 +349,8 @@ def test_cpu_large_output_streamed():
 @pytest.mark.skipif(DEVICE != "cpu", reason="the C++ kernels")
 def test_cpu_prefetched_sources_match_reference_for_any_thread_count():
     """Sources past 2 MB are prefetched by the one-pass forward (with and without winners, weighted
-    or not): values and gradients against the reference, bitwise the same on 1 and 2 threads."""
+    or not) and the winners' source rows by the backward: values and gradients against the
+    reference, bitwise the same on 1 and 2 threads."""
     n, width = 2100, 256  # x: 2.2 MB float32
     ei = _graph(num_nodes=n, num_edges=4 * n, seed=11)
     w = torch.rand(ei.shape[1])

@@ -60,7 +60,7 @@ def interleaved(fns: dict, rounds: int, clock) -> dict:
     return {n: (statistics.median(v), min(v)) for n, v in samples.items()}
 
 
-def graph_rows(name, csr, nodes, width, rounds, clock, before):
+def graph_rows(name, csr, nodes, width, rounds, clock, before, backward_parts=False):
     import gnnfuse
     from gnnfuse._build import load_extension
     from gnnfuse.ops.multi_aggregate import _codes
@@ -91,8 +91,21 @@ def graph_rows(name, csr, nodes, width, rounds, clock, before):
     if before is not None:
         fns["fwd multi before"] = lambda: before.multi_aggregate_forward(x, rowptr, col, None, codes, False)
         fns["fwd+winners multi before"] = lambda: before.multi_aggregate_forward(x, rowptr, col, None, codes, True)
-        fns["bwd multi before"] = lambda: before.multi_aggregate_backward(grad, x, out, rowptr, col, None, *transpose,
-                                                                          arg, codes, True, False)
+        before_bwd = getattr(before, "multi_aggregate_backward_codes", before.multi_aggregate_backward)
+        fns["bwd multi before"] = lambda: before_bwd(grad, x, out, rowptr, col, None, *transpose, arg, codes, True,
+                                                     False)
+    if hasattr(aggregate, "output_writes_only") and width % 16 == 0 and rowptr.dtype == torch.int32:
+        # the control: the forward's output stores alone, [N, F] (the sum's output) and [N, K*F]
+        for label, k in (("fwd writes only [N,F]", 1), (f"fwd writes only [N,{len(codes)}F]", len(codes))):
+            fns[label] = (lambda o: lambda: aggregate.output_writes_only(o, rowptr))(torch.empty(nodes, k * width))
+    if backward_parts:  # each reduction's backward alone and in pairs (broadcast gradient, as "out.sum()")
+        for names in (["mean"], ["min"], ["max"], ["std"], ["mean", "std"], ["min", "max"]):
+            sub = _codes(",".join(names))
+            o, a = aggregate.multi_aggregate_forward(x, rowptr, col, None, sub, True)
+            g = torch.randn(1, o.shape[1]).expand_as(o)
+            fns[f"bwd {'+'.join(names)}, broadcast grad"] = (
+                lambda g, o, a, sub: lambda: aggregate.multi_aggregate_backward_codes(
+                    g, x, o, rowptr, col, None, *transpose, a, sub, True, False))(g, o, a, sub)
     kernels = interleaved(fns, rounds, clock)
     public = interleaved({
         "sum": lambda: gnnfuse.fused_gather_scatter(x, csr, "sum"),
@@ -101,6 +114,10 @@ def graph_rows(name, csr, nodes, width, rounds, clock, before):
         "train multi": lambda: torch.autograd.grad(gnnfuse.fused_gather_scatter(xg, csr, AGGRS).sum(), xg),
     }, rounds, clock)
     rows = []
+    w1, wk = kernels.get("fwd writes only [N,F]"), kernels.get(f"fwd writes only [N,{len(codes)}F]")
+    if w1 and wk:  # the sum pass plus what the wider output's stores cost beyond the sum's
+        kernels["fwd floor: sum + (writes [N,KF] - writes [N,F])"] = tuple(
+            kernels["fwd sum"][i] + wk[i] - w1[i] for i in range(2))
     for label, (median, best) in list(kernels.items()) + [(f"public {k}", v) for k, v in public.items()]:
         anchor = ("fwd sum" if label.startswith("fwd") else "bwd sum" if label.startswith("bwd") else
                   "public train sum" if "train" in label else "public sum")
@@ -120,6 +137,8 @@ def main(argv=None):
     parser.add_argument("--graphs", default=None, help="comma-separated names (default: all)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--suffix", default="")
+    parser.add_argument("--backward-parts", action="store_true",
+                        help="also each reduction's backward alone and mean+std, min+max (broadcast gradient)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import gnnfuse
@@ -134,7 +153,7 @@ def main(argv=None):
     for name, (edge_index, nodes) in graphs.items():
         if name in wanted:
             csr = gnnfuse.CSR.from_edge_index(edge_index, num_nodes=nodes)
-            rows += graph_rows(name, csr, nodes, args.width, args.rounds, clock, before)
+            rows += graph_rows(name, csr, nodes, args.width, args.rounds, clock, before, args.backward_parts)
     gc.enable()
     meta = dict(machine("cpu"), clock="thread CPU time" if args.threads == 1 else "wall",
                 load_average_at_start=load_start, load_average_at_end=os.getloadavg(),

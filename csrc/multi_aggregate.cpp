@@ -255,6 +255,12 @@ void multi_kernel(const scalar_t* x, const index_t* rowptr, const index_t* col, 
 // Below this many bytes of gathered source rows they stay in the caches between calls and software
 // prefetching only costs instructions: the sum kernel's threshold (csrc/gather_scatter.cpp).
 constexpr int64_t kPrefetchMinSourceBytes = int64_t{8} << 20;
+// The forward keeps four statistics per vector (more work per edge between its loads than the sum),
+// and gains from the prefetch once the sources outgrow the L2 cache (2 MiB a core here), as the
+// max/min forward with winners does. Facebook F=64 (5.5 MB of sources), 1 thread, mean/min/max/std,
+// kernel alone, thread CPU time, variants interleaved on a loaded machine (fastest of 15-31): 3.3-6.5 ms
+// without, 2.6-4.0 ms with; with winners 4.9-6.3 ms without, 3.7-4.6 ms with. Cora (0.7 MB): none.
+constexpr int64_t kStatsPrefetchMinSourceBytes = int64_t{2} << 20;
 
 // Forward of float/double without "mul": every statistic in registers (multi_tiles.h). S: the
 // statistics kept (multi::kLin | kSq | kExt | kTrack).
@@ -265,7 +271,7 @@ void multi_kernel_tiled(const T* x, const index_t* rowptr, const index_t* col, c
   const std::vector<int> codes32(codes.begin(), codes.end());
   const int K = static_cast<int>(codes.size());
   const int64_t min_slot = need.max ? 1 : 0;  // arg layout: [A, num_rows, F], max first
-  const bool prefetch = num_src * F * static_cast<int64_t>(sizeof(T)) > kPrefetchMinSourceBytes;
+  const bool prefetch = num_src * F * static_cast<int64_t>(sizeof(T)) > kStatsPrefetchMinSourceBytes;
   const int64_t ahead = prefetch_ahead(F * static_cast<int64_t>(sizeof(T)));
   const bool stream = multi::should_stream(out, arg, num_rows, K, F);
   auto rows = [&](const auto& scale, auto scaled_tag) {
@@ -677,9 +683,24 @@ void multi_backward_x(const T* grad_out, const T* x, const T* out, const index_t
   using V = Vec64<T>;
   using Winners = WinVec<T, index_t>;
   using M = decltype(V{} < V{});  // the lane mask type of a comparison
+  // Past the L2 the read-modify-writes wait on memory: before row i, the source rows of the first L
+  // edges of row i + kAheadRows are prefetched for writing (the slice's lines; a longer row's winners
+  // are among its edges, not necessarily those). 1 thread, thread CPU time, min+max backward, load 5-6,
+  // interleaved, medians: power-law 60K/1.2M 26.6 -> 20.3-20.7 ms (2-8 rows ahead), all four
+  // 56.5 -> 51.0 ms; Facebook min+max 7.8 -> 6.7 ms, all four 18.7 -> 18.1 ms (fastest runs within noise).
+  constexpr int64_t kAheadRows = 4;
+  const bool prefetch = num_x_rows * F * static_cast<int64_t>(sizeof(T)) > kStatsPrefetchMinSourceBytes;
   auto scatter = [&](int64_t f0, int64_t f1) {
     for (int64_t i = 0; i < num_rows; ++i) {
       const int64_t e0 = rowptr[i], e1 = rowptr[i + 1];
+      if (prefetch && i + kAheadRows < num_rows) {
+        const int64_t a0 = rowptr[i + kAheadRows];
+        const int64_t a1 = std::min<int64_t>(rowptr[i + kAheadRows + 1], a0 + L);
+        for (int64_t p = a0; p < a1; ++p) {
+          const T* dst = grad_x + static_cast<int64_t>(col[p]) * F;
+          for (int64_t f = f0; f < f1; f += L) __builtin_prefetch(dst + f, 1, 3);
+        }
+      }
       if (e0 == e1) continue;  // an empty row: no winner
       const T* g = grad_out + i * g_stride;
       for (int s = 0; s < 2; ++s) {
@@ -772,6 +793,31 @@ std::tuple<at::Tensor, at::Tensor> multi_aggregate_backward(
   return {grad_x, grad_w};
 }
 
+// A control for benchmarks (benchmarks/bench_multi_cpu.py): the forward's output stores alone. Fills
+// out [N, W] (float, W a multiple of 16) with ones, rows split over threads as the forward splits
+// them and stored as it stores them (streamed exactly where it would stream an output of that size):
+// with W = K*F against W = F it gives what writing the wider output costs by itself, the floor of a
+// pass of K reductions next to one sum pass where the stores, not the gathers, bound the time.
+void output_writes_only(at::Tensor& out, const at::Tensor& rowptr) {
+  TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.scalar_type() == at::kFloat && out.size(1) % 16 == 0 &&
+                  rowptr.scalar_type() == at::kInt && rowptr.numel() == out.size(0) + 1,
+              "output_writes_only: out must be a contiguous float [N, W] (W a multiple of 16), rowptr int32 [N + 1]");
+  float* o = out.data_ptr<float>();
+  const int32_t* rp = rowptr.data_ptr<int32_t>();
+  const int64_t N = out.size(0), W = out.size(1);
+  const bool stream = multi::should_stream(o, static_cast<const int32_t*>(nullptr), N, 1, W);
+  parallel_over_rows(rp, N, W, [&](int64_t row_begin, int64_t row_end) {
+    const Vec64<float> ones = Vec64<float>{} + 1.0f;
+    for (int64_t row = row_begin; row < row_end; ++row) {
+      for (int64_t f = 0; f < W; f += 16) {
+        if (stream) multi::stream_vec(o + row * W + f, ones);
+        else store_vec(o + row * W + f, ones);
+      }
+    }
+    if (stream) multi::stream_fence();
+  });
+}
+
 // The reductions of the op's `aggrs` argument: canonical names joined by "," (gnnfuse/ops/multi_aggregate.py
 // resolves aliases), as codes.
 std::vector<int64_t> codes_of(c10::string_view aggrs) {
@@ -832,4 +878,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the kernels alone, taking codes (benchmarks)
   m.def("multi_aggregate_forward", &gnnfuse::multi_aggregate_forward);
   m.def("multi_aggregate_backward_codes", &gnnfuse::multi_aggregate_backward);
+  m.def("output_writes_only", &gnnfuse::output_writes_only);
 }

@@ -344,3 +344,48 @@ def test_cpu_large_output_streamed():
     go = torch.randn_like(got)
     torch.testing.assert_close(torch.autograd.grad((got * go).sum(), x)[0],
                                torch.autograd.grad((_ref(x, ei, aggrs) * go).sum(), x)[0], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the C++ kernels")
+def test_cpu_prefetched_sources_match_reference_for_any_thread_count():
+    """Sources past 2 MB are prefetched by the one-pass forward (with and without winners, weighted
+    or not) and the winners' source rows by the backward: values and gradients against the
+    reference, bitwise the same on 1 and 2 threads."""
+    n, width = 2100, 256  # x: 2.2 MB float32
+    ei = _graph(num_nodes=n, num_edges=4 * n, seed=11)
+    w = torch.rand(ei.shape[1], generator=torch.Generator().manual_seed(5))
+    aggrs = ["mean", "min", "max", "std", "sum"]
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            x = torch.randn(n, width, generator=torch.Generator().manual_seed(3)).requires_grad_()
+            out = gnnfuse.fused_gather_scatter(x, ei, aggrs, edge_weight=w)
+            go = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
+            results.append((out.detach(), torch.autograd.grad((out * go).sum(), x)[0],
+                            gnnfuse.fused_gather_scatter(x.detach(), ei, aggrs)))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    out, _, plain = results[0]
+    torch.testing.assert_close(out, _ref(x.detach(), ei, aggrs, w), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(plain, _ref(x.detach(), ei, aggrs), atol=1e-4, rtol=1e-4)
+    # the gradient against the reference in float64 (std's 1 / std amplifies float32 rounding)
+    x64 = x.detach().double().requires_grad_()
+    w64, go64 = w.double(), go.double()
+    got = torch.autograd.grad((gnnfuse.fused_gather_scatter(x64, ei, aggrs, edge_weight=w64) * go64).sum(), x64)[0]
+    torch.testing.assert_close(got, torch.autograd.grad((_ref(x64, ei, aggrs, w64) * go64).sum(), x64)[0])
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the C++ kernels")
+def test_cpu_output_writes_only_control():
+    """The benchmarks' control (the forward's output stores alone) fills its output and checks it."""
+    from gnnfuse._build import load_extension
+
+    csr = gnnfuse.CSR.from_edge_index(_graph(), num_nodes=9)
+    out = torch.zeros(9, 32)
+    load_extension("aggregate").output_writes_only(out, csr.rowptr.to(torch.int32))
+    assert (out == 1).all()
+    with pytest.raises(RuntimeError, match="output_writes_only"):
+        load_extension("aggregate").output_writes_only(torch.zeros(9, 5), csr.rowptr.to(torch.int32))

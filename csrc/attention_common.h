@@ -14,6 +14,14 @@
 #include "dropout_hash.h"
 #include "reducer.h"
 
+// The tile kernels' row helpers are inlined into each kernel (left to itself GCC calls some of them
+// once per row and tile through the PLT, and keeps their state in memory).
+#if defined(__GNUC__)
+#define GNNFUSE_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define GNNFUSE_ALWAYS_INLINE inline
+#endif
+
 namespace gnnfuse {
 namespace attention_detail {
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attention_common.h"
@@ -67,7 +68,7 @@ struct HeadLanes {
 // Calls tile(v0, std::integral_constant<int, NV>{}) over a row's nvec vectors in tiles of up to 4
 // (NV a compile-time count, so each tile's accumulators stay in registers).
 template <typename Tile>
-inline void for_each_tile(int64_t nvec, const Tile& tile) {
+GNNFUSE_ALWAYS_INLINE void for_each_tile(int64_t nvec, const Tile& tile) {
   for (int64_t v0 = 0; v0 < nvec; v0 += 4) {
     const int64_t nv = std::min<int64_t>(4, nvec - v0);
     if (nv == 4) tile(v0, std::integral_constant<int, 4>{});
@@ -85,7 +86,7 @@ inline Vec64<float> edge_weight_lanes(const float* ce, int64_t h0, const LaneInd
 }
 
 template <int NV, bool kOneHead, typename Row>
-inline void weighted_tile(const Row& edges, const float* c, int64_t H, const HeadLanes& heads, int64_t v0,
+GNNFUSE_ALWAYS_INLINE void weighted_tile(const Row& edges, const float* c, int64_t H, const HeadLanes& heads, int64_t v0,
                           const float* rows, int64_t width, float* acc, const float* scale) {
   constexpr int64_t L = kLanes<float>;
   constexpr int kLines = NV < kPrefetchLines ? NV : kPrefetchLines;
@@ -115,7 +116,7 @@ inline void weighted_tile(const Row& edges, const float* c, int64_t H, const Hea
 // call only where register_tiles_fit. c holds n * H weights and kWeightPad readable entries past
 // them (the lane shuffle loads a whole vector of an edge's weights).
 template <typename Row>
-inline void weighted_row_sum(const Row& edges, const float* c, int64_t H, const HeadLanes& heads, const float* rows,
+GNNFUSE_ALWAYS_INLINE void weighted_row_sum(const Row& edges, const float* c, int64_t H, const HeadLanes& heads, const float* rows,
                              float* acc, const float* scale = nullptr) {
   const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
   for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
@@ -170,7 +171,7 @@ inline void fold_heads(Vec64<float>* p, const LaneIndex* lo, const LaneIndex* hi
 
 // kLevels < 0: a head spans whole vectors (dots must start at 0; partial sums are added).
 template <int NV, int kLevels, typename Row, typename Op>
-inline void head_dot_tile(const Row& edges, const float* rows, int64_t width, const float* fixed, int64_t H,
+GNNFUSE_ALWAYS_INLINE void head_dot_tile(const Row& edges, const float* rows, int64_t width, const float* fixed, int64_t H,
                           const HeadLanes& heads, int64_t v0, float* dots, const Op& op) {
   constexpr int64_t L = kLanes<float>;
   constexpr int kLines = NV < kPrefetchLines ? NV : kPrefetchLines;
@@ -202,7 +203,7 @@ inline void head_dot_tile(const Row& edges, const float* rows, int64_t width, co
 
 // dots[0 : n*H] as above; call only where register_tiles_fit.
 template <typename Row, typename Op>
-inline void head_dots(const Row& edges, const float* rows, const float* fixed, int64_t H, const HeadLanes& heads,
+GNNFUSE_ALWAYS_INLINE void head_dots(const Row& edges, const float* rows, const float* fixed, int64_t H, const HeadLanes& heads,
                       float* dots, const Op& op) {
   const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
   if (heads.one_head) std::fill(dots, dots + edges.size() * H, 0.0f);
@@ -289,6 +290,24 @@ inline void leaky_grad_row(const EdgeList&, const float*, int64_t, const HeadLan
                            const float*, float, float*, float*) {}
 #endif
 
+// A head vector repeated over a 16-lane vector (16 / HH copies), and the k-th HH lanes of one.
+template <int HH, size_t... I>
+inline Vec64<float> repeat_heads(const HeadVec<HH>& m, std::index_sequence<I...>) {
+  if constexpr (HH == 1) return Vec64<float>{} + m[0];
+  else if constexpr (HH == kLanes<float>) return m;
+  else return __builtin_shufflevector(m, m, int(I % HH)...);
+}
+template <int HH, int K, size_t... I>
+inline HeadVec<HH> heads_part(const Vec64<float>& p, std::index_sequence<I...>) {
+  if constexpr (HH == 1) return HeadVec<1>{p[K]};
+  else if constexpr (HH == kLanes<float>) return p;
+  else return __builtin_shufflevector(p, p, int(K * HH + I)...);
+}
+template <int HH, size_t... K>
+inline void add_parts(HeadVec<HH>& z, const Vec64<float>& p, std::index_sequence<K...>) {
+  ((z += heads_part<HH, int(K)>(p, std::make_index_sequence<HH>{})), ...);  // in edge order
+}
+
 // w[0 : n*H] (the row's logits, edge after edge) -> exp(w - m), m the per-head max; returns the
 // per-head sums z. The exps run on 16-lane vectors, 16 / H edges a vector (the lanes past n*H
 // are set to -inf: their exp is 0 and they add nothing); z adds the edges one after another, as
@@ -296,21 +315,15 @@ inline void leaky_grad_row(const EdgeList&, const float*, int64_t, const HeadLan
 template <int HH>
 inline HeadVec<HH> softmax_weights(float* w, int64_t n, const HeadVec<HH>& m) {
   using HV = HeadVec<HH>;
-  constexpr int64_t L = kLanes<float>, kPer = L / HH;  // edges a vector
-  Vec64<float> mm;
-  for (int64_t k = 0; k < kPer; ++k) std::memcpy(reinterpret_cast<char*>(&mm) + k * sizeof(HV), &m, sizeof(HV));
+  constexpr int64_t L = kLanes<float>;
+  const Vec64<float> mm = repeat_heads<HH>(m, std::make_index_sequence<L>{});
   const int64_t total = n * HH;
   for (int64_t q = total; q < (total + L - 1) / L * L; ++q) w[q] = -std::numeric_limits<float>::infinity();
   HV z = HV{};
   for (int64_t q = 0; q < total; q += L) {
     const Vec64<float> p = exp_vec(load_vec(w + q) - mm);
     store_vec(w + q, p);
-#pragma GCC unroll 16
-    for (int64_t k = 0; k < kPer; ++k) {
-      HV part;
-      std::memcpy(&part, reinterpret_cast<const char*>(&p) + k * sizeof(HV), sizeof(HV));
-      z += part;
-    }
+    add_parts<HH>(z, p, std::make_index_sequence<L / HH>{});
   }
   return z;
 }

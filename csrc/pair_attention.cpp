@@ -311,6 +311,19 @@ inline void pair_logits(const Pair& A, const Row& edges, const float* own, const
   else head_dots(edges, rows, own, A.P.H, heads, s, MulOp{});
 }
 
+// w[0 : n*H] *= scale; returns the per-head max.
+template <int HH>
+GNNFUSE_ALWAYS_INLINE HeadVec<HH> scale_row_logits(float* __restrict w, const int64_t n, const float scale) {
+  using HV = HeadVec<HH>;
+  HV m = HV{} - std::numeric_limits<float>::infinity();
+  for (int64_t e = 0; e < n; ++e) {
+    const HV s = load_heads<HH>(w + e * HH) * scale;
+    store_heads<HH>(w + e * HH, s);
+    m = s > m ? s : m;
+  }
+  return m;
+}
+
 template <typename index_t, int HH>
 void forward_tiles(const Pair& A, const float* q, const float* k, const float* v, const float* att,
                    const index_t* rowptr, const index_t* col, float* out, float* m_out, float* z_out) {
@@ -329,12 +342,7 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
       const int64_t n = row.size();
       float* w = row_buffer(S.w, n * H);
       pair_logits(A, row, q + i * HF, k, att, heads, w);
-      HV m = HV{} - std::numeric_limits<float>::infinity();
-      for (int64_t e = 0; e < n; ++e) {
-        const HV s = load_heads<HH>(w + e * H) * scale;
-        store_heads<HH>(w + e * H, s);
-        m = s > m ? s : m;
-      }
+      const HV m = scale_row_logits<HH>(w, n, scale);
       finish_row_tiles<HH>(P, S, row, w, m, heads, v, out + i * HF, m_out + i * H, z_out + i * H);
     }
   });

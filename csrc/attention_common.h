@@ -187,13 +187,20 @@ struct CsrRow {
   int64_t other(int64_t e) const { return e < n ? int64_t(nbr[e]) : node; }
   int64_t pos(int64_t e) const { return ids ? ids[e] : begin + e; }  // a real edge's CSR position
   int64_t id(int64_t e) const { return e < n ? pos(e) : loop_id; }
+  // kLines lines, or the whole row where it is longer: the tile kernels walk a wide row's edges
+  // once per tile of 4 vectors, so each tile after the first reads further into the same rows.
   template <int kLines, typename T>
   void prefetch_ahead(const T* rows, int64_t width, int64_t e) const {
     const int64_t q = begin + e + ahead;
     if (q < stream_end) {
       const char* c = reinterpret_cast<const char*>(rows + int64_t(col[q]) * width);
+      const int64_t bytes = width * int64_t(sizeof(T));
+      if (bytes <= 64 * kLines) {
 #pragma GCC unroll 4
-      for (int l = 0; l < kLines; ++l) __builtin_prefetch(c + 64 * l, 0, 3);
+        for (int l = 0; l < kLines; ++l) __builtin_prefetch(c + 64 * l, 0, 3);
+      } else {
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+      }
     }
   }
 };

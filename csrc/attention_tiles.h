@@ -171,7 +171,7 @@ inline void fold_heads(Vec64<float>* p, const LaneIndex* lo, const LaneIndex* hi
 
 // kLevels < 0: a head spans whole vectors (dots must start at 0; partial sums are added).
 template <int NV, int kLevels, typename Row, typename Op>
-GNNFUSE_ALWAYS_INLINE void head_dot_tile(const Row& edges, const float* rows, int64_t width, const float* fixed, int64_t H,
+inline void head_dot_tile(const Row& edges, const float* rows, int64_t width, const float* fixed, int64_t H,
                           const HeadLanes& heads, int64_t v0, float* dots, const Op& op) {
   constexpr int64_t L = kLanes<float>;
   constexpr int kLines = NV < kPrefetchLines ? NV : kPrefetchLines;
@@ -203,7 +203,7 @@ GNNFUSE_ALWAYS_INLINE void head_dot_tile(const Row& edges, const float* rows, in
 
 // dots[0 : n*H] as above; call only where register_tiles_fit.
 template <typename Row, typename Op>
-GNNFUSE_ALWAYS_INLINE void head_dots(const Row& edges, const float* rows, const float* fixed, int64_t H, const HeadLanes& heads,
+inline void head_dots(const Row& edges, const float* rows, const float* fixed, int64_t H, const HeadLanes& heads,
                       float* dots, const Op& op) {
   const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
   if (heads.one_head) std::fill(dots, dots + edges.size() * H, 0.0f);

@@ -24,6 +24,8 @@ import hashlib
 import math
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -90,6 +92,19 @@ def kernel_calls(ext, layer: str, csr, transpose, nodes: int, heads: int, width:
             lambda: ext.pair_backward(grad, out, m, z, *args, *transpose, *scalars, needs))
 
 
+def source_commit() -> str:
+    """The checkout's commit (with '+changes' when its csrc/ or benchmarks/ differ from it), or 'unknown'."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        status = ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "csrc", "benchmarks"]
+        dirty = subprocess.run(status, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
 def max_difference(a, b) -> float:
     a = a if isinstance(a, (tuple, list)) else (a,)
     b = b if isinstance(b, (tuple, list)) else (b,)
@@ -124,7 +139,8 @@ def main(argv=None):
     parser.add_argument("--clock", choices=("cpu", "wall"), help="default: cpu at one thread, else wall")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--tag", default="", help="suffix of the result name, e.g. loaded")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="directory for the result files (none: print only)")
+    parser.add_argument("--notes", default="", help="text for the result file, above the table")
     args = parser.parse_args(argv)
     clock = args.clock or ("cpu" if args.threads == 1 else "wall")
     torch.set_num_threads(args.threads)
@@ -168,6 +184,8 @@ def main(argv=None):
             rows.append(row)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **machine("cpu"),
+            "command": " ".join(["python -m benchmarks.bench_attention_cpu", *(sys.argv[1:] if argv is None else argv)]),
+            "commit": source_commit(),
             "threads": args.threads, "clock": "thread CPU time" if clock == "cpu" else "wall",
             "rounds": args.rounds, "baseline": str(args.baseline) if args.baseline else "none",
             "load_average_before": tuple(round(v, 2) for v in load_before),
@@ -175,7 +193,7 @@ def main(argv=None):
     columns = list(rows[0]) if rows else []
     name = f"attention-cpu-kernels_cpu-{args.threads}t_{time.strftime('%Y-%m-%d')}" + (f"_{args.tag}" if args.tag else "")
     if args.out:
-        print(save_results(name, meta, rows, columns, args.out))
+        print(save_results(name, meta, rows, columns, args.out, notes=args.notes))
     return rows
 
 

@@ -124,6 +124,34 @@ inline HeadVec<HH> gat_logit(const HeadVec<HH>& a_node, const float* a_other, in
   return s;
 }
 
+// w[e*H : (e+1)*H] = leaky_relu of the row's logits (edge n: the virtual loop, if any); returns
+// their per-head max. (Arguments by value: GCC then keeps the walk and the max in registers.)
+template <int HH, typename index_t>
+GNNFUSE_ALWAYS_INLINE HeadVec<HH> gat_row_logits(const CsrRow<index_t> row, const HeadVec<HH> ad,
+                                                 const float* __restrict a_src, const float* __restrict a_edge,
+                                                 const float* __restrict a_loop, const float slope,
+                                                 float* __restrict w) {
+  using HV = HeadVec<HH>;
+  constexpr int64_t H = HH;
+  HV m = HV{} - std::numeric_limits<float>::infinity();
+  for (int64_t e = 0; e < row.n; ++e) {
+    row.template prefetch_ahead<1>(a_src, H, e);
+    HV s = ad + load_heads<HH>(a_src + int64_t(row.nbr[e]) * H);
+    if (a_edge) s += load_heads<HH>(a_edge + row.pos(e) * H);
+    const HV a = lrelu_heads<HH>(s, slope);
+    store_heads<HH>(w + e * H, a);
+    m = a > m ? a : m;
+  }
+  if (row.count > row.n) {  // the virtual self loop
+    HV s = ad + load_heads<HH>(a_src + row.node * H);
+    if (a_loop) s += load_heads<HH>(a_loop + row.node * H);
+    const HV a = lrelu_heads<HH>(s, slope);
+    store_heads<HH>(w + row.n * H, a);
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
 template <typename index_t, int HH>
 void forward_tiles(const Params& P, const float* x, const float* a_src, const float* a_dst, const float* a_edge,
                    const float* a_loop, const index_t* rowptr, const index_t* col, float* out, float* m_out,
@@ -132,24 +160,16 @@ void forward_tiles(const Params& P, const float* x, const float* a_src, const fl
   const int64_t H = HH, F = P.F, HF = H * F;
   const HeadLanes heads(H, F);
   const float slope = float(P.slope);
+  const int64_t ahead = prefetch_ahead(HF * int64_t(sizeof(float)));
   parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
-    std::vector<float> acc(HF);
     Scratch<float> S;
+    RowCopy<index_t> copy;
+    const int64_t stream_end = rowptr[r1];
     for (int64_t i = r0; i < r1; ++i) {
-      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, x, HF);
-      prefetch_next_row(rowptr, col, i + 1, r1, x, HF, a_src, H);
-      const int64_t n = S.edges.size();
-      float* w = row_buffer(S.w, n * H);
-      const HV ad = load_heads<HH>(a_dst + i * H);
-      const float* loop_row = a_loop ? a_loop + i * H : nullptr;
-      HV m = HV{} - std::numeric_limits<float>::infinity();
-      for (int64_t e = 0; e < n; ++e) {
-        if (e + kAhead < n) __builtin_prefetch(a_src + S.edges[e + kAhead].other * H, 0, 1);
-        const HV a = lrelu_heads<HH>(gat_logit<HH>(ad, a_src, H, S.edges[e], a_edge, loop_row), slope);
-        store_heads<HH>(w + e * H, a);
-        m = a > m ? a : m;
-      }
-      finish_row_tiles<HH>(P, S, w, m, heads, x, F, acc.data(), out + i * HF, m_out + i * H, z_out + i * H);
+      const CsrRow<index_t> row = csr_row(P, rowptr, col, i, stream_end, ahead, copy);
+      float* w = row_buffer(S.w, row.count * H);
+      const HV m = gat_row_logits<HH>(row, load_heads<HH>(a_dst + i * H), a_src, a_edge, a_loop, slope, w);
+      finish_row_tiles<HH>(P, S, row, w, m, heads, x, out + i * HF, m_out + i * H, z_out + i * H);
     }
   });
 }

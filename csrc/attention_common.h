@@ -14,6 +14,14 @@
 #include "dropout_hash.h"
 #include "reducer.h"
 
+// The tile kernels' row helpers are inlined into each kernel (left to itself GCC calls some of them
+// once per row and tile through the PLT, and keeps their state in memory).
+#if defined(__GNUC__)
+#define GNNFUSE_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define GNNFUSE_ALWAYS_INLINE inline
+#endif
+
 namespace gnnfuse {
 namespace attention_detail {
 
@@ -137,6 +145,11 @@ class EdgeList {
   void push_back(const Edge& e) { buf_[n_++] = e; }  // within what reserve() made room for
   int64_t size() const { return n_; }
   const Edge& operator[](int64_t i) const { return buf_[i]; }
+  // The row walk the tile kernels take (attention_tiles.h; CsrRow is the other): edge e's other
+  // endpoint, and a prefetch of the rows (width `width`) read kAhead edges further on in this row.
+  int64_t other(int64_t e) const { return buf_[e].other; }
+  template <int kLines, typename T>
+  void prefetch_ahead(const T* rows, int64_t width, int64_t e) const;
 
  private:
   std::vector<Edge> buf_;
@@ -151,6 +164,74 @@ template <typename scalar_t>
 inline void prefetch_row(const scalar_t* row, int64_t elems) {
   const char* c = reinterpret_cast<const char*>(row);
   for (int64_t b = 0; b < elems * int64_t(sizeof(scalar_t)); b += 64) __builtin_prefetch(c + b, 0, 1);
+}
+
+template <int kLines, typename T>
+void EdgeList::prefetch_ahead(const T* rows, int64_t width, int64_t e) const {
+  if (e + kAhead < n_) prefetch_row(rows + buf_[e + kAhead].other * width, width);
+}
+
+// A target row's incoming edges as the tile forwards walk them, read in place from the CSR (no
+// per-edge copy): edges 0 .. n-1 are nbr[0 : n) at CSR positions begin + e (their dropout ids;
+// a row with self loops to skip walks a compacted copy that keeps its positions in ids), then,
+// with self loops, the virtual loop (other = node) as edge n. The rows the walk reads are
+// prefetched as the sum kernel does (row_tiles.h): `ahead` edges further on in CSR order, across
+// row boundaries up to stream_end (the end of the thread's rows), the first lines of each row.
+template <typename index_t>
+struct CsrRow {
+  const index_t* col;  // the whole CSR's neighbours: the prefetch stream
+  const index_t* nbr;  // this row's walked edges
+  const int64_t* ids;  // nullptr: edge e sits at CSR position begin + e
+  int64_t begin, n, count, node, loop_id, stream_end, ahead;
+  int64_t size() const { return count; }
+  int64_t other(int64_t e) const { return e < n ? int64_t(nbr[e]) : node; }
+  int64_t pos(int64_t e) const { return ids ? ids[e] : begin + e; }  // a real edge's CSR position
+  int64_t id(int64_t e) const { return e < n ? pos(e) : loop_id; }
+  // kLines lines, or the whole row where it is longer: the tile kernels walk a wide row's edges
+  // once per tile of 4 vectors, so each tile after the first reads further into the same rows.
+  template <int kLines, typename T>
+  void prefetch_ahead(const T* rows, int64_t width, int64_t e) const {
+    const int64_t q = begin + e + ahead;
+    if (q < stream_end) {
+      const char* c = reinterpret_cast<const char*>(rows + int64_t(col[q]) * width);
+      const int64_t bytes = width * int64_t(sizeof(T));
+      if (bytes <= 64 * kLines) {
+#pragma GCC unroll 4
+        for (int l = 0; l < kLines; ++l) __builtin_prefetch(c + 64 * l, 0, 3);
+      } else {
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+      }
+    }
+  }
+};
+
+// Where a row with self loops to skip keeps its compacted edges (rare: most graphs have none).
+template <typename index_t>
+struct RowCopy {
+  std::vector<index_t> nbr;
+  std::vector<int64_t> ids;
+};
+
+// Row `node` of (rowptr, col) as a CsrRow (see there); the prefetch stream runs `ahead` edges on,
+// up to stream_end.
+template <typename index_t>
+inline CsrRow<index_t> csr_row(const Params& P, const index_t* rowptr, const index_t* col, int64_t node,
+                               int64_t stream_end, int64_t ahead, RowCopy<index_t>& copy) {
+  const int64_t begin = rowptr[node], n = int64_t(rowptr[node + 1]) - begin;
+  CsrRow<index_t> row{col, col + begin, nullptr, begin, n, n, node, P.num_edges + node, stream_end, ahead};
+  if (P.self_loops) {
+    bool self = false;
+    for (int64_t e = 0; e < n; ++e) self |= int64_t(row.nbr[e]) == node;
+    if (self) {
+      copy.nbr.resize(n), copy.ids.resize(n);
+      int64_t kept = 0;
+      for (int64_t e = 0; e < n; ++e)
+        if (int64_t(row.nbr[e]) != node) copy.nbr[kept] = row.nbr[e], copy.ids[kept++] = begin + e;
+      row.nbr = copy.nbr.data(), row.ids = copy.ids.data(), row.n = kept;
+    }
+  }
+  row.count = row.n + (node < P.num_loops ? 1 : 0);
+  return row;
 }
 
 // The edges of `node`'s row in (ptr, nbr[, pos]): the graph (targets) or its transpose (sources).
@@ -235,6 +316,10 @@ void dispatch_heads(int64_t H, Fn&& fn) {
   else fn(std::integral_constant<int, 1>{});  // only where head_vectors_fit
 }
 
+inline int64_t edge_id(const EdgeList& edges, int64_t e) { return edges[e].id; }
+template <typename index_t>
+inline int64_t edge_id(const CsrRow<index_t>& row, int64_t e) { return row.id(e); }
+
 template <typename acc_t>
 struct Scratch {
   EdgeList edges;
@@ -249,8 +334,10 @@ struct Scratch {
   // dropped (dropout_keep's mask, bit for bit), for the whole row at once: the counters first,
   // then the hash in one loop over n * H lanes that the compiler vectorises (computed per (edge,
   // head) inside the kernels' loops it ran scalar and cost more than the softmax).
-  void fill_keep(const Params& P, int64_t H) {
-    const int64_t n = edges.size();
+  void fill_keep(const Params& P, int64_t H) { fill_keep(P, H, edges); }
+  template <typename Row>  // EdgeList or CsrRow: edge e's dropout id is row[e].id or row.id(e)
+  void fill_keep(const Params& P, int64_t H, const Row& row) {
+    const int64_t n = row.size();
     keep.resize(n * H);
     const acc_t kept = acc_t(P.scale);
     if (P.threshold == 0) {
@@ -259,7 +346,7 @@ struct Scratch {
     }
     counter.resize(n * H);
     for (int64_t e = 0; e < n; ++e)
-      for (int64_t h = 0; h < H; ++h) counter[e * H + h] = uint32_t(edges[e].id) * uint32_t(H) + uint32_t(h);
+      for (int64_t h = 0; h < H; ++h) counter[e * H + h] = uint32_t(edge_id(row, e)) * uint32_t(H) + uint32_t(h);
     const uint32_t seed = P.seed, threshold = P.threshold;
     const uint32_t* c = counter.data();
     acc_t* k = keep.data();

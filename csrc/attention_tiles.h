@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attention_common.h"
@@ -67,7 +68,7 @@ struct HeadLanes {
 // Calls tile(v0, std::integral_constant<int, NV>{}) over a row's nvec vectors in tiles of up to 4
 // (NV a compile-time count, so each tile's accumulators stay in registers).
 template <typename Tile>
-inline void for_each_tile(int64_t nvec, const Tile& tile) {
+GNNFUSE_ALWAYS_INLINE void for_each_tile(int64_t nvec, const Tile& tile) {
   for (int64_t v0 = 0; v0 < nvec; v0 += 4) {
     const int64_t nv = std::min<int64_t>(4, nvec - v0);
     if (nv == 4) tile(v0, std::integral_constant<int, 4>{});
@@ -84,19 +85,20 @@ inline Vec64<float> edge_weight_lanes(const float* ce, int64_t h0, const LaneInd
   else return __builtin_shuffle(load_vec(ce + h0), lane);
 }
 
-template <int NV, bool kOneHead>
-inline void weighted_tile(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads, int64_t v0,
-                          const float* rows, int64_t width, float* acc) {
+template <int NV, bool kOneHead, typename Row>
+GNNFUSE_ALWAYS_INLINE void weighted_tile(const Row& edges, const float* c, int64_t H, const HeadLanes& heads, int64_t v0,
+                          const float* rows, int64_t width, float* acc, const float* scale) {
   constexpr int64_t L = kLanes<float>;
+  constexpr int kLines = NV < kPrefetchLines ? NV : kPrefetchLines;
   const int64_t f0 = v0 * L;
+  const int64_t* h0 = heads.first.data() + v0;
+  const LaneIndex* lane = heads.lane.data() + v0;
   Vec64<float> a[NV];
-  int64_t h0[NV];
-  LaneIndex lane[NV];
-  for (int v = 0; v < NV; ++v) a[v] = Vec64<float>{}, h0[v] = heads.first[v0 + v], lane[v] = heads.lane[v0 + v];
+  for (int v = 0; v < NV; ++v) a[v] = Vec64<float>{};
   const int64_t n = edges.size();
   for (int64_t e = 0; e < n; ++e) {
-    if (f0 == 0 && e + kAhead < n) prefetch_row(rows + edges[e + kAhead].other * width, width);
-    const float* x = rows + edges[e].other * width + f0;
+    if (f0 == 0) edges.template prefetch_ahead<kLines>(rows, width, e);
+    const float* x = rows + edges.other(e) * width + f0;
     const float* ce = c + e * H;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
@@ -104,19 +106,23 @@ inline void weighted_tile(const EdgeList& edges, const float* c, int64_t H, cons
       a[v] += cv * load_vec(x + v * L);
     }
   }
+  if (scale)
+    for (int v = 0; v < NV; ++v) a[v] *= edge_weight_lanes<kOneHead>(scale, h0[v], lane[v]);
   for (int v = 0; v < NV; ++v) store_vec(acc + f0 + v * L, a[v]);
 }
 
-// acc[0 : H*F] = the row's weighted sum (see the top of the file); call only where
-// register_tiles_fit. c holds n * H weights and kWeightPad readable entries past them
-// (the lane shuffle loads a whole vector of an edge's weights).
-inline void weighted_row_sum(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads,
-                             const float* rows, float* acc) {
+// acc[0 : H*F] = the row's weighted sum (see the top of the file), each head's part times
+// scale[h] where scale is given (it then needs kWeightPad readable entries past its H, as c);
+// call only where register_tiles_fit. c holds n * H weights and kWeightPad readable entries past
+// them (the lane shuffle loads a whole vector of an edge's weights).
+template <typename Row>
+GNNFUSE_ALWAYS_INLINE void weighted_row_sum(const Row& edges, const float* c, int64_t H, const HeadLanes& heads, const float* rows,
+                             float* acc, const float* scale = nullptr) {
   const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
   for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
     constexpr int NV = decltype(nv_c)::value;
-    if (heads.one_head) weighted_tile<NV, true>(edges, c, H, heads, v0, rows, width, acc);
-    else weighted_tile<NV, false>(edges, c, H, heads, v0, rows, width, acc);
+    if (heads.one_head) weighted_tile<NV, true>(edges, c, H, heads, v0, rows, width, acc, scale);
+    else weighted_tile<NV, false>(edges, c, H, heads, v0, rows, width, acc, scale);
   });
 }
 
@@ -164,19 +170,18 @@ inline void fold_heads(Vec64<float>* p, const LaneIndex* lo, const LaneIndex* hi
 }
 
 // kLevels < 0: a head spans whole vectors (dots must start at 0; partial sums are added).
-template <int NV, int kLevels, typename Op>
-inline void head_dot_tile(const EdgeList& edges, const float* rows, int64_t width, const float* fixed, int64_t H,
+template <int NV, int kLevels, typename Row, typename Op>
+inline void head_dot_tile(const Row& edges, const float* rows, int64_t width, const float* fixed, int64_t H,
                           const HeadLanes& heads, int64_t v0, float* dots, const Op& op) {
   constexpr int64_t L = kLanes<float>;
+  constexpr int kLines = NV < kPrefetchLines ? NV : kPrefetchLines;
   const int64_t f0 = v0 * L, h0 = heads.first[v0];
   Vec64<float> b[NV];
   for (int v = 0; v < NV; ++v) b[v] = load_vec(fixed + f0 + v * L);
-  LaneIndex lo[4], hi[4];
-  for (int k = 0; k < 4; ++k) lo[k] = heads.lo[k], hi[k] = heads.hi[k];
   const int64_t n = edges.size();
   for (int64_t e = 0; e < n; ++e) {
-    if (f0 == 0 && e + kAhead < n) prefetch_row(rows + edges[e + kAhead].other * width, width);
-    const float* x = rows + edges[e].other * width + f0;
+    if (f0 == 0) edges.template prefetch_ahead<kLines>(rows, width, e);
+    const float* x = rows + edges.other(e) * width + f0;
     float* d = dots + e * H;
     Vec64<float> p[NV];
 #pragma GCC unroll 4
@@ -184,7 +189,7 @@ inline void head_dot_tile(const EdgeList& edges, const float* rows, int64_t widt
     if constexpr (kLevels < 0) {
       for (int v = 0; v < NV; ++v) d[heads.first[v0 + v]] += lane_sum(p[v]);
     } else {
-      fold_heads<NV, kLevels>(p, lo, hi);
+      fold_heads<NV, kLevels>(p, heads.lo, heads.hi);
       constexpr int kHeads = (NV * L) >> kLevels;  // heads in this tile, all of them whole
       constexpr int kOut = (kHeads + L - 1) / L;
       for (int k = 0; k < kOut; ++k) {
@@ -197,8 +202,8 @@ inline void head_dot_tile(const EdgeList& edges, const float* rows, int64_t widt
 }
 
 // dots[0 : n*H] as above; call only where register_tiles_fit.
-template <typename Op>
-inline void head_dots(const EdgeList& edges, const float* rows, const float* fixed, int64_t H, const HeadLanes& heads,
+template <typename Row, typename Op>
+inline void head_dots(const Row& edges, const float* rows, const float* fixed, int64_t H, const HeadLanes& heads,
                       float* dots, const Op& op) {
   const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
   if (heads.one_head) std::fill(dots, dots + edges.size() * H, 0.0f);
@@ -232,8 +237,8 @@ inline void leaky_grad_tile(const EdgeList& edges, const float* c, int64_t H, co
   }
   const int64_t n = edges.size();
   for (int64_t e = 0; e < n; ++e) {
-    if (f0 == 0 && e + kAhead < n) prefetch_row(rows + edges[e + kAhead].other * width, width);
-    const float* x = rows + edges[e].other * width + f0;
+    if (f0 == 0) edges.template prefetch_ahead<kPrefetchLines>(rows, width, e);
+    const float* x = rows + edges.other(e) * width + f0;
     const float* ce = c + e * H;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
@@ -276,41 +281,76 @@ struct LeakyAttOp {
   const float* att;
   float slope;
 };
-inline void weighted_row_sum(const EdgeList&, const float*, int64_t, const HeadLanes&, const float*, float*) {}
-template <typename Op>
-inline void head_dots(const EdgeList&, const float*, const float*, int64_t, const HeadLanes&, float*, const Op&) {}
+template <typename Row>
+inline void weighted_row_sum(const Row&, const float*, int64_t, const HeadLanes&, const float*, float*,
+                             const float* = nullptr) {}
+template <typename Row, typename Op>
+inline void head_dots(const Row&, const float*, const float*, int64_t, const HeadLanes&, float*, const Op&) {}
 inline void leaky_grad_row(const EdgeList&, const float*, int64_t, const HeadLanes&, const float*, const float*,
                            const float*, float, float*, float*) {}
 #endif
 
-// The end of a tile forward's row, shared by GAT and the pair attentions: w [n, H] holds the row's
-// logits (already scaled) and m their per-head max. Softmax weights (one exp per edge and head, z
-// their sum), dropout, the weighted sum of the value rows into acc, then out_row [H * F] and the
-// saved statistics m_row, z_row [H] (a row without edges: zeros).
+// A head vector repeated over a 16-lane vector (16 / HH copies), and the k-th HH lanes of one.
+template <int HH, size_t... I>
+inline Vec64<float> repeat_heads(const HeadVec<HH>& m, std::index_sequence<I...>) {
+  if constexpr (HH == 1) return Vec64<float>{} + m[0];
+  else if constexpr (HH == kLanes<float>) return m;
+  else return __builtin_shufflevector(m, m, int(I % HH)...);
+}
+template <int HH, int K, size_t... I>
+inline HeadVec<HH> heads_part(const Vec64<float>& p, std::index_sequence<I...>) {
+  if constexpr (HH == 1) return HeadVec<1>{p[K]};
+  else if constexpr (HH == kLanes<float>) return p;
+  else return __builtin_shufflevector(p, p, int(K * HH + I)...);
+}
+template <int HH, size_t... K>
+inline void add_parts(HeadVec<HH>& z, const Vec64<float>& p, std::index_sequence<K...>) {
+  ((z += heads_part<HH, int(K)>(p, std::make_index_sequence<HH>{})), ...);  // in edge order
+}
+
+// w[0 : n*H] (the row's logits, edge after edge) -> exp(w - m), m the per-head max; returns the
+// per-head sums z. The exps run on 16-lane vectors, 16 / H edges a vector (the lanes past n*H
+// are set to -inf: their exp is 0 and they add nothing); z adds the edges one after another, as
+// a loop over edges would. w needs kWeightPad writable entries past n*H (row_buffer).
 template <int HH>
-inline void finish_row_tiles(const Params& P, Scratch<float>& S, float* w, const HeadVec<HH>& m,
-                             const HeadLanes& heads, const float* values, int64_t F, float* acc, float* out_row,
-                             float* m_row, float* z_row) {
+inline HeadVec<HH> softmax_weights(float* w, int64_t n, const HeadVec<HH>& m) {
   using HV = HeadVec<HH>;
-  const int64_t n = S.edges.size(), H = HH;
+  constexpr int64_t L = kLanes<float>;
+  const Vec64<float> mm = repeat_heads<HH>(m, std::make_index_sequence<L>{});
+  const int64_t total = n * HH;
+  for (int64_t q = total; q < (total + L - 1) / L * L; ++q) w[q] = -std::numeric_limits<float>::infinity();
   HV z = HV{};
-  for (int64_t e = 0; e < n; ++e) {
-    const HV p = exp_vec(load_heads<HH>(w + e * H) - m);
-    store_heads<HH>(w + e * H, p);
-    z += p;
+  for (int64_t q = 0; q < total; q += L) {
+    const Vec64<float> p = exp_vec(load_vec(w + q) - mm);
+    store_vec(w + q, p);
+    add_parts<HH>(z, p, std::make_index_sequence<L / HH>{});
   }
+  return z;
+}
+
+// The end of a tile forward's row, shared by GAT and the pair attentions: w [n, H] holds the logits
+// (already scaled) of the row's edges (`row`, an EdgeList or CsrRow) and m their per-head max.
+// Softmax weights (one exp per edge and head, z their sum), dropout, the weighted sum of the value
+// rows times 1 / z into out_row [H * F], and the saved statistics m_row, z_row [H] (a row without
+// edges: zeros).
+template <int HH, typename Row>
+inline void finish_row_tiles(const Params& P, Scratch<float>& S, const Row& row, float* w, const HeadVec<HH>& m,
+                             const HeadLanes& heads, const float* values, float* out_row, float* m_row,
+                             float* z_row) {
+  using HV = HeadVec<HH>;
+  const int64_t n = row.size(), H = HH;
+  const HV z = softmax_weights<HH>(w, n, m);
   if (P.threshold) {
-    S.fill_keep(P, H);
+    S.fill_keep(P, H, row);
     const float* keep = S.keep.data();
 #pragma omp simd
     for (int64_t q = 0; q < n * H; ++q) w[q] *= keep[q];
   }
-  weighted_row_sum(S.edges, w, H, heads, values, acc);
-  const HV inv = z > HV{} ? (HV{} + 1.0f) / z : HV{};
+  float inv[HH + kWeightPad] = {};  // weighted_row_sum's scale reads whole vectors
+  store_heads<HH>(inv, z > HV{} ? (HV{} + 1.0f) / z : HV{});
+  weighted_row_sum(row, w, H, heads, values, out_row, inv);
   store_heads<HH>(m_row, z > HV{} ? m : HV{});
   store_heads<HH>(z_row, z);
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t f = 0; f < F; ++f) out_row[h * F + f] = acc[h * F + f] * inv[h];
 }
 
 }  // namespace attention_detail

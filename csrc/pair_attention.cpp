@@ -304,10 +304,24 @@ inline bool tiles_apply(const Pair& A, bool has_edge) {
 
 // s[e*H + h]: the logits (unscaled) of the walked row's edges, `own` being the walking row's
 // vector and `rows` the other endpoints' (the query and keys, or in the transpose the reverse).
-inline void pair_logits(const Pair& A, const EdgeList& edges, const float* own, const float* rows, const float* att,
+template <typename Row>
+inline void pair_logits(const Pair& A, const Row& edges, const float* own, const float* rows, const float* att,
                         const HeadLanes& heads, float* s) {
   if (A.gatv2) head_dots(edges, rows, own, A.P.H, heads, s, LeakyAttOp{att, float(A.P.slope)});
   else head_dots(edges, rows, own, A.P.H, heads, s, MulOp{});
+}
+
+// w[0 : n*H] *= scale; returns the per-head max.
+template <int HH>
+GNNFUSE_ALWAYS_INLINE HeadVec<HH> scale_row_logits(float* __restrict w, const int64_t n, const float scale) {
+  using HV = HeadVec<HH>;
+  HV m = HV{} - std::numeric_limits<float>::infinity();
+  for (int64_t e = 0; e < n; ++e) {
+    const HV s = load_heads<HH>(w + e * HH) * scale;
+    store_heads<HH>(w + e * HH, s);
+    m = s > m ? s : m;
+  }
+  return m;
 }
 
 template <typename index_t, int HH>
@@ -318,22 +332,18 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
   const int64_t H = HH, F = P.F, HF = H * F;
   const HeadLanes heads(H, F);
   const float scale = A.gatv2 ? 1.0f : float(A.qk_scale);
+  const int64_t ahead = prefetch_ahead(HF * int64_t(sizeof(float)));
   parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
-    std::vector<float> acc(HF);
     Scratch<float> S;
+    RowCopy<index_t> copy;
+    const int64_t stream_end = rowptr[r1];
     for (int64_t i = r0; i < r1; ++i) {
-      collect_edges(P, rowptr, col, static_cast<const index_t*>(nullptr), i, S.edges, k, HF);
-      prefetch_next_row(rowptr, col, i + 1, r1, k, HF, v, HF);
-      const int64_t n = S.edges.size();
+      const CsrRow<index_t> row = csr_row(P, rowptr, col, i, stream_end, ahead, copy);
+      const int64_t n = row.size();
       float* w = row_buffer(S.w, n * H);
-      pair_logits(A, S.edges, q + i * HF, k, att, heads, w);
-      HV m = HV{} - std::numeric_limits<float>::infinity();
-      for (int64_t e = 0; e < n; ++e) {
-        const HV s = load_heads<HH>(w + e * H) * scale;
-        store_heads<HH>(w + e * H, s);
-        m = s > m ? s : m;
-      }
-      finish_row_tiles<HH>(P, S, w, m, heads, v, F, acc.data(), out + i * HF, m_out + i * H, z_out + i * H);
+      pair_logits(A, row, q + i * HF, k, att, heads, w);
+      const HV m = scale_row_logits<HH>(w, n, scale);
+      finish_row_tiles<HH>(P, S, row, w, m, heads, v, out + i * HF, m_out + i * H, z_out + i * H);
     }
   });
 }

@@ -11,14 +11,18 @@ from ._tensor_cache import cached
 from .ops._library import resolve_backend
 
 ONE_OFF_REDUCES = ("sum", "mean", "max", "min")  # what the sort-free routes serve
+SMALL_OUTPUT_BYTES = 2 << 20  # CPU outputs up to this size always take the sort-free kernel (about the L2)
 
 
-def one_off_route(src, index, reduce, backend) -> str | None:
-    """The sort-free route this call takes, if any: the first call with this index (a later call
-    sorts it once and keeps the sort), for sum/mean/max/min of float32/64, outside torch.compile:
-    "atomic" on the Triton backend outside deterministic mode (gnnfuse/triton/scatter_atomic.py),
-    "unsorted" on the CPU one (csrc/scatter_unsorted.cpp, deterministic). The caller has checked
-    that no gradient, argmax or ``out=`` needs the sort."""
+def one_off_route(src, index, reduce, backend, out_numel: int) -> str | None:
+    """The sort-free route this call takes, if any, for sum/mean/max/min of float32/64 outside
+    torch.compile: "atomic" on the Triton backend outside deterministic mode
+    (gnnfuse/triton/scatter_atomic.py) and "unsorted" on the CPU one (csrc/scatter_unsorted.cpp,
+    deterministic), for the first call with this index (a later call sorts it once and keeps the
+    sort) -- and on CPU for every call whose output of ``out_numel`` values fits in
+    SMALL_OUTPUT_BYTES, where the sort-free kernel's scattered writes stay in cache and it beat the
+    cached sorted route (Cora, F=64, 2 threads: 0.07 against 0.14 ms; Facebook's 5.7 MB output:
+    6.5 against 5.4 ms). The caller has checked that no gradient, argmax or ``out=`` needs the sort."""
     if reduce not in ONE_OFF_REDUCES or src.dtype not in (torch.float32, torch.float64):
         return None
     if torch.compiler.is_compiling():
@@ -27,6 +31,8 @@ def one_off_route(src, index, reduce, backend) -> str | None:
     if backend == "triton" and not torch.are_deterministic_algorithms_enabled():
         route = "atomic"
     elif backend == "cpu" and _unsorted_kernel() is not None:
+        if out_numel * src.element_size() <= SMALL_OUTPUT_BYTES:
+            return "unsorted"
         route = "unsorted"
     else:
         return None

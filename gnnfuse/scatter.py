@@ -179,7 +179,7 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
 
     x = src.reshape(outer * E * (inner if F == 1 else 1), F)
     out_shape = shape[:dim] + [N] + shape[dim + 1:]
-    route = None if out is not None or need_transpose else _one_off_route(src, index, reduce, backend)
+    route = None if out is not None or need_transpose else _one_off_route(src, index, reduce, backend, T * F)
     if route is not None:
         if index.numel():
             lo, hi = torch.aminmax(index)

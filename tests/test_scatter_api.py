@@ -369,6 +369,7 @@ def test_one_off_index_takes_the_unsorted_route_on_cpu(reduce, dtype, monkeypatc
     calls = []
     real = one_off._unsorted_kernel()
     monkeypatch.setattr(one_off, "_unsorted_kernel", lambda: (lambda *a: calls.append(1) or real(*a)))
+    monkeypatch.setattr(one_off, "SMALL_OUTPUT_BYTES", 0)  # (small outputs take it on every call: below)
     g = torch.Generator().manual_seed(2)
     src = torch.randn(300, 5, generator=g, dtype=dtype)
     src[3, 0], src[7, 1], src[9, 2], src[11, 3] = float("nan"), float("inf"), -float("inf"), -0.0
@@ -401,6 +402,26 @@ def test_one_off_index_takes_the_unsorted_route_on_cpu(reduce, dtype, monkeypatc
     if reduce in ("max", "min"):
         S.scatter_max(src, index.clone(), 0, dim_size=11, backend="cpu")
     assert len(calls) == 7
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the C++ kernels run on CPU")
+def test_small_cpu_outputs_always_take_the_unsorted_route(monkeypatch):
+    """A CPU output of at most SMALL_OUTPUT_BYTES is scattered without a sort on every call (no sort
+    kept on the index); a larger one only on the first call with its index."""
+    one_off = importlib.import_module("gnnfuse._one_off_scatter")
+    calls = []
+    real = one_off._unsorted_kernel()
+    monkeypatch.setattr(one_off, "_unsorted_kernel", lambda: (lambda *a: calls.append(1) or real(*a)))
+    src, index = torch.randn(50, 4), torch.randint(0, 10, (50,))
+    want = torch.zeros(10, 4).index_add_(0, index, src)
+    for _ in range(3):
+        torch.testing.assert_close(S.scatter(src, index, 0, dim_size=10, backend="cpu"), want)
+    assert len(calls) == 3
+    monkeypatch.setattr(one_off, "SMALL_OUTPUT_BYTES", 10 * 4 * 4 - 1)  # one byte short of the output
+    index = index.clone()
+    for _ in range(3):
+        torch.testing.assert_close(S.scatter(src, index, 0, dim_size=10, backend="cpu"), want)
+    assert len(calls) == 4
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the C++ kernels run on CPU")

@@ -13,7 +13,7 @@ float32/float64 when nothing needs the sort (no gradient, no argmax, no ``out=``
 torch.compile: on the Triton backend, outside ``torch.use_deterministic_algorithms(True)``, an
 atomic kernel (gnnfuse/triton/scatter_atomic.py, as torch's ``scatter_reduce`` does; its sums may
 differ in the last bits from run to run); on CPU a deterministic C++ kernel in which each thread
-owns a range of targets (csrc/scatter_unsorted.cpp). A one-off index is never sorted. A second
+owns a range of targets (csrc/scatter_unsorted.cpp; also later calls with outputs <= 2 MB). A second
 call with the same index sorts it once and takes the deterministic cached route from then on.
 
 Semantics follow torch_scatter, including the broadcasting of ``index`` against ``src`` and

@@ -8,7 +8,10 @@ import torch
 
 from ._build import optional_extension
 from ._tensor_cache import cached
+from ._validate import device_assert
+from .constants import INDEX_DTYPES
 from .ops._library import resolve_backend
+from .reductions import ALIASES
 
 ONE_OFF_REDUCES = ("sum", "mean", "max", "min")  # what the sort-free routes serve
 SMALL_OUTPUT_BYTES = 2 << 20  # CPU outputs up to this size always take the sort-free kernel (about the L2)
@@ -44,9 +47,16 @@ def one_off_route(src, index, reduce, backend, out_numel: int) -> str | None:
 
 
 def _unsorted_kernel():
-    """csrc/scatter_unsorted.cpp's function, or None where the C++ extension cannot be built."""
-    ext = optional_extension("scatter", "one-off CPU scatter unavailable, sorting the index", stacklevel=5)
-    return None if ext is None else ext.scatter_unsorted
+    """csrc/scatter_unsorted.cpp's function (kept once loaded), or None where the C++ extension
+    cannot be built."""
+    global _KERNEL
+    if _KERNEL is None:
+        ext = optional_extension("scatter", "one-off CPU scatter unavailable, sorting the index", stacklevel=5)
+        _KERNEL = None if ext is None else ext.scatter_unsorted
+    return _KERNEL
+
+
+_KERNEL = None
 
 
 def scatter_one_off(route, x, targets, T, reduce):
@@ -56,3 +66,32 @@ def scatter_one_off(route, x, targets, T, reduce):
 
         return scatter_atomic.scatter(x, targets, T, reduce)
     return _unsorted_kernel()(x, targets, T, reduce)
+
+
+def rows_on_cpu(src, index, dim, dim_size, reduce, backend) -> torch.Tensor | None:
+    """The common call, ``scatter(msg [E, F], index [E], 0, dim_size=N)`` of float rows on CPU with
+    no gradient and a small output, straight to the sort-free kernel: the checks and reshapes of the
+    general path cost about as long as the kernel on a Cora-sized graph (2 threads: 50 of 120 us).
+    None when the call is not that one (the general path then handles it, errors included)."""
+    if not (type(src) is torch.Tensor and type(index) is torch.Tensor and src.dim() == 2 and index.dim() == 1):
+        return None
+    if dim not in (0, -2) or dim_size is None or src.requires_grad or src.device.type != "cpu":
+        return None
+    if src.dtype not in (torch.float32, torch.float64) or index.dtype not in INDEX_DTYPES:
+        return None
+    if index.device.type != "cpu" or index.shape[0] != src.shape[0] or not isinstance(dim_size, int):
+        return None
+    if dim_size * src.shape[1] * src.element_size() > SMALL_OUTPUT_BYTES or torch.compiler.is_compiling():
+        return None
+    reduce = ALIASES.get(reduce, reduce) if isinstance(reduce, str) else None
+    if reduce not in ONE_OFF_REDUCES:
+        return None
+    if (backend != "auto" and backend != "cpu") or resolve_backend(backend, src.device) != "cpu":
+        return None
+    kernel = _unsorted_kernel()
+    if kernel is None or dim_size < 0:
+        return None
+    if index.numel():
+        lo, hi = torch.aminmax(index)
+        device_assert((lo >= 0) & (hi < dim_size), "index contains values outside [0, dim_size)")
+    return kernel(src, index, dim_size, reduce)

@@ -35,7 +35,7 @@ import math
 
 import torch
 
-from ._one_off_scatter import one_off_route as _one_off_route, scatter_one_off as _scatter_one_off
+from . import _one_off_scatter as _one_off
 from ._tensor_cache import cached
 from ._validate import device_assert, require_tensor
 from .constants import INDEX_DTYPES, VALUE_DTYPES
@@ -179,7 +179,7 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
 
     x = src.reshape(outer * E * (inner if F == 1 else 1), F)
     out_shape = shape[:dim] + [N] + shape[dim + 1:]
-    route = None if out is not None or need_transpose else _one_off_route(src, index, reduce, backend, T * F)
+    route = None if out is not None or need_transpose else _one_off.one_off_route(src, index, reduce, backend, T * F)
     if route is not None:
         if index.numel():
             lo, hi = torch.aminmax(index)
@@ -187,7 +187,7 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
         # (the common case, dim 0: the index itself, int32 or int64, with no copy)
         one_row_each = rows_share_index and outer == 1 and index.numel() == E
         targets = index.reshape(-1) if one_row_each else flat_targets()
-        return _scatter_one_off(route, x.contiguous(), targets, T, reduce).reshape(out_shape), None
+        return _one_off.scatter_one_off(route, x.contiguous(), targets, T, reduce).reshape(out_shape), None
 
     # A repeated index (a GNN's edge index, layer after layer) is sorted once: the segments are
     # cached on the index tensor's memory like a graph's CSR (gnnfuse._tensor_cache: a write to the
@@ -230,7 +230,6 @@ def _fold_into(out, res, arg, counts, reduce, E):
         arg = torch.where(take, arg, E)
     return out, arg
 
-
 # ---- public API ----------------------------------------------------------------------------------
 def scatter(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: torch.Tensor | None = None,
             dim_size: int | None = None, reduce: str = "sum", *, backend: str = "auto") -> torch.Tensor:
@@ -245,7 +244,8 @@ def scatter(src: torch.Tensor, index: torch.Tensor, dim: int = -1, out: torch.Te
 
         out = gnnfuse.scatter(x, batch, dim=0, reduce="mean")   # [num_graphs, F] graph readout
     """
-    return _scatter_impl(src, index, dim, out, dim_size, reduce, backend, want_arg=False)[0]
+    fast = None if out is not None else _one_off.rows_on_cpu(src, index, dim, dim_size, reduce, backend)
+    return _scatter_impl(src, index, dim, out, dim_size, reduce, backend, want_arg=False)[0] if fast is None else fast
 
 
 def scatter_sum(src, index, dim=-1, out=None, dim_size=None, *, backend="auto"):

@@ -302,7 +302,9 @@ def test_repeated_index_is_sorted_once_and_a_write_invalidates(monkeypatch):
     src = torch.randn(6, 3, device=DEVICE)
     # count scatter's own sorts (the GPU kernel plan sorts rows by degree with torch.sort as well)
     scatter_module = importlib.import_module("gnnfuse.scatter")
-    monkeypatch.setattr(scatter_module, "_one_off_route", lambda *a: None)  # the sorted route
+    one_off = importlib.import_module("gnnfuse._one_off_scatter")  # the sorted route, on every backend
+    monkeypatch.setattr(one_off, "one_off_route", lambda *a: None)
+    monkeypatch.setattr(one_off, "rows_on_cpu", lambda *a: None)
     sorts = []
     real_sort = scatter_module._sorted_segments
     monkeypatch.setattr(scatter_module, "_sorted_segments", lambda *a, **k: sorts.append(1) or real_sort(*a, **k))

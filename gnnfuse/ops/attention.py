@@ -256,13 +256,19 @@ def checked_graph(x, num_dst: int, edge_index_or_csr, negative_slope, dropout, s
         raise ValueError(f"x has {x.shape[0]} rows but the graph has {csr.num_src} source nodes")
     if not isinstance(negative_slope, (int, float)):
         raise TypeError(f"negative_slope must be a float; got {type(negative_slope).__name__}")
+    return csr, dropout_seed(dropout, seed)
+
+
+def dropout_seed(dropout, seed) -> int:
+    """The checked dropout probability's seed: ``seed`` itself, or one drawn from torch's default
+    generator when None and dropout > 0 (0 without dropout). Shared with pair_attention's checks."""
     if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be a float in [0, 1); got {dropout!r}")
     if seed is None:
-        seed = int(torch.randint(0, SEED_BOUND - 1, ())) if dropout > 0 else 0
-    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_BOUND:
+        return int(torch.randint(0, SEED_BOUND - 1, ())) if dropout > 0 else 0
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_BOUND:
         raise ValueError(f"seed must be an int in [0, 2**31); got {seed!r}")
-    return csr, seed
+    return seed
 
 
 def _alpha(name, t, x, shape_ok, expected):

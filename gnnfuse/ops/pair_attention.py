@@ -39,11 +39,10 @@ import torch
 
 from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
-from ..constants import SEED_BOUND
 from ..csr import CSR, transpose_parts_of
 from ._library import resolve_backend, triton_kernel
 from ._opdef import OpDef
-from .attention import reference_edges, reference_softmax_sum, stats_dtype
+from .attention import dropout_seed, reference_edges, reference_softmax_sum, stats_dtype
 from .gather_scatter import _as_csr
 
 # q [N_dst, H, F], k and v [N_src, H, F], att [H, F] (GATv2 only), edge [E (+ loops), H, F] with perm
@@ -163,12 +162,7 @@ def _run(q, k, v, att, edge, graph, gatv2, slope, scale, dropout, seed, add_self
     csr = _as_csr(graph, k, q.shape[0])
     if csr.num_src > n_src:
         raise ValueError(f"the sources have {n_src} rows but the graph has {csr.num_src} source nodes")
-    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be a float in [0, 1); got {dropout!r}")
-    if seed is None:
-        seed = int(torch.randint(0, SEED_BOUND - 1, ())) if dropout > 0 else 0
-    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_BOUND:
-        raise ValueError(f"seed must be an int in [0, 2**31); got {seed!r}")
+    seed = dropout_seed(dropout, seed)
     num_loops = min(n_src, csr.num_dst) if add_self_loops else 0
     if edge is not None:
         edge = _features("edge_attr", edge)

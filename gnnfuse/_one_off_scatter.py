@@ -17,7 +17,7 @@ ONE_OFF_REDUCES = ("sum", "mean", "max", "min")  # what the sort-free routes ser
 SMALL_OUTPUT_BYTES = 2 << 20  # CPU outputs up to this size always take the sort-free kernel (about the L2)
 
 
-def one_off_route(src, index, reduce, backend, out_numel: int) -> str | None:
+def one_off_route(src, index, reduce, backend, out_numel: int, routes=("atomic", "unsorted")) -> str | None:
     """The sort-free route this call takes, if any, for sum/mean/max/min of float32/64 outside
     torch.compile: "atomic" on the Triton backend outside deterministic mode
     (gnnfuse/triton/scatter_atomic.py) and "unsorted" on the CPU one (csrc/scatter_unsorted.cpp,
@@ -25,7 +25,8 @@ def one_off_route(src, index, reduce, backend, out_numel: int) -> str | None:
     sort) -- and on CPU for every call whose output of ``out_numel`` values fits in
     SMALL_OUTPUT_BYTES, where the sort-free kernel's scattered writes stay in cache and it beat the
     cached sorted route (Cora, F=64, 2 threads: 0.07 against 0.14 ms; Facebook's 5.7 MB output:
-    6.5 against 5.4 ms). The caller has checked that no gradient, argmax or ``out=`` needs the sort."""
+    6.5 against 5.4 ms). The caller has checked that no gradient, argmax or ``out=`` needs the sort;
+    ``routes``: the ones it serves (any other gives None, with no use of the index counted)."""
     if reduce not in ONE_OFF_REDUCES or src.dtype not in (torch.float32, torch.float64):
         return None
     if torch.compiler.is_compiling():
@@ -38,6 +39,8 @@ def one_off_route(src, index, reduce, backend, out_numel: int) -> str | None:
             return "unsorted"
         route = "unsorted"
     else:
+        return None
+    if route not in routes:  # (a caller that serves only some routes: no use of the index counted)
         return None
     # (an index the cache cannot hold -- an inference tensor, a subclass -- gets a new [0] each call,
     # so it always takes the one-off route: it could never be served from a cached sort either)
@@ -59,8 +62,12 @@ def _unsorted_kernel():
 _KERNEL = None
 
 
-def scatter_one_off(route, x, targets, T, reduce):
-    """[T, F]: the rows of x [S, F] reduced into their targets [S] on ``route``."""
+def scatter_one_off(route, x, targets, T, reduce, index, N):
+    """[T, F]: the rows of x [S, F] reduced into their targets [S] on ``route``, after the check that
+    the caller's ``index`` lies in [0, N) (on the device: no host sync)."""
+    if index.numel():
+        lo, hi = torch.aminmax(index)
+        device_assert((lo >= 0) & (hi < N), "index contains values outside [0, dim_size)")
     if route == "atomic":
         from .triton import scatter_atomic  # lazy: Triton is only needed on GPU
 
@@ -70,28 +77,18 @@ def scatter_one_off(route, x, targets, T, reduce):
 
 def rows_on_cpu(src, index, dim, dim_size, reduce, backend) -> torch.Tensor | None:
     """The common call, ``scatter(msg [E, F], index [E], 0, dim_size=N)`` of float rows on CPU with
-    no gradient and a small output, straight to the sort-free kernel: the checks and reshapes of the
-    general path cost about as long as the kernel on a Cora-sized graph (2 threads: 50 of 120 us).
-    None when the call is not that one (the general path then handles it, errors included)."""
+    no gradient, straight to the sort-free kernel where :func:`one_off_route` takes it: the checks and
+    reshapes of the general path cost about as long as the kernel on a Cora-sized graph (2 threads:
+    50 of 120 us). None when the call is not that one (the general path then handles it, errors
+    included)."""
     if not (type(src) is torch.Tensor and type(index) is torch.Tensor and src.dim() == 2 and index.dim() == 1):
         return None
-    if dim not in (0, -2) or dim_size is None or src.requires_grad or src.device.type != "cpu":
+    if dim not in (0, -2) or not isinstance(dim_size, int) or dim_size < 0 or src.requires_grad:
         return None
-    if src.dtype not in (torch.float32, torch.float64) or index.dtype not in INDEX_DTYPES:
+    if src.device.type != "cpu" or index.device.type != "cpu" or index.shape[0] != src.shape[0]:
         return None
-    if index.device.type != "cpu" or index.shape[0] != src.shape[0] or not isinstance(dim_size, int):
-        return None
-    if dim_size * src.shape[1] * src.element_size() > SMALL_OUTPUT_BYTES or torch.compiler.is_compiling():
+    if index.dtype not in INDEX_DTYPES:
         return None
     reduce = ALIASES.get(reduce, reduce) if isinstance(reduce, str) else None
-    if reduce not in ONE_OFF_REDUCES:
-        return None
-    if (backend != "auto" and backend != "cpu") or resolve_backend(backend, src.device) != "cpu":
-        return None
-    kernel = _unsorted_kernel()
-    if kernel is None or dim_size < 0:
-        return None
-    if index.numel():
-        lo, hi = torch.aminmax(index)
-        device_assert((lo >= 0) & (hi < dim_size), "index contains values outside [0, dim_size)")
-    return kernel(src, index, dim_size, reduce)
+    route = one_off_route(src, index, reduce, backend, dim_size * src.shape[1], routes=("unsorted",))
+    return None if route is None else scatter_one_off(route, src, index, dim_size, reduce, index, dim_size)

@@ -148,7 +148,7 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
     reduce = _check(src, index, reduce)
     want_arg = want_arg or out is not None
     dim = _normalise_dim(dim, src.dim())
-    index = _broadcast_index(index, src, dim)
+    index, given = _broadcast_index(index, src, dim), index  # (uses of an index are counted on the given one)
     if index.dim() != src.dim():
         raise ValueError(f"index must have at most src's {src.dim()} dimensions; got {index.dim()}")
     shape = list(src.shape)
@@ -179,15 +179,12 @@ def _scatter_impl(src, index, dim, out, dim_size, reduce, backend, presorted=Fal
 
     x = src.reshape(outer * E * (inner if F == 1 else 1), F)
     out_shape = shape[:dim] + [N] + shape[dim + 1:]
-    route = None if out is not None or need_transpose else _one_off.one_off_route(src, index, reduce, backend, T * F)
+    route = None if out is not None or need_transpose else _one_off.one_off_route(src, given, reduce, backend, T * F)
     if route is not None:
-        if index.numel():
-            lo, hi = torch.aminmax(index)
-            device_assert((lo >= 0) & (hi < N), "index contains values outside [0, dim_size)")
         # (the common case, dim 0: the index itself, int32 or int64, with no copy)
         one_row_each = rows_share_index and outer == 1 and index.numel() == E
         targets = index.reshape(-1) if one_row_each else flat_targets()
-        return _one_off.scatter_one_off(route, x.contiguous(), targets, T, reduce).reshape(out_shape), None
+        return _one_off.scatter_one_off(route, x.contiguous(), targets, T, reduce, index, N).reshape(out_shape), None
 
     # A repeated index (a GNN's edge index, layer after layer) is sorted once: the segments are
     # cached on the index tensor's memory like a graph's CSR (gnnfuse._tensor_cache: a write to the

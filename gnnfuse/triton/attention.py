@@ -98,7 +98,7 @@ def _warps(be: int, hb: int, fb: int) -> int:
 def _knobs() -> tuple:
     """The backward's tile choices above, as functions: part of its cached setups' key, so that a
     benchmark or test swapping one of them (bench_attention.py's sweeps) gets a setup made with them.
-    (The forward's setups are keyed by _one_pass_config's answer.)"""
+    (The forward's setups are keyed by _forward_knobs.)"""
     return (_blocks, _warps)
 
 
@@ -173,13 +173,19 @@ def _one_pass_plan(rowptr, col, num_src, H, F, itemsize, pair=False) -> OnePass:
     return cached("attention-one-pass", (rowptr,), (num_src, H, F, itemsize, tuple(sorted(cfg.items()))), build)
 
 
+def _forward_knobs() -> tuple:
+    """The forward's plan choices (functions and limits of this module) as part of its setups' key:
+    a benchmark or test that swaps one (bench_attention.py's sweeps, benchmarks/gpu/attention_forward.py)
+    gets a setup made with it, without working the configuration out again on every call."""
+    return (_one_pass_config, _one_pass_rows, GROUP_MAX_DEGREE, FORWARD_SPLIT_EDGES, GROUP_TILE)
+
+
 def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: bool = False) -> ForwardSetup:
     """The forward's plan (_one_pass_plan), grid, constexprs and bound launches for this graph, the
     [N_src, H, F] ``features``' shape and dtype and the kernel's ``flags`` ((name, value) pairs),
     cached on rowptr (``kind``: the cache's name for ``kernel``, GAT's or the pair attention's)."""
     n_src, H, F = features.shape
     dtype = features.dtype
-    config = _one_pass_config(H, F, pair)  # (asked on every call: a swapped knob keys another setup)
 
     def build():
         plan = _one_pass_plan(rowptr, col, n_src, H, F, dtype.itemsize, pair)
@@ -188,7 +194,7 @@ def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: 
         return ForwardSetup(kernel, plan.wl, plan.short, plan.tasks, cdiv(H, plan.hb), meta,
                             dict(ACC=meta["ACC"], BK=32, HB=plan.hb, FB=plan.fb))
 
-    key = (n_src, H, F, dtype, col.dtype, col.shape[0], flags, pair, tuple(sorted(config.items())))
+    key = (n_src, H, F, dtype, col.dtype, col.shape[0], flags, pair, _forward_knobs())
     return cached(kind, (rowptr,), key, build)
 
 

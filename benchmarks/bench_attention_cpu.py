@@ -138,6 +138,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("cpu", "wall"), help="default: cpu at one thread, else wall")
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--forward-only", action="store_true", help="time the forwards and the sum only")
     parser.add_argument("--tag", default="", help="suffix of the result name, e.g. loaded")
     parser.add_argument("--out", type=Path, help="directory for the result files (none: print only)")
     parser.add_argument("--notes", default="", help="text for the result file, above the table")
@@ -163,8 +164,10 @@ def main(argv=None):
             fns, results = {}, {}
             for tag, ext in builds.items():
                 fwd, bwd = kernel_calls(ext, layer, csr, transpose, nodes, args.heads, args.width, args.dropout)
-                fns[f"fwd_{tag}"], fns[f"bwd_{tag}"] = fwd, bwd
-                results[tag] = (fwd(), bwd())
+                fns[f"fwd_{tag}"] = fwd
+                if not args.forward_only:
+                    fns[f"bwd_{tag}"] = bwd
+                results[tag] = (fwd(), None if args.forward_only else bwd())
             fns["sum"] = lambda: gnnfuse.fused_gather_scatter(flat, csr, "sum")
             samples = time_interleaved(fns, args.rounds, clock)
             row = {"layer": layer, "graph": gname, "edges": int(edge_index.shape[1]), "HxF": f"{args.heads}x{args.width}",
@@ -172,15 +175,18 @@ def main(argv=None):
             med = {n: statistics.median(s) for n, s in samples.items()}
             row["sum_ms"] = med["sum"]
             for tag in builds:
-                row[f"fwd_{tag}_ms"], row[f"bwd_{tag}_ms"] = med[f"fwd_{tag}"], med[f"bwd_{tag}"]
+                row[f"fwd_{tag}_ms"] = med[f"fwd_{tag}"]
+                if not args.forward_only:
+                    row[f"bwd_{tag}_ms"] = med[f"bwd_{tag}"]
                 row[f"fwd_{tag}/sum"] = med[f"fwd_{tag}"] / med["sum"]
                 q1, _, q3 = statistics.quantiles(samples[f"fwd_{tag}"], n=4)
                 row[f"fwd_{tag}_iqr"] = q3 - q1
             if "old" in builds:
                 row["fwd_speedup"] = med["fwd_old"] / med["fwd_new"]
-                row["bwd_speedup"] = med["bwd_old"] / med["bwd_new"]
                 row["max_diff_fwd"] = max_difference(results["new"][0], results["old"][0])
-                row["max_diff_bwd"] = max_difference(results["new"][1], results["old"][1])
+                if not args.forward_only:
+                    row["bwd_speedup"] = med["bwd_old"] / med["bwd_new"]
+                    row["max_diff_bwd"] = max_difference(results["new"][1], results["old"][1])
             rows.append(row)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **machine("cpu"),

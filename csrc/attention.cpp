@@ -135,7 +135,7 @@ GNNFUSE_ALWAYS_INLINE HeadVec<HH> gat_row_logits(const CsrRow<index_t> row, cons
   constexpr int64_t H = HH;
   HV m = HV{} - std::numeric_limits<float>::infinity();
   for (int64_t e = 0; e < row.n; ++e) {
-    row.template prefetch_ahead<1>(a_src, H, e);
+    row.template prefetch_ahead<1>(a_src, H, e, 0);
     HV s = ad + load_heads<HH>(a_src + int64_t(row.nbr[e]) * H);
     if (a_edge) s += load_heads<HH>(a_edge + row.pos(e) * H);
     const HV a = lrelu_heads<HH>(s, slope);

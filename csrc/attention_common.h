@@ -13,6 +13,7 @@
 
 #include "dropout_hash.h"
 #include "reducer.h"
+#include "row_tiles.h"
 
 // The tile kernels' row helpers are inlined into each kernel (left to itself GCC calls some of them
 // once per row and tile through the PLT, and keeps their state in memory).
@@ -149,7 +150,7 @@ class EdgeList {
   // endpoint, and a prefetch of the rows (width `width`) read kAhead edges further on in this row.
   int64_t other(int64_t e) const { return buf_[e].other; }
   template <int kLines, typename T>
-  void prefetch_ahead(const T* rows, int64_t width, int64_t e) const;
+  void prefetch_ahead(const T* rows, int64_t width, int64_t e, int64_t f0) const;
 
  private:
   std::vector<Edge> buf_;
@@ -167,8 +168,8 @@ inline void prefetch_row(const scalar_t* row, int64_t elems) {
 }
 
 template <int kLines, typename T>
-void EdgeList::prefetch_ahead(const T* rows, int64_t width, int64_t e) const {
-  if (e + kAhead < n_) prefetch_row(rows + buf_[e + kAhead].other * width, width);
+void EdgeList::prefetch_ahead(const T* rows, int64_t width, int64_t e, int64_t f0) const {
+  if (f0 == 0 && e + kAhead < n_) prefetch_row(rows + buf_[e + kAhead].other * width, width);  // the whole row
 }
 
 // A target row's incoming edges as the tile forwards walk them, read in place from the CSR (no
@@ -187,21 +188,13 @@ struct CsrRow {
   int64_t other(int64_t e) const { return e < n ? int64_t(nbr[e]) : node; }
   int64_t pos(int64_t e) const { return ids ? ids[e] : begin + e; }  // a real edge's CSR position
   int64_t id(int64_t e) const { return e < n ? pos(e) : loop_id; }
-  // kLines lines, or the whole row where it is longer: the tile kernels walk a wide row's edges
-  // once per tile of 4 vectors, so each tile after the first reads further into the same rows.
+  // Lines [f0, f0 + kLines * 16 floats) of the row `ahead` edges further on in CSR order: each
+  // tile prefetches what its own walk of the rows reads (a whole 1 KB row at once per edge, 4 x 64,
+  // left the next rows' prefetches waiting on the line fill buffers).
   template <int kLines, typename T>
-  void prefetch_ahead(const T* rows, int64_t width, int64_t e) const {
+  GNNFUSE_ALWAYS_INLINE void prefetch_ahead(const T* rows, int64_t width, int64_t e, int64_t f0) const {
     const int64_t q = begin + e + ahead;
-    if (q < stream_end) {
-      const char* c = reinterpret_cast<const char*>(rows + int64_t(col[q]) * width);
-      const int64_t bytes = width * int64_t(sizeof(T));
-      if (bytes <= 64 * kLines) {
-#pragma GCC unroll 4
-        for (int l = 0; l < kLines; ++l) __builtin_prefetch(c + 64 * l, 0, 3);
-      } else {
-        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
-      }
-    }
+    if (q < stream_end) prefetch_lines<kLines>(rows + int64_t(col[q]) * width + f0);
   }
 };
 

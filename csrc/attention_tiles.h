@@ -39,24 +39,19 @@ inline bool register_tiles_fit(int64_t H, int64_t F) {
 typedef int32_t LaneIndex __attribute__((vector_size(64)));
 
 // Which head each lane of each vector of a row belongs to, worked out once per kernel call (per
-// row it cost as much as the sums on short rows): vector v's lanes take the weights of heads
-// first[v] + lane[v][l]. For head_dots with several heads per vector (F = 1, 2, 4, 8), `levels`
-// = log2(F) halving steps fold each head's F lanes to one: step k takes two vectors and adds
-// lanes lo[k] and hi[k] of their concatenation (the first and second half of each head's lanes).
+// row it cost as much as the sums on short rows): vector v starts in head first[v]; a head spans
+// whole vectors (one_head) or, with `levels` = log2(F), each vector holds 16 / F heads, lane l in
+// head first[v] + l / F. For head_dots with several heads per vector (F = 1, 2, 4, 8), `levels`
+// halving steps fold each head's F lanes to one: step k takes two vectors and adds lanes lo[k] and
+// hi[k] of their concatenation (the first and second half of each head's lanes).
 struct HeadLanes {
   std::vector<int64_t> first;
-  std::vector<LaneIndex> lane;
   bool one_head;  // every vector within one head: a broadcast of its weight
   int levels = 0;
   LaneIndex lo[4] = {}, hi[4] = {};
   HeadLanes(int64_t H, int64_t F) : one_head(F % kLanes<float> == 0) {
     constexpr int64_t L = kLanes<float>;
-    for (int64_t f0 = 0; f0 + L <= H * F; f0 += L) {
-      first.push_back(f0 / F);
-      LaneIndex idx;
-      for (int64_t l = 0; l < L; ++l) idx[l] = int32_t((f0 + l) / F - f0 / F);
-      lane.push_back(idx);
-    }
+    for (int64_t f0 = 0; f0 + L <= H * F; f0 += L) first.push_back(f0 / F);
     for (int64_t w = F; !one_head && w > 1; w /= 2, ++levels)
       for (int64_t o = 0; o < L; ++o) {
         lo[levels][o] = int32_t(o / (w / 2) * w + o % (w / 2));
@@ -78,21 +73,49 @@ GNNFUSE_ALWAYS_INLINE void for_each_tile(int64_t nvec, const Tile& tile) {
   }
 }
 
-// An edge's weights ce[0 : H] spread over one vector's lanes, each lane taking its head's weight.
-template <bool kOneHead>
-inline Vec64<float> edge_weight_lanes(const float* ce, int64_t h0, const LaneIndex& lane) {
-  if constexpr (kOneHead) return Vec64<float>{} + ce[h0];
-  else return __builtin_shuffle(load_vec(ce + h0), lane);
+// Calls fn(std::integral_constant<int, kLevels>{}) with the row's head layout as a compile-time
+// constant: kLevels < 0 where a head spans whole vectors, else log2(F) (16 / F heads a vector).
+template <typename Fn>
+GNNFUSE_ALWAYS_INLINE void dispatch_levels(const HeadLanes& heads, const Fn& fn) {
+  if (heads.one_head) fn(std::integral_constant<int, -1>{});
+  else if (heads.levels == 0) fn(std::integral_constant<int, 0>{});
+  else if (heads.levels == 1) fn(std::integral_constant<int, 1>{});
+  else if (heads.levels == 2) fn(std::integral_constant<int, 2>{});
+  else fn(std::integral_constant<int, 3>{});
 }
 
-template <int NV, bool kOneHead, typename Row>
+// An edge's weights ce[0 : H] spread over one vector's lanes (heads h0 ...), each lane taking its
+// head's weight: a broadcast (kLevels < 0), or a load of exactly the vector's 16 >> kLevels heads
+// spread over their lanes. (A whole-vector load of the weights just stored, at an offset that
+// straddles two of the stores, stalled on store forwarding at 8 heads x 8.)
+template <int kLevels, size_t... I>
+inline Vec64<float> spread_heads(const float* ce, std::index_sequence<I...>) {
+  constexpr int kHeads = int(kLanes<float>) >> kLevels;  // 2, 4, 8 or 16
+  const LaneIndex idx{int32_t(I >> kLevels)...};
+#if defined(__AVX512F__)
+  __m512 w;
+  if constexpr (kHeads == 16) return load_vec(ce);
+  else if constexpr (kHeads == 8) w = _mm512_castps256_ps512(_mm256_loadu_ps(ce));
+  else if constexpr (kHeads == 4) w = _mm512_castps128_ps512(_mm_loadu_ps(ce));
+  else w = _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(ce))));
+  return (Vec64<float>)_mm512_permutexvar_ps((__m512i)idx, w);
+#else
+  return __builtin_shuffle(load_vec(ce), idx);  // 16 floats: the weights have kWeightPad readable past them
+#endif
+}
+template <int kLevels>
+inline Vec64<float> edge_weight_lanes(const float* ce, int64_t h0) {
+  if constexpr (kLevels < 0) return Vec64<float>{} + ce[h0];
+  else return spread_heads<kLevels>(ce + h0, std::make_index_sequence<kLanes<float>>{});
+}
+
+template <int NV, int kLevels, typename Row>
 GNNFUSE_ALWAYS_INLINE void weighted_tile(const Row& edges, const float* c, int64_t H, const HeadLanes& heads, int64_t v0,
                           const float* rows, int64_t width, float* acc, const float* scale) {
   constexpr int64_t L = kLanes<float>;
   constexpr int kLines = NV < kPrefetchLines ? NV : kPrefetchLines;
   const int64_t f0 = v0 * L;
   const int64_t* h0 = heads.first.data() + v0;
-  const LaneIndex* lane = heads.lane.data() + v0;
   Vec64<float> a[NV];
   for (int v = 0; v < NV; ++v) a[v] = Vec64<float>{};
   const int64_t n = edges.size();
@@ -102,27 +125,26 @@ GNNFUSE_ALWAYS_INLINE void weighted_tile(const Row& edges, const float* c, int64
     const float* ce = c + e * H;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      const Vec64<float> cv = edge_weight_lanes<kOneHead>(ce, h0[v], lane[v]);
+      const Vec64<float> cv = edge_weight_lanes<kLevels>(ce, h0[v]);
       a[v] += cv * load_vec(x + v * L);
     }
   }
   if (scale)
-    for (int v = 0; v < NV; ++v) a[v] *= edge_weight_lanes<kOneHead>(scale, h0[v], lane[v]);
+    for (int v = 0; v < NV; ++v) a[v] *= edge_weight_lanes<kLevels>(scale, h0[v]);
   for (int v = 0; v < NV; ++v) store_vec(acc + f0 + v * L, a[v]);
 }
 
 // acc[0 : H*F] = the row's weighted sum (see the top of the file), each head's part times
 // scale[h] where scale is given (it then needs kWeightPad readable entries past its H, as c);
-// call only where register_tiles_fit. c holds n * H weights and kWeightPad readable entries past
-// them (the lane shuffle loads a whole vector of an edge's weights).
+// call only where register_tiles_fit. c holds n * H weights.
 template <typename Row>
 GNNFUSE_ALWAYS_INLINE void weighted_row_sum(const Row& edges, const float* c, int64_t H, const HeadLanes& heads, const float* rows,
                              float* acc, const float* scale = nullptr) {
   const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
-  for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
-    constexpr int NV = decltype(nv_c)::value;
-    if (heads.one_head) weighted_tile<NV, true>(edges, c, H, heads, v0, rows, width, acc, scale);
-    else weighted_tile<NV, false>(edges, c, H, heads, v0, rows, width, acc, scale);
+  dispatch_levels(heads, [&](auto levels) {
+    for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
+      weighted_tile<decltype(nv_c)::value, decltype(levels)::value>(edges, c, H, heads, v0, rows, width, acc, scale);
+    });
   });
 }
 
@@ -221,7 +243,7 @@ inline void head_dots(const Row& edges, const float* rows, const float* fixed, i
 //   d_own[f] = sum_e c[e, h(f)] att[f] leaky_relu'(fixed[f] + rows[other_e, f])
 //   d_att[f] = sum_e c[e, h(f)] leaky_relu(fixed[f] + rows[other_e, f])        (kAtt)
 // the weights spread over the lanes as in weighted_tile, the edges folded in the row's order.
-template <int NV, bool kOneHead, bool kAtt>
+template <int NV, int kLevels, bool kAtt>
 inline void leaky_grad_tile(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads, int64_t v0,
                             const float* rows, int64_t width, const float* fixed, const float* att, float slope,
                             float* d_own, float* d_att) {
@@ -229,11 +251,10 @@ inline void leaky_grad_tile(const EdgeList& edges, const float* c, int64_t H, co
   const int64_t f0 = v0 * L;
   Vec64<float> a[NV], b[NV], fx[NV], at[NV], ats[NV];
   int64_t h0[NV];
-  LaneIndex lane[NV];
   for (int v = 0; v < NV; ++v) {
     a[v] = b[v] = Vec64<float>{};
     fx[v] = load_vec(fixed + f0 + v * L), at[v] = load_vec(att + f0 + v * L), ats[v] = at[v] * slope;
-    h0[v] = heads.first[v0 + v], lane[v] = heads.lane[v0 + v];
+    h0[v] = heads.first[v0 + v];
   }
   const int64_t n = edges.size();
   for (int64_t e = 0; e < n; ++e) {
@@ -242,7 +263,7 @@ inline void leaky_grad_tile(const EdgeList& edges, const float* c, int64_t H, co
     const float* ce = c + e * H;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      const Vec64<float> cv = edge_weight_lanes<kOneHead>(ce, h0[v], lane[v]);
+      const Vec64<float> cv = edge_weight_lanes<kLevels>(ce, h0[v]);
       const Vec64<float> u = fx[v] + load_vec(x + v * L);
       const auto pos = u > Vec64<float>{};
       a[v] += cv * (pos ? at[v] : ats[v]);
@@ -260,16 +281,12 @@ inline void leaky_grad_tile(const EdgeList& edges, const float* c, int64_t H, co
 inline void leaky_grad_row(const EdgeList& edges, const float* c, int64_t H, const HeadLanes& heads, const float* rows,
                            const float* fixed, const float* att, float slope, float* d_own, float* d_att) {
   const int64_t nvec = heads.first.size(), width = nvec * kLanes<float>;
-  for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
-    constexpr int NV = decltype(nv_c)::value;
-    auto run = [&](auto one_head, auto with_att) {
-      leaky_grad_tile<NV, decltype(one_head)::value, decltype(with_att)::value>(
-          edges, c, H, heads, v0, rows, width, fixed, att, slope, d_own, d_att);
-    };
-    using T = std::true_type;
-    using F = std::false_type;
-    if (heads.one_head) d_att ? run(T{}, T{}) : run(T{}, F{});
-    else d_att ? run(F{}, T{}) : run(F{}, F{});
+  dispatch_levels(heads, [&](auto levels) {
+    for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
+      constexpr int NV = decltype(nv_c)::value, kLevels = decltype(levels)::value;
+      if (d_att) leaky_grad_tile<NV, kLevels, true>(edges, c, H, heads, v0, rows, width, fixed, att, slope, d_own, d_att);
+      else leaky_grad_tile<NV, kLevels, false>(edges, c, H, heads, v0, rows, width, fixed, att, slope, d_own, d_att);
+    });
   });
 }
 #else  // never called (register_tiles_fit is false): the callers' scalar loop runs
@@ -308,6 +325,23 @@ inline void add_parts(HeadVec<HH>& z, const Vec64<float>& p, std::index_sequence
   ((z += heads_part<HH, int(K)>(p, std::make_index_sequence<HH>{})), ...);  // in edge order
 }
 
+// 16 floats at w, written just before edge by edge (HH floats a store), loaded in those pieces
+// where they are 4 or 8 floats: a vector load spanning several recent stores waits for them to
+// reach the cache (no store forwarding), which cost a fifth of the GAT forward at 8 heads.
+template <int HH>
+inline Vec64<float> load_edge_pieces(const float* w) {
+  if constexpr (HH == 8) {
+    const HeadVec<8> a = load_heads<8>(w), b = load_heads<8>(w + 8);
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  } else if constexpr (HH == 4) {
+    const HeadVec<8> a = __builtin_shufflevector(load_heads<4>(w), load_heads<4>(w + 4), 0, 1, 2, 3, 4, 5, 6, 7);
+    const HeadVec<8> b = __builtin_shufflevector(load_heads<4>(w + 8), load_heads<4>(w + 12), 0, 1, 2, 3, 4, 5, 6, 7);
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  } else {
+    return load_vec(w);
+  }
+}
+
 // w[0 : n*H] (the row's logits, edge after edge) -> exp(w - m), m the per-head max; returns the
 // per-head sums z. The exps run on 16-lane vectors, 16 / H edges a vector (the lanes past n*H
 // are set to -inf: their exp is 0 and they add nothing); z adds the edges one after another, as
@@ -318,10 +352,11 @@ inline HeadVec<HH> softmax_weights(float* w, int64_t n, const HeadVec<HH>& m) {
   constexpr int64_t L = kLanes<float>;
   const Vec64<float> mm = repeat_heads<HH>(m, std::make_index_sequence<L>{});
   const int64_t total = n * HH;
-  for (int64_t q = total; q < (total + L - 1) / L * L; ++q) w[q] = -std::numeric_limits<float>::infinity();
+  for (int64_t q = total; q < (total + L - 1) / L * L; q += HH)  // an edge's worth a store, as the logits
+    store_heads<HH>(w + q, HV{} - std::numeric_limits<float>::infinity());
   HV z = HV{};
   for (int64_t q = 0; q < total; q += L) {
-    const Vec64<float> p = exp_vec(load_vec(w + q) - mm);
+    const Vec64<float> p = exp_vec(load_edge_pieces<HH>(w + q) - mm);
     store_vec(w + q, p);
     add_parts<HH>(z, p, std::make_index_sequence<L / HH>{});
   }

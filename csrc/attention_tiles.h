@@ -364,28 +364,32 @@ inline HeadVec<HH> softmax_weights(float* w, int64_t n, const HeadVec<HH>& m) {
 }
 
 // The end of a tile forward's row, shared by GAT and the pair attentions: w [n, H] holds the logits
-// (already scaled) of the row's edges (`row`, an EdgeList or CsrRow) and m their per-head max.
+// (already scaled) of the row's edges (`row`, an EdgeList or CsrRow) and m their per-head max (by
+// value: a reference kept the caller's running max in memory, a store and a load per edge).
 // Softmax weights (one exp per edge and head, z their sum), dropout, the weighted sum of the value
 // rows times 1 / z into out_row [H * F], and the saved statistics m_row, z_row [H] (a row without
 // edges: zeros).
 template <int HH, typename Row>
-inline void finish_row_tiles(const Params& P, Scratch<float>& S, const Row& row, float* w, const HeadVec<HH>& m,
+inline void finish_row_tiles(const Params& P, Scratch<float>& S, const Row& row, float* w, const HeadVec<HH> m,
                              const HeadLanes& heads, const float* values, float* out_row, float* m_row,
                              float* z_row) {
   using HV = HeadVec<HH>;
   const int64_t n = row.size(), H = HH;
   const HV z = softmax_weights<HH>(w, n, m);
+  // m and z stored, and 1 / z worked out, before any call: a vector live across a call is kept in
+  // memory (no callee-saved vector registers), and GCC then kept the running max and sum there
+  // through their loops too.
+  store_heads<HH>(m_row, z > HV{} ? m : HV{});
+  store_heads<HH>(z_row, z);
+  float inv[HH + kWeightPad] = {};  // weighted_row_sum's scale reads whole vectors
+  store_heads<HH>(inv, z > HV{} ? (HV{} + 1.0f) / z : HV{});
   if (P.threshold) {
     S.fill_keep(P, H, row);
     const float* keep = S.keep.data();
 #pragma omp simd
     for (int64_t q = 0; q < n * H; ++q) w[q] *= keep[q];
   }
-  float inv[HH + kWeightPad] = {};  // weighted_row_sum's scale reads whole vectors
-  store_heads<HH>(inv, z > HV{} ? (HV{} + 1.0f) / z : HV{});
   weighted_row_sum(row, w, H, heads, values, out_row, inv);
-  store_heads<HH>(m_row, z > HV{} ? m : HV{});
-  store_heads<HH>(z_row, z);
 }
 
 }  // namespace attention_detail

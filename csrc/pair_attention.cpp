@@ -338,6 +338,9 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
     RowCopy<index_t> copy;
     const int64_t stream_end = rowptr[r1];
     for (int64_t i = r0; i < r1; ++i) {
+      // the query row two rows on (the keys' and values' reads in between hide it from the hardware
+      // prefetcher: the tile loop's first load waited on it)
+      if (i + 2 < r1) prefetch_bytes(q + (i + 2) * HF, HF * int64_t(sizeof(float)));
       const CsrRow<index_t> row = csr_row(P, rowptr, col, i, stream_end, ahead, copy);
       const int64_t n = row.size();
       float* w = row_buffer(S.w, n * H);

@@ -149,6 +149,7 @@ class EdgeList {
   // The row walk the tile kernels take (attention_tiles.h; CsrRow is the other): edge e's other
   // endpoint, and a prefetch of the rows (width `width`) read kAhead edges further on in this row.
   int64_t other(int64_t e) const { return buf_[e].other; }
+  static constexpr bool kPrefetchPerTile = false;  // the first tile prefetches the whole row
   template <int kLines, typename T>
   void prefetch_ahead(const T* rows, int64_t width, int64_t e, int64_t f0) const;
 
@@ -168,8 +169,8 @@ inline void prefetch_row(const scalar_t* row, int64_t elems) {
 }
 
 template <int kLines, typename T>
-void EdgeList::prefetch_ahead(const T* rows, int64_t width, int64_t e, int64_t f0) const {
-  if (f0 == 0 && e + kAhead < n_) prefetch_row(rows + buf_[e + kAhead].other * width, width);  // the whole row
+void EdgeList::prefetch_ahead(const T* rows, int64_t width, int64_t e, int64_t) const {
+  if (e + kAhead < n_) prefetch_row(rows + buf_[e + kAhead].other * width, width);  // the whole row
 }
 
 // A target row's incoming edges as the tile forwards walk them, read in place from the CSR (no
@@ -188,6 +189,7 @@ struct CsrRow {
   int64_t other(int64_t e) const { return e < n ? int64_t(nbr[e]) : node; }
   int64_t pos(int64_t e) const { return ids ? ids[e] : begin + e; }  // a real edge's CSR position
   int64_t id(int64_t e) const { return e < n ? pos(e) : loop_id; }
+  static constexpr bool kPrefetchPerTile = true;
   // Lines [f0, f0 + kLines * 16 floats) of the row `ahead` edges further on in CSR order: each
   // tile prefetches what its own walk of the rows reads (a whole 1 KB row at once per edge, 4 x 64,
   // left the next rows' prefetches waiting on the line fill buffers).

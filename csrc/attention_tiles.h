@@ -120,7 +120,7 @@ GNNFUSE_ALWAYS_INLINE void weighted_tile(const Row& edges, const float* c, int64
   for (int v = 0; v < NV; ++v) a[v] = Vec64<float>{};
   const int64_t n = edges.size();
   for (int64_t e = 0; e < n; ++e) {
-    edges.template prefetch_ahead<kLines>(rows, width, e, f0);
+    if (Row::kPrefetchPerTile || f0 == 0) edges.template prefetch_ahead<kLines>(rows, width, e, f0);
     const float* x = rows + edges.other(e) * width + f0;
     const float* ce = c + e * H;
 #pragma GCC unroll 4
@@ -202,7 +202,7 @@ inline void head_dot_tile(const Row& edges, const float* rows, int64_t width, co
   for (int v = 0; v < NV; ++v) b[v] = load_vec(fixed + f0 + v * L);
   const int64_t n = edges.size();
   for (int64_t e = 0; e < n; ++e) {
-    edges.template prefetch_ahead<kLines>(rows, width, e, f0);
+    if (Row::kPrefetchPerTile || f0 == 0) edges.template prefetch_ahead<kLines>(rows, width, e, f0);
     const float* x = rows + edges.other(e) * width + f0;
     float* d = dots + e * H;
     Vec64<float> p[NV];
@@ -258,7 +258,7 @@ inline void leaky_grad_tile(const EdgeList& edges, const float* c, int64_t H, co
   }
   const int64_t n = edges.size();
   for (int64_t e = 0; e < n; ++e) {
-    edges.template prefetch_ahead<kPrefetchLines>(rows, width, e, f0);
+    if (f0 == 0) edges.template prefetch_ahead<kPrefetchLines>(rows, width, e, f0);
     const float* x = rows + edges.other(e) * width + f0;
     const float* ce = c + e * H;
 #pragma GCC unroll 4

@@ -136,7 +136,8 @@ GNNFUSE_ALWAYS_INLINE void weighted_tile(const Row& edges, const float* c, int64
 
 // acc[0 : H*F] = the row's weighted sum (see the top of the file), each head's part times
 // scale[h] where scale is given (it then needs kWeightPad readable entries past its H, as c);
-// call only where register_tiles_fit. c holds n * H weights.
+// call only where register_tiles_fit. c holds n * H weights (and kWeightPad readable entries past
+// them, which the shuffle without AVX-512 reads).
 template <typename Row>
 GNNFUSE_ALWAYS_INLINE void weighted_row_sum(const Row& edges, const float* c, int64_t H, const HeadLanes& heads, const float* rows,
                              float* acc, const float* scale = nullptr) {

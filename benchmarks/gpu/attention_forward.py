@@ -28,14 +28,14 @@ import time
 
 import torch
 
-KEYS = {"hb": "hb", "r": "rows", "w": "warps", "s": "seg", "g": "short_max"}
+KEYS = {"hb": "hb", "r": "rows", "w": "warps", "s": "seg", "g": "short_max", "a": "ahead"}
 
 
 def parse_variant(name: str) -> dict | None:
     """The one-pass config overrides of a variant name (None: the default)."""
     if name == "default":
         return None
-    return {KEYS[k]: int(v) for k, v in re.findall(r"(hb|r|w|s|g)(\d+)", name)}
+    return {KEYS[k]: int(v) for k, v in re.findall(r"(hb|r|w|s|g|a)(\d+)", name)}
 
 
 def with_variant(name: str, fn):

@@ -58,11 +58,12 @@ WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles
 GROUP_MAX_DEGREE = 64
 GROUP_TILE = 1024
 FORWARD_SPLIT_EDGES = 1024
-# How the forward's loop orders its loads (attention_forward_kernels.py): 0 the edge terms' loads,
-# their maths, then the values' gather; 1 every load of a step, then its maths; 2 a step's loads
-# issued one step ahead, before the previous step's maths.
-FORWARD_AHEAD = 2
-
+# The forward loop's load order and register cap per (narrow heads (FB <= 16), pair), see
+# _one_pass_config: AHEAD 0 loads a step's logit terms, works them, then gathers its values; 1 issues
+# every load of step t + 1 before step t's maths (attention_forward_kernels.py). MAXNREG caps the
+# registers a thread takes (0: the compiler's choice), so that more programs fit on an SM.
+FORWARD_LOOP = {(True, False): (0, 64), (True, True): (1, 80), (False, False): (1, 72), (False, True): (0, 72)}
+FORWARD_AHEAD = None  # overrides the table's load order where set (check_attention.py --ahead)
 
 # ---- launchers ------------------------------------------------------------------------------------
 def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None = None) -> tuple[int, int, int]:
@@ -134,6 +135,7 @@ class OnePass(NamedTuple):
     seg: int
     warps: int
     ahead: int
+    maxnreg: int
 
 
 def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
@@ -152,8 +154,9 @@ def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
     columns = 64 if fb <= 16 else (128 if pair else 256)
     hb = max(1, min(next_power_of_2(H), columns // fb))
     seg = FORWARD_SPLIT_EDGES
+    ahead, maxnreg = FORWARD_LOOP[(fb <= 16, pair)]
     return dict(hb=hb, rows=_one_pass_rows(hb, fb), warps=4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg),
-                ahead=FORWARD_AHEAD)
+                ahead=ahead if FORWARD_AHEAD is None else FORWARD_AHEAD, maxnreg=maxnreg)
 
 
 def _one_pass_rows(hb: int, fb: int) -> int:
@@ -174,7 +177,8 @@ def _one_pass_plan(rowptr, col, num_src, H, F, itemsize, pair=False) -> OnePass:
         wl = work_list(rowptr, seg, short_max)
         short = short_rows(rowptr, short_max, window)
         tasks = task_list(rowptr, short, wl, rows, seg, short_max, window)
-        return OnePass(wl, short, tasks, rows, cfg["hb"], next_power_of_2(F), seg, cfg["warps"], cfg["ahead"])
+        return OnePass(wl, short, tasks, rows, cfg["hb"], next_power_of_2(F), seg, cfg["warps"], cfg["ahead"],
+                       cfg["maxnreg"])
 
     return cached("attention-one-pass", (rowptr,), (num_src, H, F, itemsize, tuple(sorted(cfg.items()))), build)
 
@@ -183,7 +187,8 @@ def _forward_knobs() -> tuple:
     """The forward's plan choices (functions and limits of this module) as part of its setups' key:
     a benchmark or test that swaps one (bench_attention.py's sweeps, benchmarks/gpu/attention_forward.py)
     gets a setup made with it, without working the configuration out again on every call."""
-    return (_one_pass_config, _one_pass_rows, GROUP_MAX_DEGREE, FORWARD_SPLIT_EDGES, GROUP_TILE, FORWARD_AHEAD)
+    return (_one_pass_config, _one_pass_rows, GROUP_MAX_DEGREE, FORWARD_SPLIT_EDGES, GROUP_TILE, FORWARD_AHEAD,
+            tuple(FORWARD_LOOP.items()))
 
 
 def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: bool = False) -> ForwardSetup:
@@ -197,6 +202,8 @@ def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: 
         plan = _one_pass_plan(rowptr, col, n_src, H, F, dtype.itemsize, pair)
         meta = dict(flags, ACC=_acc(dtype), HB=plan.hb, FB=plan.fb, R=plan.rows, SEG=plan.seg, DENSE=F == plan.fb,
                     AHEAD=plan.ahead, num_warps=plan.warps)
+        if plan.maxnreg:
+            meta["maxnreg"] = plan.maxnreg
         return ForwardSetup(kernel, plan.wl, plan.short, plan.tasks, cdiv(H, plan.hb), meta,
                             dict(ACC=meta["ACC"], BK=32, HB=plan.hb, FB=plan.fb))
 

@@ -37,7 +37,7 @@ def compare(name, make, tensors):
 
 
 def main():
-    if "--ahead" in sys.argv:  # the forward loop's load order (attention.FORWARD_AHEAD) to check
+    if "--ahead" in sys.argv:  # every forward loop's load order (attention.FORWARD_AHEAD)
         from gnnfuse.triton import attention
 
         attention.FORWARD_AHEAD = int(sys.argv[sys.argv.index("--ahead") + 1])

@@ -58,12 +58,15 @@ WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles
 GROUP_MAX_DEGREE = 64
 GROUP_TILE = 1024
 FORWARD_SPLIT_EDGES = 1024
-# The forward loop's load order and register cap per (narrow heads (FB <= 16), pair), see
-# _one_pass_config: AHEAD 0 loads a step's logit terms, works them, then gathers its values; 1 issues
-# every load of step t + 1 before step t's maths (attention_forward_kernels.py). MAXNREG caps the
-# registers a thread takes (0: the compiler's choice), so that more programs fit on an SM.
-FORWARD_LOOP = {(True, False): (0, 64), (True, True): (1, 80), (False, False): (1, 72), (False, True): (0, 72)}
-FORWARD_AHEAD = None  # overrides the table's load order where set (check_attention.py --ahead)
+# The forward loop per (narrow heads (FB <= 16), logit: "gat", "gatv2" or "dot"): (AHEAD, MAXNREG).
+# AHEAD 0 loads a step's logit terms, works them, then gathers its values; 1 issues every load of
+# step t + 1 before step t's maths (attention_forward_kernels.py). MAXNREG caps a thread's registers
+# (0: the compiler's choice) so that more programs share an SM; each cap here keeps the loop free of
+# spills (ptxas for sm_90, Triton 3.6). Chosen on an H100 (kernel time, arxiv-like and rfc-uniform,
+# benchmarks/results/attention-forward_h100_2026-11-23_gpukern.md): the rest of the sweep there.
+FORWARD_LOOP = {(True, "gat"): (0, 64), (True, "gatv2"): (1, 80), (True, "dot"): (0, 0),
+                (False, "gat"): (1, 72), (False, "gatv2"): (1, 72), (False, "dot"): (0, 72)}
+FORWARD_AHEAD = None  # where set, overrides every load order (check_attention.py --ahead)
 
 # ---- launchers ------------------------------------------------------------------------------------
 def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None = None) -> tuple[int, int, int]:
@@ -134,8 +137,8 @@ class OnePass(NamedTuple):
     fb: int
     seg: int
     warps: int
-    ahead: int
-    maxnreg: int
+    ahead: int | None  # None: FORWARD_LOOP's (see _forward_loop)
+    maxnreg: int | None
 
 
 def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
@@ -154,9 +157,8 @@ def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
     columns = 64 if fb <= 16 else (128 if pair else 256)
     hb = max(1, min(next_power_of_2(H), columns // fb))
     seg = FORWARD_SPLIT_EDGES
-    ahead, maxnreg = FORWARD_LOOP[(fb <= 16, pair)]
     return dict(hb=hb, rows=_one_pass_rows(hb, fb), warps=4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg),
-                ahead=ahead if FORWARD_AHEAD is None else FORWARD_AHEAD, maxnreg=maxnreg)
+                ahead=None, maxnreg=None)
 
 
 def _one_pass_rows(hb: int, fb: int) -> int:
@@ -191,6 +193,14 @@ def _forward_knobs() -> tuple:
             tuple(FORWARD_LOOP.items()))
 
 
+def _forward_loop(plan: OnePass, logit: str) -> tuple[int, int]:
+    """The forward loop's (AHEAD, MAXNREG) for ``plan`` and the kind of logit: the plan's where its
+    configuration set them (a benchmark's variant), else FORWARD_LOOP's; FORWARD_AHEAD overrides AHEAD."""
+    ahead, maxnreg = FORWARD_LOOP[(plan.fb <= 16, logit)]
+    ahead = ahead if plan.ahead is None else plan.ahead
+    return (ahead if FORWARD_AHEAD is None else FORWARD_AHEAD), (maxnreg if plan.maxnreg is None else plan.maxnreg)
+
+
 def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: bool = False) -> ForwardSetup:
     """The forward's plan (_one_pass_plan), grid, constexprs and bound launches for this graph, the
     [N_src, H, F] ``features``' shape and dtype and the kernel's ``flags`` ((name, value) pairs),
@@ -200,10 +210,11 @@ def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: 
 
     def build():
         plan = _one_pass_plan(rowptr, col, n_src, H, F, dtype.itemsize, pair)
+        ahead, maxnreg = _forward_loop(plan, ("gatv2" if dict(flags).get("GATV2") else "dot") if pair else "gat")
         meta = dict(flags, ACC=_acc(dtype), HB=plan.hb, FB=plan.fb, R=plan.rows, SEG=plan.seg, DENSE=F == plan.fb,
-                    AHEAD=plan.ahead, num_warps=plan.warps)
-        if plan.maxnreg:
-            meta["maxnreg"] = plan.maxnreg
+                    AHEAD=ahead, num_warps=plan.warps)
+        if maxnreg:
+            meta["maxnreg"] = maxnreg
         return ForwardSetup(kernel, plan.wl, plan.short, plan.tasks, cdiv(H, plan.hb), meta,
                             dict(ACC=meta["ACC"], BK=32, HB=plan.hb, FB=plan.fb))
 

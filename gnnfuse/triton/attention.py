@@ -152,7 +152,7 @@ def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
     at 4 x 64, 4 heads x 4 rows / 2 heads x 8 rows / 1 head x 16 rows: GAT 654 / 707 / 763 us,
     GATv2 631 / 562 / 725, dot 519 / 473 / 523; pieces of 256 edges instead of 1024 and row groups
     up to 16 edges instead of 64 were slower everywhere (rechecked in
-    benchmarks/results/attention-forward_h100_2026-11-23_final.md)."""
+    benchmarks/results/archive/attention-forward_h100_2026-11-23_final.md)."""
     fb = next_power_of_2(F)
     columns = 64 if fb <= 16 else (128 if pair else 256)
     hb = max(1, min(next_power_of_2(H), columns // fb))

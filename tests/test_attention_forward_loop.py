@@ -1,7 +1,8 @@
-"""The Triton attention forwards' loop table (attention.FORWARD_LOOP): issuing a step's loads one or two
+"""The Triton attention forwards' loop table (attention_forward_kernels.FORWARD_LOOP): issuing a step's loads one or two
 steps ahead of its softmax maths changes when values arrive, not the maths, so every load order gives
 the same bits (outputs and the saved row max and sum the backward reads), with dropout, edge terms,
-self loops, row groups and split rows; and the table's order and register cap reach the launch.
+self loops, row groups and split rows; and the table's order and register cap reach the launch
+(kernels with dropout, edge terms or other dtypes than float32 keep the loop as it was).
 Interpreter on CPU, tiny graphs (the compiled kernels: benchmarks/gpu/check_attention.py --ahead N)."""
 from __future__ import annotations
 
@@ -61,3 +62,8 @@ def test_loop_table_reaches_the_launch():
             setup = kernels.forward_setup(f"loop-table-{logit}", kernel, x, csr.rowptr, csr.col, setup_flags, is_pair)
             ahead, cap = kernels.FORWARD_LOOP[(width <= 16, logit)]
             assert setup.meta["AHEAD"] == ahead and setup.meta.get("maxnreg", 0) == cap, (heads, width, logit)
+            # with dropout (or edge terms, or half types) the loop stays as it was: the caps would spill in it
+            for features, more in ((x, (("DROPOUT", True),)), (x.bfloat16(), ())):
+                setup = kernels.forward_setup(f"loop-table-{logit}", kernel, features, csr.rowptr, csr.col,
+                                              setup_flags + more, is_pair)
+                assert setup.meta["AHEAD"] == 0 and "maxnreg" not in setup.meta

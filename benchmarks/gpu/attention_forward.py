@@ -8,10 +8,11 @@ Per call, for every variant, interleaved in rotating order over ``--rounds`` rou
     benchmarks/bench_attention.py's ``fwd/sum`` measures).
 Variants: ``default`` (the shipped forward) and one-pass tiles written ``hb8.r16.w8.s1024.g64.a1.m72``
 (heads per program, rows/lanes per program, warps, longest piece, longest row in row groups, the
-loop's load order and register cap (attention.FORWARD_LOOP's AHEAD and MAXNREG; m0: no cap); any subset, the rest as
-the default chooses; ``a0.m0`` is the loop and registers of the forward before either knob). Each
-variant's output is compared with the first one's (``max_diff``). The features are random; GATv2 and
-dot use the same tensor for keys and values (as bench_attention's fused forward).
+loop's load order and register cap: attention_forward_kernels.FORWARD_LOOP's AHEAD and MAXNREG, m0 no
+cap; any subset, the rest as the default chooses; ``a0.m0`` is the loop and registers of the forward
+before either knob). Each variant's output is compared with the first one's (``max_diff``). The
+features are random; GATv2 and dot use the same tensor for keys and values (as bench_attention's
+fused forward).
 
     PYTHONPATH=. python benchmarks/gpu/attention_forward.py --graphs arxiv-like,rfc-uniform \\
         --widths 8x8,4x64 --layers gat,gatv2,dot --variants default,hb4,hb2.r8 --out FILE.md

@@ -33,7 +33,7 @@ import triton.language as tl
 from .._tensor_cache import cached
 from ..reductions import SUM
 from ._grid import cdiv, next_power_of_2
-from .attention_forward_kernels import _forward_one_pass_kernel
+from .attention_forward_kernels import FORWARD_LOOP, _forward_one_pass_kernel
 from .attention_kernels import (
     NEG_INF,
     _backward_rows_kernel,
@@ -58,14 +58,6 @@ WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles
 GROUP_MAX_DEGREE = 64
 GROUP_TILE = 1024
 FORWARD_SPLIT_EDGES = 1024
-# The forward loop per (narrow heads (FB <= 16), logit: "gat", "gatv2" or "dot"): (AHEAD, MAXNREG).
-# AHEAD 0 loads a step's logit terms, works them, then gathers its values; 1 issues every load of
-# step t + 1 before step t's maths (attention_forward_kernels.py). MAXNREG caps a thread's registers
-# (0: the compiler's choice) so that more programs share an SM; each cap here keeps the loop free of
-# spills (ptxas for sm_90, Triton 3.6). Chosen on an H100 (kernel time, arxiv-like and rfc-uniform,
-# benchmarks/results/attention-forward_h100_2026-11-23_gpukern.md): the rest of the sweep there.
-FORWARD_LOOP = {(True, "gat"): (0, 64), (True, "gatv2"): (1, 80), (True, "dot"): (0, 0),
-                (False, "gat"): (1, 72), (False, "gatv2"): (1, 72), (False, "dot"): (0, 72)}
 FORWARD_AHEAD = None  # where set, overrides every load order (check_attention.py --ahead)
 
 # ---- launchers ------------------------------------------------------------------------------------
@@ -193,10 +185,14 @@ def _forward_knobs() -> tuple:
             tuple(FORWARD_LOOP.items()))
 
 
-def _forward_loop(plan: OnePass, logit: str) -> tuple[int, int]:
-    """The forward loop's (AHEAD, MAXNREG) for ``plan`` and the kind of logit: the plan's where its
-    configuration set them (a benchmark's variant), else FORWARD_LOOP's; FORWARD_AHEAD overrides AHEAD."""
-    ahead, maxnreg = FORWARD_LOOP[(plan.fb <= 16, logit)]
+def _forward_loop(plan: OnePass, flags: tuple, pair: bool, dtype: torch.dtype) -> tuple[int, int]:
+    """The forward loop's (AHEAD, MAXNREG) for ``plan``, the kernel's ``flags`` and the features' dtype:
+    the plan's where its configuration set them (a benchmark's variant), else FORWARD_LOOP's for the kind
+    of logit in float32 without dropout and edge terms, else (0, 0); FORWARD_AHEAD overrides AHEAD."""
+    f = dict(flags)
+    logit = ("gatv2" if f.get("GATV2") else "dot") if pair else "gat"
+    plain = dtype == torch.float32 and not (f.get("DROPOUT") or f.get("HAS_EDGE") or f.get("HAS_LOOP_TERM"))
+    ahead, maxnreg = FORWARD_LOOP[(plan.fb <= 16, logit)] if plain else (0, 0)
     ahead = ahead if plan.ahead is None else plan.ahead
     return (ahead if FORWARD_AHEAD is None else FORWARD_AHEAD), (maxnreg if plan.maxnreg is None else plan.maxnreg)
 
@@ -210,7 +206,7 @@ def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: 
 
     def build():
         plan = _one_pass_plan(rowptr, col, n_src, H, F, dtype.itemsize, pair)
-        ahead, maxnreg = _forward_loop(plan, ("gatv2" if dict(flags).get("GATV2") else "dot") if pair else "gat")
+        ahead, maxnreg = _forward_loop(plan, flags, pair, dtype)
         meta = dict(flags, ACC=_acc(dtype), HB=plan.hb, FB=plan.fb, R=plan.rows, SEG=plan.seg, DENSE=F == plan.fb,
                     AHEAD=ahead, num_warps=plan.warps)
         if maxnreg:

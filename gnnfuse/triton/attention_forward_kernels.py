@@ -21,6 +21,18 @@ from .attention_kernels import (NEG_INF, _edge_block, _edge_logit, _edge_terms, 
                                 _merge_lanes, _online_step, _piece_at)
 from .pair_attention_kernels import _att_tile, _pair_edges, _pair_logit, _pair_terms
 
+# The forward loop per (narrow heads (FB <= 16), logit: "gat", "gatv2" or "dot"): (AHEAD, MAXNREG),
+# read by attention._forward_loop. AHEAD 0 loads a step's logit terms, works them, then gathers its
+# values; 1 issues every load of step t + 1 before step t's maths (the loops below). MAXNREG caps a
+# thread's registers (0: the compiler's choice) so that more programs share an SM; each cap here keeps
+# the loop free of spills (ptxas for sm_90, Triton 3.6: benchmarks/gpu/compile_attention.py). Chosen
+# on an H100 (kernel time, arxiv-like and rfc-uniform,
+# benchmarks/results/attention-forward_h100_2026-11-23_gpukern.md) for float32 kernels without
+# dropout and edge terms (the ones measured); with dropout, edge terms or half types the caps spill
+# inside the loop, so those kernels keep (0, 0), the loop as it was.
+FORWARD_LOOP = {(True, "gat"): (0, 64), (True, "gatv2"): (1, 80), (True, "dot"): (0, 0),
+                (False, "gat"): (1, 72), (False, "gatv2"): (1, 72), (False, "dot"): (0, 72)}
+
 
 @triton.jit
 def _task_lanes(task_ptr, rows_ptr, num_rows, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, R: tl.constexpr,

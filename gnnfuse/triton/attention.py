@@ -60,6 +60,7 @@ GROUP_TILE = 1024
 FORWARD_SPLIT_EDGES = 1024
 FORWARD_AHEAD = None  # where set, overrides every load order (check_attention.py --ahead)
 
+
 # ---- launchers ------------------------------------------------------------------------------------
 def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None = None) -> tuple[int, int, int]:
     """(BE, HB, FB): all features of a head in one tile, heads packed up to 128 columns, tile <= 4096.

@@ -1,0 +1,109 @@
+"""TransformerConv's default layer on a small graph: its four linears (query, key, value, skip) as
+ONE batched product and the dot attention plus the skip as ONE autograd node, on the Triton eager
+route.
+
+A small graph's training step waits on the host (benchmarks/results/attention-profile_*: each torch
+op costs it tens of microseconds, a weight gradient's product with its split-K reduction more).
+Through _pair_node.PairNode the layer costs four products forward (query, key, value in the node,
+the skip outside it) and eight ops for the weights' and biases' gradients backward, plus the skip's
+own autograd nodes. Here the weights are stacked ``[4, H*C, in]`` (one ``cat`` each for the weights
+and biases, every step: they change between steps) and one ``baddbmm`` of the shared input makes
+``y [4, N, H*C]``, whose first three slices are q, k and v as the kernels read them (contiguous) and
+whose last is the skip; the backward kernels write q's, k's and v's gradients into slices of one
+``[4, N, H*C]`` buffer whose last slice is the output's gradient (the skip's), so that every weight
+gradient is one ``bmm`` and every bias gradient one ``sum``. The parameters and the state_dict stay
+PyG's own (four linears).
+
+Where (:func:`applies`): PyG's default TransformerConv (``concat``, ``root_weight``, no ``beta``, no
+edge features, four plain linears with biases), one input tensor for both roles, the Triton backend,
+the eager route's conditions (ops/_opdef.py), a gradient wanted, and ``y`` under
+``_recompute.MIN_BYTES``: the node keeps ``y`` (the skip's slice with it) and its gradient buffer
+holds one ``[N, H*C]`` more than the separate linears' route, which only a small graph should pay.
+Elsewhere PairNode or the layer's default path. Double backward raises.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ..ops._library import resolve_backend
+from ..ops._opdef import eager_route_ok
+from ..ops._torch_private import function_apply
+from ..ops.attention import checked_graph
+from ..ops.pair_attention import BACKWARD, FORWARD
+from . import _recompute
+from ._projections import plain_linear
+
+
+class TransformerNode(torch.autograd.Function):
+    """``out [N, H*C]`` = dot attention of (q, k, v) + skip, with (q, k, v, skip) = one batched product
+    of ``x`` with the four linears (module doc). ``graph``: (rowptr, col, t_rowptr, t_col, t_pos);
+    ``scalars``: the pair op's (self_loops, gatv2, negative_slope, scale, dropout, seed)."""
+
+    @staticmethod
+    def forward(ctx, graph: tuple, scalars: tuple, heads: int, x: Tensor, w_q: Tensor, b_q: Tensor, w_k: Tensor,
+                b_k: Tensor, w_v: Tensor, b_v: Tensor, w_s: Tensor, b_s: Tensor):
+        n, width = x.shape
+        weight = torch.cat((w_q, w_k, w_v, w_s)).view(4, -1, width)  # [4, H*C, in]
+        bias = torch.cat((b_q, b_k, b_v, b_s)).view(4, 1, -1)
+        y = torch.baddbmm(bias, x.expand(4, n, width), weight.transpose(1, 2))  # [4, N, H*C]
+        q, k, v = y[0].view(n, heads, -1), y[1].view(n, heads, -1), y[2].view(n, heads, -1)
+        rowptr, col, t_rowptr, t_col, t_pos = graph
+        out, m, z = FORWARD.kernels["triton"](q, k, v, None, None, rowptr, col, None, t_rowptr, t_col, t_pos, *scalars)
+        # (the graph's tensors as plain attributes: the cached CSR, never modified in place, and no
+        # output of this node, so no reference cycle; each saved tensor costs the host every step)
+        ctx.scalars, ctx.heads, ctx.graph = scalars, heads, graph
+        ctx.save_for_backward(x, weight, y, m, z)
+        return torch.add(out.view(n, -1), y[3])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_out: Tensor):
+        x, weight, y, m, z = ctx.saved_tensors
+        n, width = x.shape
+        heads = ctx.heads
+        g_y = y.new_empty(y.shape)
+        g_y[3].copy_(g_out)  # the skip's gradient is the output's (and, contiguous, what the kernels read)
+        q, k, v, g = (t.view(n, heads, -1) for t in (y[0], y[1], y[2], g_y[3]))
+        rowptr, col, t_rowptr, t_col, t_pos = ctx.graph
+        # (out not kept: the dot attention's backward recomputes what it reads of it)
+        BACKWARD.kernels["triton"](g, y.new_empty(0), m, z, q, k, v, None, None, rowptr, col, None, t_rowptr, t_col,
+                                   t_pos, *ctx.scalars, [True, True, True, False, False],
+                                   (g_y[0].view_as(q), g_y[1].view_as(k), g_y[2].view_as(v)))
+        g_w = torch.bmm(g_y.transpose(1, 2), x.expand(4, n, width))  # [4, H*C, in]
+        g_b = g_y.sum(1)  # [4, H*C]
+        g_x = torch.bmm(g_y, weight).sum(0) if ctx.needs_input_grad[3] else None
+        return None, None, None, g_x, g_w[0], g_b[0], g_w[1], g_b[1], g_w[2], g_b[2], g_w[3], g_b[3]
+
+
+_apply = function_apply(TransformerNode)  # (the C apply: callers checked eager_route_ok)
+
+
+def applies(layer, x) -> bool:
+    """Whether TransformerConv's call may take this route (module doc); the caller has checked that
+    there are no edge features (``lin_edge`` None)."""
+    if not (isinstance(x, Tensor) and x.dim() == 2 and layer.concat and layer.root_weight and layer.lin_beta is None):
+        return False
+    linears = (layer.lin_query, layer.lin_key, layer.lin_value, layer.lin_skip)
+    if not all(plain_linear(lin) and lin.bias is not None for lin in linears):
+        return False
+    tensors = [x] + [t for lin in linears for t in (lin.weight, lin.bias)]
+    if any(t.dtype != x.dtype for t in tensors) or any(lin.weight.shape != linears[0].weight.shape for lin in linears):
+        return False
+    if 4 * x.shape[0] * linears[0].weight.shape[0] * x.element_size() >= _recompute.MIN_BYTES:
+        return False
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and eager_route_ok(tensors)):
+        return False
+    return resolve_backend(layer.gnnfuse_backend, x.device) == "triton"
+
+
+def transformer_node(layer, x: Tensor, edge_index, scale: float, dropout: float) -> Tensor:
+    """The layer's ``out [N, H*C]`` (skip added) through TransformerNode (after the pair ops' checks of the graph)."""
+    csr, seed = checked_graph(x, x.shape[0], edge_index, 0.0, dropout, None)
+    if csr.col.device != x.device:
+        raise ValueError(f"all tensors must be on one device; got x on {x.device}, edge_index on {csr.col.device}")
+    graph = (csr.rowptr, csr.col, *csr.transpose_parts())
+    q, k, v, s = layer.lin_query, layer.lin_key, layer.lin_value, layer.lin_skip
+    return _apply(graph, (False, False, 0.0, float(scale), float(dropout), seed), layer.heads, x, q.weight, q.bias,
+                  k.weight, k.bias, v.weight, v.bias, s.weight, s.bias)

@@ -443,9 +443,10 @@ def test_gatconv_keeps_a_small_projection(monkeypatch):
 
 @pytest.mark.parametrize("x_grad", [False, True])
 def test_gatconv_one_node_route_matches_the_two_node_route(x_grad, monkeypatch):
-    """GATConv's one-node route (nn/_gat_node.py: projection, attention terms and fused attention
-    under one autograd node, Triton eager) gives the same output and gradients, bit for bit, as the
-    default route (GATProjection + the attention op), dropout included (the same seed is drawn)."""
+    """GATConv's one-node route (nn/_gat_node.py: projection, attention terms, fused attention and
+    the bias under one autograd node, Triton eager) gives the same output and gradients as the
+    default route (GATProjection + the attention op), dropout included (the same seed is drawn), to
+    rounding (its products are grouped otherwise)."""
     from gnnfuse.nn import _attention, _gat_node
 
     dev = on("triton")
@@ -462,8 +463,10 @@ def test_gatconv_one_node_route_matches_the_two_node_route(x_grad, monkeypatch):
         torch.manual_seed(7)
         runs.append(layer_run(ours, x, ei))
     (out, grads), (ref, ref_grads) = runs
-    assert torch.equal(out, ref)
-    assert len(grads) == len(ref_grads) and all(torch.equal(g, r) for g, r in zip(grads, ref_grads))
+    torch.testing.assert_close(out, ref, atol=1e-13, rtol=1e-13)
+    assert len(grads) == len(ref_grads)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-13, rtol=1e-13)
 
 
 def test_gatconv_one_node_route_applies_only_where_it_may():

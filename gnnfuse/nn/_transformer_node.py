@@ -48,14 +48,14 @@ class TransformerNode(torch.autograd.Function):
         weight = torch.cat((w_q, w_k, w_v, w_s)).view(4, -1, width)  # [4, H*C, in]
         bias = torch.cat((b_q, b_k, b_v, b_s)).view(4, 1, -1)
         y = torch.baddbmm(bias, x.expand(4, n, width), weight.transpose(1, 2))  # [4, N, H*C]
-        q, k, v = y[0].view(n, heads, -1), y[1].view(n, heads, -1), y[2].view(n, heads, -1)
+        q, k, v, skip = (t.view(n, heads, -1) for t in y.unbind(0))
         rowptr, col, t_rowptr, t_col, t_pos = graph
         out, m, z = FORWARD.kernels["triton"](q, k, v, None, None, rowptr, col, None, t_rowptr, t_col, t_pos, *scalars)
         # (the graph's tensors as plain attributes: the cached CSR, never modified in place, and no
         # output of this node, so no reference cycle; each saved tensor costs the host every step)
         ctx.scalars, ctx.heads, ctx.graph = scalars, heads, graph
         ctx.save_for_backward(x, weight, y, m, z)
-        return torch.add(out.view(n, -1), y[3])
+        return torch.add(out, skip).view(n, -1)
 
     @staticmethod
     @once_differentiable
@@ -63,18 +63,19 @@ class TransformerNode(torch.autograd.Function):
         x, weight, y, m, z = ctx.saved_tensors
         n, width = x.shape
         heads = ctx.heads
-        g_y = y.new_empty(y.shape)
-        g_y[3].copy_(g_out)  # the skip's gradient is the output's (and, contiguous, what the kernels read)
-        q, k, v, g = (t.view(n, heads, -1) for t in (y[0], y[1], y[2], g_y[3]))
+        g_y = y.new_empty(4, n, heads, y.shape[2] // heads)  # q's, k's, v's and the skip's gradients
+        g_q, g_k, g_v, g_skip = g_y.unbind(0)
+        g_skip.copy_(g_out.view(g_skip.shape))  # the skip's gradient is the output's (and what the kernels read)
+        q, k, v, _ = (t.view(n, heads, -1) for t in y.unbind(0))
         rowptr, col, t_rowptr, t_col, t_pos = ctx.graph
         # (out not kept: the dot attention's backward recomputes what it reads of it)
-        BACKWARD.kernels["triton"](g, y.new_empty(0), m, z, q, k, v, None, None, rowptr, col, None, t_rowptr, t_col,
-                                   t_pos, *ctx.scalars, [True, True, True, False, False],
-                                   (g_y[0].view_as(q), g_y[1].view_as(k), g_y[2].view_as(v)))
-        g_w = torch.bmm(g_y.transpose(1, 2), x.expand(4, n, width))  # [4, H*C, in]
-        g_b = g_y.sum(1)  # [4, H*C]
+        BACKWARD.kernels["triton"](g_skip, y.new_empty(0), m, z, q, k, v, None, None, rowptr, col, None, t_rowptr, t_col,
+                                   t_pos, *ctx.scalars, [True, True, True, False, False], (g_q, g_k, g_v))
+        g_y = g_y.view(4, n, -1)
+        g_wq, g_wk, g_wv, g_ws = torch.bmm(g_y.transpose(1, 2), x.expand(4, n, width)).unbind(0)  # [H*C, in] each
+        g_bq, g_bk, g_bv, g_bs = g_y.sum(1).unbind(0)
         g_x = torch.bmm(g_y, weight).sum(0) if ctx.needs_input_grad[3] else None
-        return None, None, None, g_x, g_w[0], g_b[0], g_w[1], g_b[1], g_w[2], g_b[2], g_w[3], g_b[3]
+        return None, None, None, g_x, g_wq, g_bq, g_wk, g_bk, g_wv, g_bv, g_ws, g_bs
 
 
 _apply = function_apply(TransformerNode)  # (the C apply: callers checked eager_route_ok)

@@ -246,14 +246,18 @@ def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs:
 
 
 def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops,
-             slope, p, seed, needs):
+             slope, p, seed, needs, outs=None):
+    """The op's backward; ``outs``: optional (g_x, g_src, g_dst) buffers of x's, a_src's and a_dst's shape,
+    contiguous (None: allocated here), to write those gradients into (a caller's slices of one tensor;
+    the registered op passes none)."""
     n_src, H, F = x.shape
     need_x, need_src, need_dst = bool(needs[0]), bool(needs[1]), bool(needs[2])
     need_edge, need_loop = bool(needs[3]) and a_edge is not None, bool(needs[4]) and a_loop is not None
     empty = x.new_empty(0)
-    g_x = torch.empty_like(x) if need_x else empty
-    g_src = torch.empty_like(a_src) if need_src else empty
-    g_dst = torch.empty_like(a_dst) if need_dst else empty
+    o_x, o_src, o_dst = outs if outs is not None else (None, None, None)
+    g_x = (torch.empty_like(x) if o_x is None else o_x) if need_x else empty
+    g_src = (torch.empty_like(a_src) if o_src is None else o_src) if need_src else empty
+    g_dst = (torch.empty_like(a_dst) if o_dst is None else o_dst) if need_dst else empty
     g_edge = torch.zeros_like(a_edge) if need_edge else empty  # skipped self loops keep 0
     g_loop = torch.zeros_like(a_loop) if need_loop else empty
     D = torch.empty_like(m)

@@ -201,11 +201,11 @@ def _children(event, t0: float, lines: list, indent: str) -> None:
 def node_backward_profile(step, calls: int = 50, top: int = 30) -> str:
     """cProfile of the one-node routes' backward (GATNode / PairNode), taken inside it: autograd runs
     a CUDA node's backward on its device thread, which a profiler enabled in the caller misses."""
-    from gnnfuse.nn import _gat_node, _pair_node
+    from gnnfuse.nn import _gat_node, _pair_node, _transformer_node
 
     prof = cProfile.Profile()
     originals = {}
-    for cls in (_gat_node.GATNode, _pair_node.PairNode):
+    for cls in (_gat_node.GATNode, _pair_node.PairNode, _transformer_node.TransformerNode):
         originals[cls] = vars(cls)["backward"]
 
         def wrapped(ctx, *grads, _orig=originals[cls].__func__):
@@ -225,7 +225,10 @@ def node_backward_profile(step, calls: int = 50, top: int = 30) -> str:
         for cls, original in originals.items():
             cls.backward = original
     s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    try:
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    except TypeError:  # nothing recorded: the step took none of these nodes
+        return "(no one-node backward ran)"
     return s.getvalue()
 
 

@@ -6,9 +6,9 @@ each autograd node costs the host tens of microseconds (its creation, the saved 
 engine's call of its backward), and so does every argument check. The default path makes two
 nodes, GATProjection (nn/_projections.py) and the attention op's (ops/attention.py, which checks
 its tensors again); here the same maths and the same two kernels run under one node, whose
-backward runs the attention backward and then the projection's, with fewer launches (GATNode's
-doc; the bias of concatenated heads added inside too). The same dropout seed is drawn at the same
-point; the products are grouped otherwise, so the numbers agree to rounding, not bit for bit.
+backward runs the attention backward and then the projection's (and, for concatenated heads, the
+bias is added inside too: no autograd nodes of its own). The numbers are the same (same kernels,
+same products, same dropout seed drawn at the same point), the bias's gradient to rounding.
 
 Used by GATConv only where all of this holds (:func:`applies`), else the default path:
 PyG's default layer (one bias-free linear for both roles, no edge features), the Triton backend,
@@ -27,59 +27,51 @@ from ..ops._opdef import eager_route_ok
 from ..ops._torch_private import function_apply
 from ..ops.attention import BACKWARD, FORWARD, checked_graph
 from . import _recompute
+from ._projections import project
 
 
 class GATNode(torch.autograd.Function):
     """GATConv's projection + attention terms + fused attention (module doc): ``out [N, H, C]``, or
-    with ``bias`` (given only for concatenated heads) ``out [N, H * C] + bias``. ``graph``: (rowptr,
-    col, t_rowptr, t_col, t_pos); ``scalars``: the op's (self_loops, negative_slope, dropout, seed).
-
-    The products are GATProjection's maths with fewer launches: the two attention terms come out of
-    one batched product ``a [2, N, H]`` (a_src, a_dst: each slice contiguous, as the kernels read
-    them) and the backward kernels write their gradients into the slices of one ``[2, N, H]``
-    buffer, so that the folded weights' gradient is one ``bmm`` (no stack of the two terms'
-    gradients); the bias's gradient is a sum inside the node (no autograd nodes of its own)."""
+    with ``bias`` (given only for concatenated heads) ``out [N, H * C] + bias``, the bias's gradient
+    a sum inside the node (no autograd nodes of its own). ``graph``: (rowptr, col, t_rowptr, t_col,
+    t_pos); ``scalars``: the op's (self_loops, negative_slope, dropout, seed)."""
 
     @staticmethod
     def forward(ctx, graph: tuple, scalars: tuple, x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor,
                 bias: Tensor | None):
-        n, width = x.shape
-        H, C = att_src.shape[-2], att_src.shape[-1]
-        att = torch.stack((att_src, att_dst), -2).view(H, 2, C)
-        w = torch.bmm(att, weight.view(H, C, width))  # [H, 2, in]: att_src / att_dst folded into the weight
-        h = torch.mm(x, weight.t()).view(n, H, C)
-        a = torch.bmm(x.expand(2, n, width), w.transpose(0, 1).transpose(1, 2))  # [2, N, H]: a_src, a_dst
-        out, m, z = FORWARD.kernels["triton"](h, *a.unbind(0), None, None, *graph, *scalars)
+        h, a_src, a_dst, att, _ = project(x, weight, att_src, att_dst)
+        h = h.view(x.shape[0], att.shape[0], att.shape[2])
+        out, m, z = FORWARD.kernels["triton"](h, a_src, a_dst, None, None, *graph, *scalars)
         # (the graph's tensors as plain attributes: the cached CSR, never modified in place and no
         # output of this node, so no reference cycle; each saved tensor costs the host every step)
         ctx.scalars, ctx.graph = scalars, graph
-        ctx.save_for_backward(x, weight, att, w, h, a, out, m, z)
-        return out if bias is None else torch.add(out.view(n, H * C), bias)
+        ctx.save_for_backward(x, weight, att_src, att_dst, h, a_src, a_dst, out, m, z)
+        return out if bias is None else torch.add(out.view(x.shape[0], -1), bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_out: Tensor):
-        x, weight, att, w, h, a, out, m, z = ctx.saved_tensors
+        x, weight, att_src, att_dst, h, a_src, a_dst, out, m, z = ctx.saved_tensors
         _, _, need_x, need_w, need_src, need_dst, need_b = ctx.needs_input_grad
-        n, H, C = h.shape
+        n, heads, width = h.shape
         g_b = g_out.sum(0) if need_b else None
-        g_a = a.new_empty(a.shape)  # the kernels write a_src's and a_dst's gradients into its slices
-        # h's gradient feeds x's and the weight's; both terms' gradients feed all four
-        needs = [need_x or need_w, True, True, False, False]
-        g_src, g_dst = g_a.unbind(0)
-        g_h = BACKWARD.kernels["triton"](g_out.contiguous().view(n, H, C), out, m, z, h, *a.unbind(0), None, None,
-                                         *ctx.graph, *ctx.scalars, needs, (None, g_src, g_dst))[0]
-        g_h = g_h.view(n, H * C) if needs[0] else None
-        g_w = torch.bmm(g_a.transpose(1, 2), x.expand(2, n, x.shape[1])).transpose(0, 1)  # [H, 2, in], w's layout
-        g_x = g_weight = g_att_src = g_att_dst = None
-        if need_x:
-            w_src, w_dst = w.unbind(1)
-            g_x = torch.addmm(torch.addmm(torch.mm(g_h, weight), g_src, w_src), g_dst, w_dst)
-        if need_w:
-            g_weight = torch.addmm(torch.bmm(att.transpose(1, 2), g_w).view(weight.shape), g_h.t(), x)
+        # the transpose pass folds the terms' gradients into h's (a_src = h . att_src, a_dst = h . att_dst):
+        # g_h is h's whole gradient, so x's and the weight's are one product each, and the attention
+        # vectors' gradients (sum over nodes of g_src[n, h] h[n, h, :], g_dst's alike) one more
+        g_h, g_src, g_dst, _, _ = BACKWARD.kernels["triton"](
+            g_out.contiguous().view(h.shape), out, m, z, h, a_src, a_dst, None, None, *ctx.graph, *ctx.scalars,
+            [True, True, True, False, False], (att_src.view(heads, width), att_dst.view(heads, width)))
+        g_h = g_h.view(n, heads * width)
+        g_x = torch.mm(g_h, weight) if need_x else None
+        g_weight = torch.mm(g_h.t(), x) if need_w else None
+        g_att_src = g_att_dst = None
         if need_src or need_dst:
-            g_att = torch.bmm(g_w, weight.view(H, C, -1).transpose(1, 2)).view(1, H, 2, C)
-            g_att_src, g_att_dst = g_att.unbind(2)  # [1, H, C] each
+            # [2H, H*C] products of every head's term gradient with every head's h; the attention
+            # vectors' gradients are its diagonal blocks (a head's with its own): one split-K
+            # product rather than a batched one (cuBLAS splits only the former over the N rows)
+            g_terms = torch.stack((g_src, g_dst), 1).view(n, 2 * heads)
+            g_att = torch.mm(g_terms.t(), h.view(n, -1)).view(2, heads, heads, width).diagonal(0, 1, 2)  # [2, C, H]
+            g_att_src, g_att_dst = g_att.transpose(1, 2).unsqueeze(1).unbind(0)  # [1, H, C] each
         return None, None, g_x, g_weight, g_att_src, g_att_dst, g_b
 
 

@@ -224,7 +224,8 @@ def _fold(part, out, wl, width):
             REDUCE=SUM, ACC64=part.dtype == torch.float64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=bf, num_warps=4)
 
 
-def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs: tuple) -> BackwardSetup:
+def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs: tuple,
+                    fold_att: bool = False) -> BackwardSetup:
     """The backward's work lists, grids, constexprs and bound launches (cached, as forward_setup's)."""
     n_src, H, F = x.shape
     need_x, need_src, need_dst, need_edge, need_loop = needs
@@ -239,36 +240,41 @@ def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs:
                          NEED_LOOP=need_loop)
         return BackwardSetup(rows, None if rows is None else ((rows.num_pieces, cdiv(H, hb)), rows_meta), sources,
                              None if sources is None else ((sources.num_pieces, cdiv(H, hb)),
-                                                           dict(base, NEED_X=need_x, NEED_SRC=need_src)))
+                                                           dict(base, NEED_X=need_x, NEED_SRC=need_src,
+                                                                FOLD_ATT=fold_att)))
 
-    key = (n_src, H, F, col.shape[0], x.dtype, col.dtype, t_col.dtype, t_pos.dtype, flags, needs, _knobs())
+    key = (n_src, H, F, col.shape[0], x.dtype, col.dtype, t_col.dtype, t_pos.dtype, flags, needs, fold_att, _knobs())
     return cached("attention-backward", (rowptr, t_rowptr), key, build)
 
 
 def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops,
-             slope, p, seed, needs, outs=None):
-    """The op's backward; ``outs``: optional (g_x, g_src, g_dst) buffers of x's, a_src's and a_dst's shape,
-    contiguous (None: allocated here), to write those gradients into (a caller's slices of one tensor;
-    the registered op passes none)."""
+             slope, p, seed, needs, fold_att=None):
+    """The op's backward. ``fold_att``: optional (att_src, att_dst) [H, F], contiguous, where x is a
+    projection h whose terms are a_src = h . att_src and a_dst = h . att_dst over one node set (a
+    layer's one-node route; the registered op passes none): the x gradient returned is then h's
+    whole gradient, the terms' parts folded in by the transpose pass (_backward_sources_kernel),
+    and needs must ask for x's, a_src's and a_dst's."""
     n_src, H, F = x.shape
     need_x, need_src, need_dst = bool(needs[0]), bool(needs[1]), bool(needs[2])
     need_edge, need_loop = bool(needs[3]) and a_edge is not None, bool(needs[4]) and a_loop is not None
+    if fold_att is not None and not (need_x and need_src and need_dst and n_src == rowptr.shape[0] - 1):
+        raise ValueError("fold_att needs x's, a_src's and a_dst's gradients and one node set for both roles")
     empty = x.new_empty(0)
-    o_x, o_src, o_dst = outs if outs is not None else (None, None, None)
-    g_x = (torch.empty_like(x) if o_x is None else o_x) if need_x else empty
-    g_src = (torch.empty_like(a_src) if o_src is None else o_src) if need_src else empty
-    g_dst = (torch.empty_like(a_dst) if o_dst is None else o_dst) if need_dst else empty
+    g_x = torch.empty_like(x) if need_x else empty
+    g_src = torch.empty_like(a_src) if need_src else empty
+    g_dst = torch.empty_like(a_dst) if need_dst else empty
     g_edge = torch.zeros_like(a_edge) if need_edge else empty  # skipped self loops keep 0
     g_loop = torch.zeros_like(a_loop) if need_loop else empty
     D = torch.empty_like(m)
     flags = (("HAS_EDGE", a_edge is not None), ("HAS_LOOP_TERM", a_loop is not None), ("SELF_LOOPS", bool(self_loops)),
              ("DROPOUT", p > 0))
     setup = _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags,
-                            (need_x, need_src, need_dst, need_edge, need_loop))
+                            (need_x, need_src, need_dst, need_edge, need_loop), fold_att is not None)
+    att_s, att_d = fold_att if fold_att is not None else (x, x)
     scalars = _scalars(n_src, rowptr.shape[0] - 1, col.shape[0], H, F, self_loops, slope, p, seed)
     a_edge_, a_loop_ = (a_edge if a_edge is not None else x), (a_loop if a_loop is not None else x)
     fast = x.is_cuda and BoundLaunches.usable(grad_out, x, a_src, a_dst, a_edge_, a_loop_, rowptr, col, t_rowptr,
-                                              t_col, t_pos)
+                                              t_col, t_pos, att_s, att_d)
     launch, wl = setup.launch, setup.rows
     if wl is not None:
         p_dst = m.new_empty(wl.num_partials, H) if need_dst and wl.num_partials else m
@@ -285,7 +291,7 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
         p_src = m.new_empty(parts, H) if need_src and parts else m
         launch("sources", _backward_sources_kernel, setup.sources_launch[0], (
             grad_out, m, z, x, a_src, a_dst, a_edge_, a_loop_, t_rowptr, t_col, t_pos, D, g_x if need_x else x,
-            g_src if need_src else x, wl.seg_row, wl.seg_ptr, wl.slot, p_x, p_src, *scalars),
+            g_src if need_src else x, att_s, att_d, g_dst if need_dst else x, wl.seg_row, wl.seg_ptr, wl.slot, p_x, p_src, *scalars),
             setup.sources_launch[1], fast)
         if need_x:
             setup.fold("fold_x", p_x, g_x, wl, H * F, fast)

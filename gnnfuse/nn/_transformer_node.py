@@ -1,18 +1,19 @@
-"""TransformerConv's default layer on a small graph: its four linears (query, key, value, skip) as
-ONE batched product and the dot attention plus the skip as ONE autograd node, on the Triton eager
-route.
+"""TransformerConv's default layer on a small graph: its four linears (query, key, value, skip), the
+dot attention and the skip's addition as ONE autograd node, on the Triton eager route.
 
 A small graph's training step waits on the host (benchmarks/results/attention-profile_*: each torch
 op costs it tens of microseconds, a weight gradient's product with its split-K reduction more).
 Through _pair_node.PairNode the layer costs four products forward (query, key, value in the node,
 the skip outside it) and eight ops for the weights' and biases' gradients backward, plus the skip's
-own autograd nodes. Here the weights are stacked ``[4, H*C, in]`` (one ``cat`` each for the weights
-and biases, every step: they change between steps) and one ``baddbmm`` of the shared input makes
-``y [4, N, H*C]``, whose first three slices are q, k and v as the kernels read them (contiguous) and
-whose last is the skip; the backward kernels write q's, k's and v's gradients into slices of one
+own autograd nodes. Here the four products write into the slices of one ``y [4, N, H*C]`` (q, k and
+v as the kernels read them, contiguous, and the skip), the skip is added inside the node, and the
+backward kernels write q's, k's and v's gradients into slices of one
 ``[4, N, H*C]`` buffer whose last slice is the output's gradient (the skip's), so that the four
 biases' gradients are one ``sum`` (the weights' are one product each: see the backward). The
-parameters and the state_dict stay PyG's own (four linears).
+parameters and the state_dict stay PyG's own (four linears). (One ``baddbmm`` of the input
+expanded over the four stacked weights cost the H100's host more than the four products, and
+copied the input; one ``bmm`` for the four weights' gradients is not split over the rows by
+cuBLAS: 290 us of device time at N = 10K.)
 
 Where (:func:`applies`): PyG's default TransformerConv (``concat``, ``root_weight``, no ``beta``, no
 edge features, four plain linears with biases), one input tensor for both roles, the Triton backend,
@@ -44,24 +45,25 @@ class TransformerNode(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph: tuple, scalars: tuple, heads: int, x: Tensor, w_q: Tensor, b_q: Tensor, w_k: Tensor,
                 b_k: Tensor, w_v: Tensor, b_v: Tensor, w_s: Tensor, b_s: Tensor):
-        n, width = x.shape
-        weight = torch.cat((w_q, w_k, w_v, w_s)).view(4, -1, width)  # [4, H*C, in]
-        bias = torch.cat((b_q, b_k, b_v, b_s)).view(4, 1, -1)
-        y = torch.baddbmm(bias, x.expand(4, n, width), weight.transpose(1, 2))  # [4, N, H*C]
-        q, k, v, skip = (t.view(n, heads, -1) for t in y.unbind(0))
+        n = x.shape[0]
+        y = x.new_empty(4, n, w_q.shape[0])  # [4, N, H*C]: q, k, v, skip
+        q, k, v, skip = y.unbind(0)
+        for out, w, b in ((q, w_q, b_q), (k, w_k, b_k), (v, w_v, b_v), (skip, w_s, b_s)):
+            torch.addmm(b, x, w.t(), out=out)  # (the bias in the product's epilogue, written in place)
+        q, k, v, skip = (t.view(n, heads, -1) for t in (q, k, v, skip))
         rowptr, col, t_rowptr, t_col, t_pos = graph
         out, m, z = FORWARD.kernels["triton"](q, k, v, None, None, rowptr, col, None, t_rowptr, t_col, t_pos, *scalars)
         # (the graph's tensors as plain attributes: the cached CSR, never modified in place, and no
         # output of this node, so no reference cycle; each saved tensor costs the host every step)
         ctx.scalars, ctx.heads, ctx.graph = scalars, heads, graph
-        ctx.save_for_backward(x, weight, y, m, z)
+        ctx.save_for_backward(x, w_q, w_k, w_v, w_s, y, m, z)
         return torch.add(out, skip).view(n, -1)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_out: Tensor):
-        x, weight, y, m, z = ctx.saved_tensors
-        n, width = x.shape
+        x, w_q, w_k, w_v, w_s, y, m, z = ctx.saved_tensors
+        n = x.shape[0]
         heads = ctx.heads
         g_y = y.new_empty(4, n, heads, y.shape[2] // heads)  # q's, k's, v's and the skip's gradients
         g_q, g_k, g_v, g_skip = g_y.unbind(0)
@@ -75,9 +77,14 @@ class TransformerNode(torch.autograd.Function):
         # one product per weight, not one bmm of the four: a product summing over the N rows is
         # split over the rows by cuBLAS (split-K), a batched one is not (on an H100 at N = 10K the
         # bmm took 290 us of device time, at the step's end, against 4 x ~10 us)
-        g_wq, g_wk, g_wv, g_ws = (torch.mm(g.t(), x) for g in g_y.unbind(0))
+        g_parts = g_y.unbind(0)
+        g_wq, g_wk, g_wv, g_ws = (torch.mm(g.t(), x) for g in g_parts)
         g_bq, g_bk, g_bv, g_bs = g_y.sum(1).unbind(0)
-        g_x = torch.bmm(g_y, weight).sum(0) if ctx.needs_input_grad[3] else None
+        g_x = None
+        if ctx.needs_input_grad[3]:
+            g_x = torch.mm(g_parts[0], w_q)
+            for g, w in zip(g_parts[1:], (w_k, w_v, w_s)):
+                g_x = torch.addmm(g_x, g, w)
         return None, None, None, g_x, g_wq, g_bq, g_wk, g_bk, g_wv, g_bv, g_ws, g_bs
 
 

@@ -51,6 +51,11 @@ from .work_lists import WorkList
 SPLIT_EDGES = 256
 SPARSE_DEGREE = 8  # graphs of at most this average degree get 4-edge steps (see _blocks)
 WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles (see _warps)
+# Wide heads take at most this many edges a step whatever the degree: a one-warp tile of 8 x 2 x 64
+# (see _warps). On an H100, rfc-uniform (average degree 20, 4 x 64), the GATv2 / Transformer
+# training step took 1.47 / 1.56 ms against 1.95 / 1.85 at the degree's 32 edges (GAT 1.63 / 1.66;
+# benchmarks/results/attention-edge-block_h100_2026-11-23_gpuhost-2248.md).
+WIDE_EDGE_BLOCK = 8
 # The forward (one launch, attention_forward_kernels.py): rows of at most GROUP_MAX_DEGREE edges in
 # row groups, as the sum gather-scatter's one-pass plan, longer rows in pieces of at most
 # FORWARD_SPLIT_EDGES (the sum's too; the backward's pieces are SPLIT_EDGES), tiles of GROUP_TILE
@@ -61,7 +66,8 @@ FORWARD_SPLIT_EDGES = 1024
 
 
 # ---- launchers ------------------------------------------------------------------------------------
-def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None = None) -> tuple[int, int, int]:
+def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None = None,
+            wide_cap: bool = True) -> tuple[int, int, int]:
     """(BE, HB, FB): all features of a head in one tile, heads packed up to 128 columns, tile <= 4096.
 
     BE (edges per step) follows the graph's average degree E / rows when given: 4 up to an average
@@ -71,13 +77,16 @@ def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None =
     an H100 (benchmarks/results/attention-edge-block_h100_2026-11-23_*.md, arxiv-scale graph of
     average degree 6.9): a GATv2 / Transformer training step took 3.5 ms at BE 4, 5.0 at 8, 8.2 at
     16 and 11 at 32 (8 heads x 8); at 4 x 64 with one warp (see _warps) BE 4 beat BE 8 by 1.2-1.25x
-    (training step)."""
+    (training step). ``wide_cap`` (the attention backwards): heads of WIDE_HEAD features or more take
+    at most WIDE_EDGE_BLOCK edges a step (see there)."""
     fb = next_power_of_2(F)
     hb = max(1, min(next_power_of_2(H), 128 // fb))
     be = max(4, min(32, 4096 // (hb * fb)))
     if num_edges is not None and num_rows:
         average = -(-num_edges // num_rows)
         be = min(be, 4 if average <= SPARSE_DEGREE else next_power_of_2(average))
+    if wide_cap and fb >= WIDE_HEAD:  # wide heads: at most WIDE_EDGE_BLOCK edges a step (the attention kernels)
+        be = min(be, WIDE_EDGE_BLOCK)
     return be, hb, fb
 
 

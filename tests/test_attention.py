@@ -487,3 +487,23 @@ def test_gatconv_one_node_route_applies_only_where_it_may():
     ours.gnnfuse_backend = "triton"
     big = torch.empty(_recompute.MIN_BYTES // (8 * ours.lin.weight.shape[0]) + 1, 6, dtype=torch.float64, device=dev)
     assert not _gat_node.applies(ours, big, ours.lin.weight)
+
+
+def test_backward_fold_att_needs_every_gradient_and_one_node_set():
+    """The Triton backward's ``fold_att`` (the GATConv node's: the terms' gradients folded into the
+    projection's) is refused where it cannot hold: without x's, a_src's and a_dst's gradients or
+    with two node sets (checked before any launch)."""
+    from gnnfuse.triton import attention as kernels
+
+    n, heads, width = 4, 2, 3
+    x, g = torch.randn(n, heads, width), torch.randn(n, heads, width)
+    a, m = torch.randn(n, heads), torch.zeros(n, heads)
+    att = torch.randn(heads, width)
+    rowptr, col = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2])  # 3 targets, 4 sources
+    with pytest.raises(ValueError, match="fold_att"):
+        kernels.backward(g, x, m, m, x, a, a[:3], None, None, rowptr, col, rowptr, col, col, True, 0.2, 0.0, 0,
+                         [True, True, True, False, False], (att, att))
+    with pytest.raises(ValueError, match="fold_att"):
+        kernels.backward(g, x, m, m, x, a, a, None, None, torch.tensor([0, 1, 2, 3, 4]), torch.arange(4),
+                         torch.tensor([0, 1, 2, 3, 4]), torch.arange(4), torch.arange(4), True, 0.2, 0.0, 0,
+                         [True, False, True, False, False], (att, att))

@@ -201,7 +201,6 @@ def test_one_node_route_matches_the_default_route(name, extra, x_grad, monkeypat
     _, ours = make_pair(name, 6, dropout=0.3, **extra)
     ours = ours.to(dev).train()
     ours.gnnfuse_backend = "triton"
-    ours.gnnfuse_fused_projections = False  # (TransformerConv: PairNode, not TransformerNode)
     x = torch.randn(N, 6, dtype=torch.float64, device=dev, requires_grad=x_grad)
     ei = graph().to(dev)
     linears = (ours.lin_r, ours.lin_l, None) if name.startswith("gatv2") else \
@@ -224,9 +223,9 @@ def test_one_node_route_matches_the_default_route(name, extra, x_grad, monkeypat
 
 @pytest.mark.parametrize("x_grad", [False, True])
 def test_transformer_node_matches_the_pair_node_route(x_grad):
-    """TransformerConv's small-graph route (nn/_transformer_node.py: the four linears as one batched
-    product, the attention and the skip under one autograd node) gives PairNode's output and
-    gradients (every parameter's, x's), dropout included (the same seed is drawn), to rounding."""
+    """TransformerConv's opt-in small-graph route (nn/_transformer_node.py: the four linears, the
+    attention and the skip under one autograd node) gives PairNode's output and gradients (every
+    parameter's, x's), dropout included (the same seed is drawn), to rounding."""
     from gnnfuse.nn import _transformer_node
 
     dev = on("triton")
@@ -238,7 +237,7 @@ def test_transformer_node_matches_the_pair_node_route(x_grad):
     assert _transformer_node.applies(ours, x)
     runs = []
     for fused in (True, False):
-        ours.gnnfuse_fused_projections = fused
+        ours.gnnfuse_transformer_node = fused  # (opt-in; off: PairNode)
         torch.manual_seed(7)
         runs.append(layer_run(ours, x, ei))
     (out, grads), (ref, ref_grads) = runs

@@ -104,8 +104,9 @@ class TransformerConv(pyg_nn.TransformerConv):
 
     gnnfuse_backend: str = "auto"
     gnnfuse_checks_per_call = True
-    # small graphs: the four linears as one batched product in one autograd node (_transformer_node.py)
-    gnnfuse_fused_projections = True
+    # opt-in: the four linears, the attention and the skip as one autograd node on small graphs
+    # (_transformer_node.py; off by default: its step's peak memory is twice the default route's)
+    gnnfuse_transformer_node = False
     # propagate_type: (query: Tensor, key:Tensor, value: Tensor, edge_attr: OptTensor)
     # PyG records `cls.propagate` as the class's original propagate (used in explain mode and for
     # decomposed_layers) on first instantiation; inherited, that would be the stock class's generated
@@ -122,7 +123,7 @@ class TransformerConv(pyg_nn.TransformerConv):
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         dropout = self.dropout if self.training else 0.0
         linears = (self.lin_query, self.lin_key, self.lin_value)
-        if self.lin_edge is None and self.gnnfuse_fused_projections and transformer_applies(self, x):
+        if self.lin_edge is None and self.gnnfuse_transformer_node and transformer_applies(self, x):
             return transformer_node(self, x, edge_index, 1.0 / math.sqrt(C), dropout)  # one node, skip included
         if self.lin_edge is None and node_applies(self, x_src, x_dst, linears, None):  # one node (_pair_node.py)
             out = pair_node(self, x_src, x_dst, edge_index, linears, None, False, 0.0, 1.0 / math.sqrt(C), dropout,

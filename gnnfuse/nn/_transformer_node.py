@@ -1,5 +1,12 @@
-"""TransformerConv's default layer on a small graph: its four linears (query, key, value, skip), the
-dot attention and the skip's addition as ONE autograd node, on the Triton eager route.
+"""Opt-in (``TransformerConv.gnnfuse_transformer_node = True``): TransformerConv's default layer on a
+small graph with its four linears (query, key, value, skip), the dot attention and the skip's
+addition as ONE autograd node, on the Triton eager route.
+
+Off by default: on an H100 (benchmarks/results/attention_gatconv-gatv2conv-transformerconv_h100_2026-11-23_gpuhost-2257.md,
+rfc-uniform 8 x 8) its training step took 1.54 ms against the default route's 1.78 ms, but in
+processes whose PyG step differed as much (the ratio to PyG: 1.48 against 1.46x), and the step's
+peak memory was 45.6 MB against 21.9 (about 8 [N, H*C] more than this module's tensors explain;
+cause not found).
 
 A small graph's training step waits on the host (benchmarks/results/attention-profile_*: each torch
 op costs it tens of microseconds, a weight gradient's product with its split-K reduction more).

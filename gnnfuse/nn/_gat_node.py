@@ -5,10 +5,12 @@ On a small graph a training step is bound by the host (benchmarks/results/attent
 each autograd node costs the host tens of microseconds (its creation, the saved tensors, the
 engine's call of its backward), and so does every argument check. The default path makes two
 nodes, GATProjection (nn/_projections.py) and the attention op's (ops/attention.py, which checks
-its tensors again); here the same maths and the same two kernels run under one node, whose
-backward runs the attention backward and then the projection's (and, for concatenated heads, the
-bias is added inside too: no autograd nodes of its own). The numbers are the same (same kernels,
-same products, same dropout seed drawn at the same point), the bias's gradient to rounding.
+its tensors again); here the same maths and the same two kernels run under one node (and, for
+concatenated heads, the bias's addition: no autograd nodes of its own). Its backward asks the
+attention backward's transpose pass for h's whole gradient (the attention terms' parts folded in,
+``fold_att``), so that x's and the weight's gradients are one product each and the attention
+vectors' one more (the default path: five). The forward's numbers are the same (same products and
+kernels, the same dropout seed drawn at the same point); the gradients agree to rounding.
 
 Used by GATConv only where all of this holds (:func:`applies`), else the default path:
 PyG's default layer (one bias-free linear for both roles, no edge features), the Triton backend,
@@ -60,7 +62,7 @@ class GATNode(torch.autograd.Function):
         # vectors' gradients (sum over nodes of g_src[n, h] h[n, h, :], g_dst's alike) one more
         g_h, g_src, g_dst, _, _ = BACKWARD.kernels["triton"](
             g_out.contiguous().view(h.shape), out, m, z, h, a_src, a_dst, None, None, *ctx.graph, *ctx.scalars,
-            [True, True, True, False, False], (att_src.view(heads, width), att_dst.view(heads, width)))
+            [True, True, True, False, False], (att_src.reshape(heads, width), att_dst.reshape(heads, width)))
         g_h = g_h.view(n, heads * width)
         g_x = torch.mm(g_h, weight) if need_x else None
         g_weight = torch.mm(g_h.t(), x) if need_w else None

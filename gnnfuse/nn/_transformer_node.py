@@ -45,8 +45,8 @@ from ._projections import plain_linear
 
 
 class TransformerNode(torch.autograd.Function):
-    """``out [N, H*C]`` = dot attention of (q, k, v) + skip, with (q, k, v, skip) = one batched product
-    of ``x`` with the four linears (module doc). ``graph``: (rowptr, col, t_rowptr, t_col, t_pos);
+    """``out [N, H*C]`` = dot attention of (q, k, v) + skip, with (q, k, v, skip) the four linears of
+    ``x`` written into one ``[4, N, H*C]`` tensor (module doc). ``graph``: (rowptr, col, t_rowptr, t_col, t_pos);
     ``scalars``: the pair op's (self_loops, gatv2, negative_slope, scale, dropout, seed)."""
 
     @staticmethod

@@ -441,8 +441,8 @@ def test_gatconv_keeps_a_small_projection(monkeypatch):
         torch.testing.assert_close(g, r)
 
 
-@pytest.mark.parametrize("x_grad", [False, True])
-def test_gatconv_one_node_route_matches_the_two_node_route(x_grad, monkeypatch):
+@pytest.mark.parametrize("x_grad,extra", [(False, {}), (True, {}), (True, dict(concat=False, bias=False))])
+def test_gatconv_one_node_route_matches_the_two_node_route(x_grad, extra, monkeypatch):
     """GATConv's one-node route (nn/_gat_node.py: projection, attention terms, fused attention and
     the bias under one autograd node, Triton eager) gives the same output and gradients as the
     default route (GATProjection + the attention op), dropout included (the same seed is drawn), to
@@ -450,7 +450,7 @@ def test_gatconv_one_node_route_matches_the_two_node_route(x_grad, monkeypatch):
     from gnnfuse.nn import _attention, _gat_node
 
     dev = on("triton")
-    _, ours = gat_pair(6, 4, heads=2, dropout=0.4)
+    _, ours = gat_pair(6, 4, heads=2, dropout=0.4, **extra)  # (the bias inside the node with concatenated heads)
     ours = ours.to(dev).train()
     ours.gnnfuse_backend = "triton"
     x = torch.randn(N, 6, dtype=torch.float64, device=dev, requires_grad=x_grad)

@@ -6,7 +6,8 @@ Off by default: on an H100 (benchmarks/results/attention_gatconv-gatv2conv-trans
 rfc-uniform 8 x 8) its training step took 1.54 ms against the default route's 1.78 ms, but in
 processes whose PyG step differed as much (the ratio to PyG: 1.48 against 1.46x), and the step's
 peak memory was 45.6 MB against 21.9 (about 8 [N, H*C] more than this module's tensors explain;
-cause not found).
+cause not found: a trace of torch's CPU allocations of the same step, interpreter, shows the two
+[N, H*C] more that ``y``'s and its gradient's skip slices account for, so the rest is CUDA-side).
 
 A small graph's training step waits on the host (benchmarks/results/attention-profile_*: each torch
 op costs it tens of microseconds, a weight gradient's product with its split-K reduction more).

@@ -51,6 +51,11 @@ from .work_lists import WorkList
 SPLIT_EDGES = 256
 SPARSE_DEGREE = 8  # graphs of at most this average degree get 4-edge steps (see _blocks)
 WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles (see _warps)
+# Wide heads take at most this many edges a step whatever the degree: a one-warp tile of 8 x 2 x 64
+# (see _warps). On an H100, rfc-uniform (average degree 20, 4 x 64), the GATv2 / Transformer
+# training step took 1.47 / 1.56 ms against 1.95 / 1.85 at the degree's 32 edges (GAT 1.63 / 1.66;
+# benchmarks/results/attention-edge-block_h100_2026-11-23_gpuhost-2248.md).
+WIDE_EDGE_BLOCK = 8
 # The forward (one launch, attention_forward_kernels.py): rows of at most GROUP_MAX_DEGREE edges in
 # row groups, as the sum gather-scatter's one-pass plan, longer rows in pieces of at most
 # FORWARD_SPLIT_EDGES (the sum's too; the backward's pieces are SPLIT_EDGES), tiles of GROUP_TILE
@@ -62,7 +67,8 @@ FORWARD_AHEAD = None  # where set, overrides every load order (check_attention.p
 
 
 # ---- launchers ------------------------------------------------------------------------------------
-def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None = None) -> tuple[int, int, int]:
+def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None = None,
+            wide_cap: bool = True) -> tuple[int, int, int]:
     """(BE, HB, FB): all features of a head in one tile, heads packed up to 128 columns, tile <= 4096.
 
     BE (edges per step) follows the graph's average degree E / rows when given: 4 up to an average
@@ -72,13 +78,16 @@ def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None =
     an H100 (benchmarks/results/attention-edge-block_h100_2026-11-23_*.md, arxiv-scale graph of
     average degree 6.9): a GATv2 / Transformer training step took 3.5 ms at BE 4, 5.0 at 8, 8.2 at
     16 and 11 at 32 (8 heads x 8); at 4 x 64 with one warp (see _warps) BE 4 beat BE 8 by 1.2-1.25x
-    (training step)."""
+    (training step). ``wide_cap`` (the attention backwards): heads of WIDE_HEAD features or more take
+    at most WIDE_EDGE_BLOCK edges a step (see there)."""
     fb = next_power_of_2(F)
     hb = max(1, min(next_power_of_2(H), 128 // fb))
     be = max(4, min(32, 4096 // (hb * fb)))
     if num_edges is not None and num_rows:
         average = -(-num_edges // num_rows)
         be = min(be, 4 if average <= SPARSE_DEGREE else next_power_of_2(average))
+    if wide_cap and fb >= WIDE_HEAD:  # wide heads: at most WIDE_EDGE_BLOCK edges a step (the attention kernels)
+        be = min(be, WIDE_EDGE_BLOCK)
     return be, hb, fb
 
 
@@ -245,7 +254,8 @@ def _fold(part, out, wl, width):
             REDUCE=SUM, ACC64=part.dtype == torch.float64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=bf, num_warps=4)
 
 
-def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs: tuple) -> BackwardSetup:
+def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs: tuple,
+                    fold_att: bool = False) -> BackwardSetup:
     """The backward's work lists, grids, constexprs and bound launches (cached, as forward_setup's)."""
     n_src, H, F = x.shape
     need_x, need_src, need_dst, need_edge, need_loop = needs
@@ -260,17 +270,25 @@ def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs:
                          NEED_LOOP=need_loop)
         return BackwardSetup(rows, None if rows is None else ((rows.num_pieces, cdiv(H, hb)), rows_meta), sources,
                              None if sources is None else ((sources.num_pieces, cdiv(H, hb)),
-                                                           dict(base, NEED_X=need_x, NEED_SRC=need_src)))
+                                                           dict(base, NEED_X=need_x, NEED_SRC=need_src,
+                                                                FOLD_ATT=fold_att)))
 
-    key = (n_src, H, F, col.shape[0], x.dtype, col.dtype, t_col.dtype, t_pos.dtype, flags, needs, _knobs())
+    key = (n_src, H, F, col.shape[0], x.dtype, col.dtype, t_col.dtype, t_pos.dtype, flags, needs, fold_att, _knobs())
     return cached("attention-backward", (rowptr, t_rowptr), key, build)
 
 
 def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops,
-             slope, p, seed, needs):
+             slope, p, seed, needs, fold_att=None):
+    """The op's backward. ``fold_att``: optional (att_src, att_dst) [H, F], contiguous, where x is a
+    projection h whose terms are a_src = h . att_src and a_dst = h . att_dst over one node set (a
+    layer's one-node route; the registered op passes none): the x gradient returned is then h's
+    whole gradient, the terms' parts folded in by the transpose pass (_backward_sources_kernel),
+    and needs must ask for x's, a_src's and a_dst's."""
     n_src, H, F = x.shape
     need_x, need_src, need_dst = bool(needs[0]), bool(needs[1]), bool(needs[2])
     need_edge, need_loop = bool(needs[3]) and a_edge is not None, bool(needs[4]) and a_loop is not None
+    if fold_att is not None and not (need_x and need_src and need_dst and n_src == rowptr.shape[0] - 1):
+        raise ValueError("fold_att needs x's, a_src's and a_dst's gradients and one node set for both roles")
     empty = x.new_empty(0)
     g_x = torch.empty_like(x) if need_x else empty
     g_src = torch.empty_like(a_src) if need_src else empty
@@ -281,11 +299,12 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
     flags = (("HAS_EDGE", a_edge is not None), ("HAS_LOOP_TERM", a_loop is not None), ("SELF_LOOPS", bool(self_loops)),
              ("DROPOUT", p > 0))
     setup = _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags,
-                            (need_x, need_src, need_dst, need_edge, need_loop))
+                            (need_x, need_src, need_dst, need_edge, need_loop), fold_att is not None)
+    att_s, att_d = fold_att if fold_att is not None else (x, x)
     scalars = _scalars(n_src, rowptr.shape[0] - 1, col.shape[0], H, F, self_loops, slope, p, seed)
     a_edge_, a_loop_ = (a_edge if a_edge is not None else x), (a_loop if a_loop is not None else x)
     fast = x.is_cuda and BoundLaunches.usable(grad_out, x, a_src, a_dst, a_edge_, a_loop_, rowptr, col, t_rowptr,
-                                              t_col, t_pos)
+                                              t_col, t_pos, att_s, att_d)
     launch, wl = setup.launch, setup.rows
     if wl is not None:
         p_dst = m.new_empty(wl.num_partials, H) if need_dst and wl.num_partials else m
@@ -302,7 +321,7 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
         p_src = m.new_empty(parts, H) if need_src and parts else m
         launch("sources", _backward_sources_kernel, setup.sources_launch[0], (
             grad_out, m, z, x, a_src, a_dst, a_edge_, a_loop_, t_rowptr, t_col, t_pos, D, g_x if need_x else x,
-            g_src if need_src else x, wl.seg_row, wl.seg_ptr, wl.slot, p_x, p_src, *scalars),
+            g_src if need_src else x, att_s, att_d, g_dst if need_dst else x, wl.seg_row, wl.seg_ptr, wl.slot, p_x, p_src, *scalars),
             setup.sources_launch[1], fast)
         if need_x:
             setup.fold("fold_x", p_x, g_x, wl, H * F, fast)

@@ -276,13 +276,17 @@ def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, r
 @fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_rowptr, t_col, t_pos, D, g_x, g_src,
-                             seg_row, seg_ptr, slot, p_x, p_src, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold,
-                             scale, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
-                             DROPOUT: tl.constexpr, NEED_X: tl.constexpr, NEED_SRC: tl.constexpr,
-                             ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                             SEG: tl.constexpr):
+                             att_src, att_dst, g_dst, seg_row, seg_ptr, slot, p_x, p_src, NUM_LOOPS, N_EDGES, H, F,
+                             slope, seed, threshold, scale, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr,
+                             SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, NEED_X: tl.constexpr,
+                             NEED_SRC: tl.constexpr, FOLD_ATT: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr,
+                             HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr):
     """grad x[j] = sum_k c_k g_i and grad alpha_src[j] = sum_k ds_k over j's out-edges (the transpose's
-    row; partial sums per piece of a split row)."""
+    row; partial sums per piece of a split row). FOLD_ATT (x is the projection h whose terms are
+    alpha_src = h . att_src, alpha_dst = h . att_dst, one node set for both roles): grad x[j] also
+    takes grad alpha_src[j] att_src + grad alpha_dst[j] att_dst (g_dst: the row pass's, complete),
+    h's whole gradient; linear, so each piece of a split row adds its own alpha_src part and the
+    row's first piece the alpha_dst term."""
     j, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, t_rowptr, NUM_LOOPS, SEG)
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
@@ -309,6 +313,11 @@ def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_r
             di = tl.load(D + ih, mask=v2, other=0)
             acc_s += tl.sum(tl.where(v2, p * (keep * gx - di) * tl.where(s > 0, 1.0, slope), 0.0), 0)
     whole = part + 0 * heads < 0  # the row is one piece
+    if FOLD_ATT:
+        hf_offs = heads[:, None] * F + feats[None, :]
+        gd = tl.load(g_dst + j * H + heads, mask=hmask & (_k + 0 * heads == 0), other=0).to(ACC)
+        acc_x += acc_s[:, None] * tl.load(att_src + hf_offs, mask=hf, other=0).to(ACC)
+        acc_x += gd[:, None] * tl.load(att_dst + hf_offs, mask=hf, other=0).to(ACC)
     if NEED_X:
         tl.store(g_x + offs, acc_x.to(g_x.dtype.element_ty), mask=hf & whole[:, None])
         tl.store(p_x + part * H * F + heads[:, None] * F + feats[None, :], acc_x, mask=hf & ~whole[:, None])

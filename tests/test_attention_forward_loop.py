@@ -3,7 +3,8 @@ steps ahead of its softmax maths changes when values arrive, not the maths, so e
 the same bits (outputs and the saved row max and sum the backward reads), with dropout, edge terms,
 self loops, row groups and split rows; and the table's order and register cap reach the launch
 (kernels with dropout, edge terms or other dtypes than float32 keep the loop as it was).
-Interpreter on CPU, tiny graphs (the compiled kernels: benchmarks/gpu/check_attention.py --ahead N)."""
+Tiny graphs: in the interpreter on CPU, compiled on a GPU machine (more shapes there:
+benchmarks/gpu/check_attention.py --ahead N)."""
 from __future__ import annotations
 
 import pytest
@@ -15,6 +16,8 @@ from test_attention_forward import CONFIGS, force, hub_graph
 
 from gnnfuse.triton import attention as kernels
 from gnnfuse.triton import pair_attention as pair_kernels
+
+DEVICE = gat.TRITON_DEVICE  # the Triton kernels are called directly: CPU tensors only in the interpreter
 
 
 def _every_order_agrees(monkeypatch, forward):
@@ -30,7 +33,9 @@ def _every_order_agrees(monkeypatch, forward):
 def test_gat_load_orders_give_the_same_bits(monkeypatch, cfg):
     force(monkeypatch, **cfg)
     csr = hub_graph()
-    ins = {k: v.detach().float() for k, v in gat.inputs(edge=True, loop=True, num_edges=csr.num_edges).items()}
+    raw = gat.inputs(edge=True, loop=True, num_edges=csr.num_edges)
+    ins = {k: v.detach().float().to(DEVICE) for k, v in raw.items()}
+    csr = csr.to(DEVICE)
     _every_order_agrees(monkeypatch, lambda: kernels.forward(
         ins["x"], ins["alpha_src"], ins["alpha_dst"], ins["alpha_edge"], ins["alpha_loop"], csr.rowptr, csr.col,
         *csr.transpose_parts(), True, 0.2, 0.4, 11))
@@ -40,8 +45,9 @@ def test_gat_load_orders_give_the_same_bits(monkeypatch, cfg):
 def test_pair_load_orders_give_the_same_bits(monkeypatch, mode):
     force(monkeypatch, **CONFIGS[0])
     csr = hub_graph()
-    ins = {k: v.detach().float() for k, v in pair.inputs(mode).items()}
+    ins = {k: v.detach().float().to(DEVICE) for k, v in pair.inputs(mode).items()}
     edge = ins["edge_attr"][:csr.num_edges + pair.N]
+    csr = csr.to(DEVICE)
     if mode.startswith("gatv2"):  # the values are the keys (one gather for both)
         q, k, v, att = ins["x_dst"], ins["x_src"], ins["x_src"], ins["att"]
     else:

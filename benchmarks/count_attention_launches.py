@@ -27,7 +27,7 @@ NO_KERNEL = {
     "aten::slice", "aten::select", "aten::split", "aten::unbind", "aten::empty", "aten::empty_like",
     "aten::new_empty", "aten::empty_strided", "aten::new_empty_strided", "aten::resize_", "aten::lift_fresh",
     "aten::result_type", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense", "aten::view_as",
-    "aten::expand_as", "aten::narrow", "aten::resolve_conj", "aten::resolve_neg",
+    "aten::expand_as", "aten::narrow", "aten::resolve_conj", "aten::resolve_neg", "aten::diagonal",
     "aten::randint", "aten::random_",  # (the dropout seed: drawn on the CPU generator)
 }
 # composite ops: what they launch is their children's (counted one level down)

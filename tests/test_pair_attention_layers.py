@@ -219,3 +219,59 @@ def test_one_node_route_matches_the_default_route(name, extra, x_grad, monkeypat
         torch.testing.assert_close(grads[0], ref_grads[0], atol=1e-13, rtol=1e-13)
         grads, ref_grads = grads[1:], ref_grads[1:]
     assert all(torch.equal(g, r) for g, r in zip(grads, ref_grads) if r is not None)
+
+
+@pytest.mark.parametrize("x_grad", [False, True])
+def test_transformer_node_matches_the_pair_node_route(x_grad):
+    """TransformerConv's opt-in small-graph route (nn/_transformer_node.py: the four linears, the
+    attention and the skip under one autograd node) gives PairNode's output and gradients (every
+    parameter's, x's), dropout included (the same seed is drawn), to rounding."""
+    from gnnfuse.nn import _transformer_node
+
+    dev = on("triton")
+    _, ours = make_pair("transformer-default", 6, dropout=0.3)
+    ours = ours.to(dev).train()
+    ours.gnnfuse_backend = "triton"
+    x = torch.randn(N, 6, dtype=torch.float64, device=dev, requires_grad=x_grad)
+    ei = graph().to(dev)
+    assert _transformer_node.applies(ours, x)
+    runs = []
+    for fused in (True, False):
+        ours.gnnfuse_transformer_node = fused  # (opt-in; off: PairNode)
+        torch.manual_seed(7)
+        runs.append(layer_run(ours, x, ei))
+    (out, grads), (ref, ref_grads) = runs
+    assert type(out.grad_fn).__name__ == "TransformerNodeBackward"
+    torch.testing.assert_close(out, ref, atol=1e-13, rtol=1e-13)
+    assert len(grads) == len(ref_grads) == len(list(ours.parameters())) + x_grad
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-13, rtol=1e-13)
+
+
+def test_transformer_node_applies_only_where_it_may():
+    """Only PyG's default TransformerConv (concat, root weight, no beta) on one input tensor, with a
+    gradient wanted, on the Triton backend, and [4, N, H*C] under MIN_BYTES."""
+    from gnnfuse.nn import _recompute, _transformer_node
+
+    dev = on("triton")
+    _, ours = make_pair("transformer-default", 6)
+    ours = ours.to(dev)
+    ours.gnnfuse_backend = "triton"
+    x = torch.randn(N, 6, dtype=torch.float64, device=dev)
+    assert _transformer_node.applies(ours, x)
+    assert not _transformer_node.applies(ours, (x, x))
+    with torch.no_grad():
+        assert not _transformer_node.applies(ours, x)
+    if dev == "cpu":
+        ours.gnnfuse_backend = "cpu"
+        assert not _transformer_node.applies(ours, x)
+        ours.gnnfuse_backend = "triton"
+    rows = _recompute.MIN_BYTES // (4 * 8 * ours.lin_query.weight.shape[0]) + 1
+    assert not _transformer_node.applies(ours, torch.empty(rows, 6, dtype=torch.float64, device=dev))
+    for name in ("transformer-beta-mean", "transformer-noroot"):
+        _, other = make_pair(name, 6)
+        other.gnnfuse_backend = "triton"
+        assert not _transformer_node.applies(other.to(dev), x)
+    _, no_bias = make_pair("transformer-default", 6, bias=False)
+    no_bias.gnnfuse_backend = "triton"
+    assert not _transformer_node.applies(no_bias.to(dev), x)  # (the skip has no bias)

@@ -6,11 +6,13 @@ Per call, for every variant, interleaved in rotating order over ``--rounds`` rou
     with CUDA events (no host time in it: what the kernels cost);
   * ``wall_us``: one call, synchronised before and after (host and launch included: what
     benchmarks/bench_attention.py's ``fwd/sum`` measures).
-Variants: ``default`` (the shipped forward) and one-pass tiles written ``hb8.r16.w8.s1024.g64`` (heads per
-program, rows/lanes per program, warps, longest piece, longest row in row groups; any subset, the
-rest as the default chooses). Each variant's output is compared with the first one's
-(``max_diff``). The features are random; GATv2 and dot use the same tensor for keys and values
-(as bench_attention's fused forward).
+Variants: ``default`` (the shipped forward) and one-pass tiles written ``hb8.r16.w8.s1024.g64.a1.m72``
+(heads per program, rows/lanes per program, warps, longest piece, longest row in row groups, the
+loop's load order and register cap: attention_forward_kernels.FORWARD_LOOP's AHEAD and MAXNREG, m0 no
+cap; any subset, the rest as the default chooses; ``a0.m0`` is the loop and registers of the forward
+before either knob). Each variant's output is compared with the first one's (``max_diff``). The
+features are random; GATv2 and dot use the same tensor for keys and values (as bench_attention's
+fused forward).
 
     PYTHONPATH=. python benchmarks/gpu/attention_forward.py --graphs arxiv-like,rfc-uniform \\
         --widths 8x8,4x64 --layers gat,gatv2,dot --variants default,hb4,hb2.r8 --out FILE.md
@@ -28,14 +30,14 @@ import time
 
 import torch
 
-KEYS = {"hb": "hb", "r": "rows", "w": "warps", "s": "seg", "g": "short_max"}
+KEYS = {"hb": "hb", "r": "rows", "w": "warps", "s": "seg", "g": "short_max", "a": "ahead", "m": "maxnreg"}
 
 
 def parse_variant(name: str) -> dict | None:
     """The one-pass config overrides of a variant name (None: the default)."""
     if name == "default":
         return None
-    return {KEYS[k]: int(v) for k, v in re.findall(r"(hb|r|w|s|g)(\d+)", name)}
+    return {KEYS[k]: int(v) for k, v in re.findall(r"(hb|r|w|s|g|a|m)(\d+)", name)}
 
 
 def with_variant(name: str, fn):

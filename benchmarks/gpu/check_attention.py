@@ -9,6 +9,7 @@ kernels with the tile shapes the GPU actually gets.
     PYTHONPATH=. python benchmarks/gpu/check_attention.py
     PYTHONPATH=. TRITON_INTERPRET=1 python benchmarks/gpu/check_attention.py --small   # CPU, interpreter
     PYTHONPATH=. python benchmarks/gpu/check_attention.py --case wide   # only the graphs whose label has "wide"
+    PYTHONPATH=. python benchmarks/gpu/check_attention.py --ahead 1   # the forwards with loads 1 step ahead
 """
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ def compare(name, make, tensors):
 
 
 def main():
+    if "--ahead" in sys.argv:  # every forward loop's load order (attention.FORWARD_AHEAD)
+        from gnnfuse.triton import attention
+
+        attention.FORWARD_AHEAD = int(sys.argv[sys.argv.index("--ahead") + 1])
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     div = 20 if "--small" in sys.argv else 1
     for label, n, e, H, F in (("sparse (average degree 6)", 3000 // div, 18000 // div, 4, 8),

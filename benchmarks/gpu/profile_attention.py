@@ -11,6 +11,11 @@ For each graph (suite names, default arxiv-like and rfc-uniform) at heads x F (d
   off: GATConv's projections op by op through autograd; the others have no such switch): kernels and
   device time per step, wall time per step, and the host's Python functions by own time (cProfile)
   for ours (``--host-ops N``: also its N torch ops by own host time, torch.profiler);
+* ``--timeline``: for our step on the profiled graphs, one step's host timeline on every thread
+  (the forward on the caller's, the backward on autograd's device thread, which cProfile in the
+  caller does not see): each top-level op or autograd node with its start and duration, the node's
+  own ops under it, and the gaps between them (Python); plus a cProfile of the one-node route's
+  backward taken on the thread that runs it;
 * ``--sweep``: the one-pass forward's device time with rows per group and piece / warps forced.
 
     PYTHONPATH=. python benchmarks/gpu/profile_attention.py --out "$OUT" [--graphs arxiv-like] [--sweep]
@@ -145,6 +150,88 @@ def host_ops(fn, calls: int, top: int) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
+def step_timeline(step, calls: int = 30) -> str:
+    """One step's host timeline per thread (module doc, ``--timeline``): the step of median wall time
+    out of ``calls``, its top-level profiler events by thread in start order (offset from the step's
+    start, duration, name), each autograd node's direct children indented, and per thread the time
+    inside events against the time between them."""
+    from torch.profiler import record_function
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(calls):
+            torch.cuda.synchronize()
+            with record_function(f"step#{i}"):
+                step()
+            torch.cuda.synchronize()
+    events = prof.profiler.function_events
+    marks = sorted((e for e in events if e.name.startswith("step#")), key=lambda e: e.time_range.start)
+    mark = sorted(marks, key=lambda e: e.time_range.elapsed_us())[len(marks) // 2]
+    t0, t1 = mark.time_range.start, mark.time_range.end
+    inside = [e for e in events if e is not mark and t0 <= e.time_range.start and e.time_range.end <= t1 + 1e3]
+    lines = [f"step wall {t1 - t0:.0f} us (median of {calls}, profiled)"]
+    tops = [e for e in inside if e.cpu_parent is None or e.cpu_parent is mark]
+    for thread in sorted({e.thread for e in tops}):
+        mine = sorted((e for e in tops if e.thread == thread), key=lambda e: e.time_range.start)
+        busy = sum(e.time_range.elapsed_us() for e in mine)
+        span = mine[-1].time_range.end - mine[0].time_range.start if mine else 0
+        lines.append(f"  thread {thread}: {len(mine)} top-level events, {busy:.0f} us inside them, "
+                     f"{span - busy:.0f} us between them (span {span:.0f})")
+        for e in mine:
+            lines.append(f"    +{e.time_range.start - t0:7.0f} {e.time_range.elapsed_us():6.0f}  {e.name[:70]}")
+            _children(e, t0, lines, "        ")
+    return "\n".join(lines)
+
+
+def _children(event, t0: float, lines: list, indent: str) -> None:
+    """The direct children of a non-aten event (an autograd node, a Function's forward) in start order,
+    recursively down to the aten ops, with the time between them (the node's Python)."""
+    if event.name.startswith("aten::") or not event.cpu_children:
+        return
+    kids = sorted(event.cpu_children, key=lambda c: c.time_range.start)
+    for c in kids[:60]:
+        lines.append(f"{indent}+{c.time_range.start - t0:7.0f} {c.time_range.elapsed_us():6.0f}  {c.name[:60]}")
+        _children(c, t0, lines, indent + "    ")
+    inner = sum(c.time_range.elapsed_us() for c in kids)
+    lines.append(f"{indent}({inner:.0f} us in {len(kids)} child events, {event.time_range.elapsed_us() - inner:.0f} us "
+                 f"between them)")
+
+
+def node_backward_profile(step, calls: int = 50, top: int = 30) -> str:
+    """cProfile of the one-node routes' backward (GATNode / PairNode), taken inside it: autograd runs
+    a CUDA node's backward on its device thread, which a profiler enabled in the caller misses."""
+    from gnnfuse.nn import _gat_node, _pair_node, _transformer_node
+
+    prof = cProfile.Profile()
+    originals = {}
+    for cls in (_gat_node.GATNode, _pair_node.PairNode, _transformer_node.TransformerNode):
+        originals[cls] = vars(cls)["backward"]
+
+        def wrapped(ctx, *grads, _orig=originals[cls].__func__):
+            prof.enable()
+            try:
+                return _orig(ctx, *grads)
+            finally:
+                prof.disable()
+        cls.backward = staticmethod(wrapped)
+    try:
+        step()
+        prof = cProfile.Profile()  # (the warm-up's calls dropped)
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    finally:
+        for cls, original in originals.items():
+            cls.backward = original
+    s = io.StringIO()
+    try:
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    except TypeError:  # nothing recorded: the step took none of these nodes
+        return "(no one-node backward ran)"
+    return s.getvalue()
+
+
 def make_step(layer, x, edge_index):
     params = list(layer.parameters())
 
@@ -206,6 +293,10 @@ def run_graph(name, heads, width, args, lines):
                 emit(lines, host_profile(step, 50, 40))
                 if args.host_ops:
                     emit(lines, host_ops(step, 50, args.host_ops))
+                if args.timeline:
+                    emit(lines, step_timeline(step))
+                    emit(lines, "### the one-node route's backward, cProfile on its thread\n"
+                                + node_backward_profile(step))
     with torch.no_grad():  # last: a failed capture may leave the stream unusable
         for label, fn in forwards(h, a_src, a_dst, edge_index).items():
             replay = graph_replay(fn)
@@ -253,6 +344,8 @@ def main():
     parser.add_argument("--kernels", type=int, default=12, help="kernels listed per step")
     parser.add_argument("--host-ops", type=int, default=0, help="torch ops listed by host time per profiled step")
     parser.add_argument("--shapes", default=None, help="heads x F of every graph, comma-separated (default: --shape)")
+    parser.add_argument("--timeline", action="store_true", help="one step's host timeline per thread and a "
+                        "cProfile of the one-node backward (profiled graphs, ours)")
     parser.add_argument("--sweep", default="", help="graphs to sweep the row-group kernel on")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

@@ -81,6 +81,8 @@ class GATConv(pyg_nn.GATConv):
                    and lin_src.bias is None)  # PyG's default layer
         dropout = self.dropout if self.training else 0.0
         if default and (edge_attr is None or self.lin_edge is None) and node_applies(self, x_src, lin_src.weight):
+            if self.concat and res is None and self.bias is not None:  # the bias added in the node too
+                return gat_node(self, x_src, edge_index, lin_src.weight, dropout, self.bias)
             out = gat_node(self, x_src, edge_index, lin_src.weight, dropout)  # one autograd node (_gat_node.py)
         else:
             out = self._attention(x_src, x_dst, edge_index, edge_attr, lin_src, lin_dst, default, dropout)

@@ -5,9 +5,12 @@ On a small graph a training step is bound by the host (benchmarks/results/attent
 each autograd node costs the host tens of microseconds (its creation, the saved tensors, the
 engine's call of its backward), and so does every argument check. The default path makes two
 nodes, GATProjection (nn/_projections.py) and the attention op's (ops/attention.py, which checks
-its tensors again); here the same products and the same two kernels run under one node, whose
-backward runs the attention backward and then the projection's. The numbers are the same
-(same kernels, same products, same dropout seed drawn at the same point).
+its tensors again); here the same maths and the same two kernels run under one node (and, for
+concatenated heads, the bias's addition: no autograd nodes of its own). Its backward asks the
+attention backward's transpose pass for h's whole gradient (the attention terms' parts folded in,
+``fold_att``), so that x's and the weight's gradients are one product each and the attention
+vectors' one more (the default path: five). The forward's numbers are the same (same products and
+kernels, the same dropout seed drawn at the same point); the gradients agree to rounding.
 
 Used by GATConv only where all of this holds (:func:`applies`), else the default path:
 PyG's default layer (one bias-free linear for both roles, no edge features), the Triton backend,
@@ -26,35 +29,52 @@ from ..ops._opdef import eager_route_ok
 from ..ops._torch_private import function_apply
 from ..ops.attention import BACKWARD, FORWARD, checked_graph
 from . import _recompute
-from ._projections import project, project_backward
+from ._projections import project
 
 
 class GATNode(torch.autograd.Function):
-    """``out [N, H, C]`` of GATConv's projection + attention terms + fused attention (module doc).
-    ``graph``: (rowptr, col, t_rowptr, t_col, t_pos); ``scalars``: the op's (self_loops,
-    negative_slope, dropout, seed)."""
+    """GATConv's projection + attention terms + fused attention (module doc): ``out [N, H, C]``, or
+    with ``bias`` (given only for concatenated heads) ``out [N, H * C] + bias``, the bias's gradient
+    a sum inside the node (no autograd nodes of its own). ``graph``: (rowptr, col, t_rowptr, t_col,
+    t_pos); ``scalars``: the op's (self_loops, negative_slope, dropout, seed)."""
 
     @staticmethod
-    def forward(ctx, graph: tuple, scalars: tuple, x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor):
-        h, a_src, a_dst, att, w = project(x, weight, att_src, att_dst)
+    def forward(ctx, graph: tuple, scalars: tuple, x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor,
+                bias: Tensor | None):
+        h, a_src, a_dst, att, _ = project(x, weight, att_src, att_dst)
         h = h.view(x.shape[0], att.shape[0], att.shape[2])
         out, m, z = FORWARD.kernels["triton"](h, a_src, a_dst, None, None, *graph, *scalars)
-        ctx.scalars = scalars
-        ctx.save_for_backward(x, weight, att, w, h, a_src, a_dst, out, m, z, *graph)
-        return out
+        # (the graph's tensors as plain attributes: the cached CSR, never modified in place and no
+        # output of this node, so no reference cycle; each saved tensor costs the host every step)
+        ctx.scalars, ctx.graph = scalars, graph
+        ctx.save_for_backward(x, weight, att_src, att_dst, h, a_src, a_dst, out, m, z)
+        return out if bias is None else torch.add(out.view(x.shape[0], -1), bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_out: Tensor):
-        x, weight, att, w, h, a_src, a_dst, out, m, z, *graph = ctx.saved_tensors
-        _, _, need_x, need_w, need_src, need_dst = ctx.needs_input_grad
-        # h's gradient feeds x's and the weight's; both terms' gradients feed all four
-        needs = [need_x or need_w, True, True, False, False]
-        g_h, g_src, g_dst, _, _ = BACKWARD.kernels["triton"](g_out.contiguous(), out, m, z, h, a_src, a_dst, None, None,
-                                                            *graph, *ctx.scalars, needs)
-        grads = project_backward(x, weight, att, w, g_h.view(x.shape[0], -1) if needs[0] else None, g_src, g_dst,
-                                 (need_x, need_w, need_src, need_dst))
-        return None, None, *grads
+        x, weight, att_src, att_dst, h, a_src, a_dst, out, m, z = ctx.saved_tensors
+        _, _, need_x, need_w, need_src, need_dst, need_b = ctx.needs_input_grad
+        n, heads, width = h.shape
+        g_b = g_out.sum(0) if need_b else None
+        # the transpose pass folds the terms' gradients into h's (a_src = h . att_src, a_dst = h . att_dst):
+        # g_h is h's whole gradient, so x's and the weight's are one product each, and the attention
+        # vectors' gradients (sum over nodes of g_src[n, h] h[n, h, :], g_dst's alike) one more
+        g_h, g_src, g_dst, _, _ = BACKWARD.kernels["triton"](
+            g_out.contiguous().view(h.shape), out, m, z, h, a_src, a_dst, None, None, *ctx.graph, *ctx.scalars,
+            [True, True, True, False, False], (att_src.reshape(heads, width), att_dst.reshape(heads, width)))
+        g_h = g_h.view(n, heads * width)
+        g_x = torch.mm(g_h, weight) if need_x else None
+        g_weight = torch.mm(g_h.t(), x) if need_w else None
+        g_att_src = g_att_dst = None
+        if need_src or need_dst:
+            # [2H, H*C] products of every head's term gradient with every head's h; the attention
+            # vectors' gradients are its diagonal blocks (a head's with its own): one split-K
+            # product rather than a batched one (cuBLAS splits only the former over the N rows)
+            g_terms = torch.stack((g_src, g_dst), 1).view(n, 2 * heads)
+            g_att = torch.mm(g_terms.t(), h.view(n, -1)).view(2, heads, heads, width).diagonal(0, 1, 2)  # [2, C, H]
+            g_att_src, g_att_dst = g_att.transpose(1, 2).unsqueeze(1).unbind(0)  # [1, H, C] each
+        return None, None, g_x, g_weight, g_att_src, g_att_dst, g_b
 
 
 _apply = function_apply(GATNode)  # (the C apply: callers checked eager_route_ok)
@@ -63,7 +83,8 @@ _apply = function_apply(GATNode)  # (the C apply: callers checked eager_route_ok
 def applies(layer, x: Tensor, weight: Tensor) -> bool:
     """Whether GATConv's call may take the one-node route (see the module doc); the caller has
     checked that the layer is PyG's default one (shared bias-free linear, one input, no edge term)."""
-    tensors = (x, weight, layer.att_src, layer.att_dst)
+    tensors = (x, weight, layer.att_src, layer.att_dst) if layer.bias is None else \
+        (x, weight, layer.att_src, layer.att_dst, layer.bias)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and eager_route_ok(tensors)):
         return False
     if x.shape[0] * weight.shape[0] * x.element_size() >= _recompute.MIN_BYTES:
@@ -71,11 +92,12 @@ def applies(layer, x: Tensor, weight: Tensor) -> bool:
     return resolve_backend(layer.gnnfuse_backend, x.device) == "triton"
 
 
-def gat_node(layer, x: Tensor, edge_index, weight: Tensor, dropout: float) -> Tensor:
-    """GATConv's ``out [N, H, C]`` through GATNode (after gat_attention's checks of the graph)."""
+def gat_node(layer, x: Tensor, edge_index, weight: Tensor, dropout: float, bias: Tensor | None = None) -> Tensor:
+    """GATConv's ``out [N, H, C]`` through GATNode (after gat_attention's checks of the graph); with
+    ``bias`` (concatenated heads only) ``out [N, H * C] + bias``."""
     csr, seed = checked_graph(x, x.shape[0], edge_index, layer.negative_slope, dropout, None)
     if csr.col.device != x.device:
         raise ValueError(f"all tensors must be on one device; got x on {x.device}, edge_index on {csr.col.device}")
     graph = (csr.rowptr, csr.col, *csr.transpose_parts())
     scalars = (bool(layer.add_self_loops), float(layer.negative_slope), float(dropout), seed)
-    return _apply(graph, scalars, x, weight, layer.att_src, layer.att_dst)
+    return _apply(graph, scalars, x, weight, layer.att_src, layer.att_dst, bias)

@@ -18,7 +18,7 @@ from ._opdef import OpDef
 from .gather_scatter import _as_csr
 
 
-_triton = triton_module("attention")
+_triton = triton_module("edge_softmax")
 
 
 def _save(ctx, inputs, output):

@@ -18,7 +18,7 @@ are plain sums (gradients of alpha_dst, x, alpha_src), folded by the gather-scat
 ``_combine_kernel``.
 
 The @triton.jit kernels are in attention_forward_kernels.py and attention_kernels.py; this module
-is the host side and ``gnnfuse.edge_softmax``'s kernels. The forward's and the backward's plans,
+is the host side (``gnnfuse.edge_softmax``'s kernels are in edge_softmax.py). The forward's and the backward's plans,
 grids and constexprs are built once per graph and configuration (forward_setup, _backward_setup,
 cached on rowptr) and launched through attention_launches.py's bound launches.
 """
@@ -27,13 +27,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import triton
 import triton.language as tl
 
 from .._tensor_cache import cached
 from ..reductions import SUM
 from ._grid import cdiv, next_power_of_2
-from .attention_forward_kernels import _forward_one_pass_kernel
+from .attention_forward_kernels import FORWARD_LOOP, _forward_one_pass_kernel
 from .attention_kernels import (
     NEG_INF,
     _backward_rows_kernel,
@@ -51,6 +50,11 @@ from .work_lists import WorkList
 SPLIT_EDGES = 256
 SPARSE_DEGREE = 8  # graphs of at most this average degree get 4-edge steps (see _blocks)
 WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles (see _warps)
+# Wide heads take at most this many edges a step whatever the degree: a one-warp tile of 8 x 2 x 64
+# (see _warps). On an H100, rfc-uniform (average degree 20, 4 x 64), the GATv2 / Transformer
+# training step took 1.47 / 1.56 ms against 1.95 / 1.85 at the degree's 32 edges (GAT 1.63 / 1.66;
+# benchmarks/results/attention-edge-block_h100_2026-11-23_gpuhost-2248.md).
+WIDE_EDGE_BLOCK = 8
 # The forward (one launch, attention_forward_kernels.py): rows of at most GROUP_MAX_DEGREE edges in
 # row groups, as the sum gather-scatter's one-pass plan, longer rows in pieces of at most
 # FORWARD_SPLIT_EDGES (the sum's too; the backward's pieces are SPLIT_EDGES), tiles of GROUP_TILE
@@ -58,10 +62,12 @@ WIDE_HEAD = 32  # head widths from this one get one-warp programs on short tiles
 GROUP_MAX_DEGREE = 64
 GROUP_TILE = 1024
 FORWARD_SPLIT_EDGES = 1024
+FORWARD_AHEAD = None  # where set, overrides every load order (check_attention.py --ahead)
 
 
 # ---- launchers ------------------------------------------------------------------------------------
-def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None = None) -> tuple[int, int, int]:
+def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None = None,
+            wide_cap: bool = True) -> tuple[int, int, int]:
     """(BE, HB, FB): all features of a head in one tile, heads packed up to 128 columns, tile <= 4096.
 
     BE (edges per step) follows the graph's average degree E / rows when given: 4 up to an average
@@ -71,13 +77,16 @@ def _blocks(H: int, F: int, num_edges: int | None = None, num_rows: int | None =
     an H100 (benchmarks/results/attention-edge-block_h100_2026-11-23_*.md, arxiv-scale graph of
     average degree 6.9): a GATv2 / Transformer training step took 3.5 ms at BE 4, 5.0 at 8, 8.2 at
     16 and 11 at 32 (8 heads x 8); at 4 x 64 with one warp (see _warps) BE 4 beat BE 8 by 1.2-1.25x
-    (training step)."""
+    (training step). ``wide_cap`` (the attention backwards): heads of WIDE_HEAD features or more take
+    at most WIDE_EDGE_BLOCK edges a step (see there)."""
     fb = next_power_of_2(F)
     hb = max(1, min(next_power_of_2(H), 128 // fb))
     be = max(4, min(32, 4096 // (hb * fb)))
     if num_edges is not None and num_rows:
         average = -(-num_edges // num_rows)
         be = min(be, 4 if average <= SPARSE_DEGREE else next_power_of_2(average))
+    if wide_cap and fb >= WIDE_HEAD:  # wide heads: at most WIDE_EDGE_BLOCK edges a step (the attention kernels)
+        be = min(be, WIDE_EDGE_BLOCK)
     return be, hb, fb
 
 
@@ -129,6 +138,8 @@ class OnePass(NamedTuple):
     fb: int
     seg: int
     warps: int
+    ahead: int | None  # None: FORWARD_LOOP's (see _forward_loop)
+    maxnreg: int | None
 
 
 def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
@@ -142,12 +153,13 @@ def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
     at 4 x 64, 4 heads x 4 rows / 2 heads x 8 rows / 1 head x 16 rows: GAT 654 / 707 / 763 us,
     GATv2 631 / 562 / 725, dot 519 / 473 / 523; pieces of 256 edges instead of 1024 and row groups
     up to 16 edges instead of 64 were slower everywhere (rechecked in
-    benchmarks/results/attention-forward_h100_2026-11-23_final.md)."""
+    benchmarks/results/archive/attention-forward_h100_2026-11-23_final.md)."""
     fb = next_power_of_2(F)
     columns = 64 if fb <= 16 else (128 if pair else 256)
     hb = max(1, min(next_power_of_2(H), columns // fb))
     seg = FORWARD_SPLIT_EDGES
-    return dict(hb=hb, rows=_one_pass_rows(hb, fb), warps=4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg))
+    return dict(hb=hb, rows=_one_pass_rows(hb, fb), warps=4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg),
+                ahead=None, maxnreg=None)
 
 
 def _one_pass_rows(hb: int, fb: int) -> int:
@@ -168,7 +180,8 @@ def _one_pass_plan(rowptr, col, num_src, H, F, itemsize, pair=False) -> OnePass:
         wl = work_list(rowptr, seg, short_max)
         short = short_rows(rowptr, short_max, window)
         tasks = task_list(rowptr, short, wl, rows, seg, short_max, window)
-        return OnePass(wl, short, tasks, rows, cfg["hb"], next_power_of_2(F), seg, cfg["warps"])
+        return OnePass(wl, short, tasks, rows, cfg["hb"], next_power_of_2(F), seg, cfg["warps"], cfg["ahead"],
+                       cfg["maxnreg"])
 
     return cached("attention-one-pass", (rowptr,), (num_src, H, F, itemsize, tuple(sorted(cfg.items()))), build)
 
@@ -177,7 +190,20 @@ def _forward_knobs() -> tuple:
     """The forward's plan choices (functions and limits of this module) as part of its setups' key:
     a benchmark or test that swaps one (bench_attention.py's sweeps, benchmarks/gpu/attention_forward.py)
     gets a setup made with it, without working the configuration out again on every call."""
-    return (_one_pass_config, _one_pass_rows, GROUP_MAX_DEGREE, FORWARD_SPLIT_EDGES, GROUP_TILE)
+    return (_one_pass_config, _one_pass_rows, GROUP_MAX_DEGREE, FORWARD_SPLIT_EDGES, GROUP_TILE, FORWARD_AHEAD,
+            tuple(FORWARD_LOOP.items()))
+
+
+def _forward_loop(plan: OnePass, flags: tuple, pair: bool, dtype: torch.dtype) -> tuple[int, int]:
+    """The forward loop's (AHEAD, MAXNREG) for ``plan``, the kernel's ``flags`` and the features' dtype:
+    the plan's where its configuration set them (a benchmark's variant), else FORWARD_LOOP's for the kind
+    of logit in float32 without dropout and edge terms, else (0, 0); FORWARD_AHEAD overrides AHEAD."""
+    f = dict(flags)
+    logit = ("gatv2" if f.get("GATV2") else "dot") if pair else "gat"
+    plain = dtype == torch.float32 and not (f.get("DROPOUT") or f.get("HAS_EDGE") or f.get("HAS_LOOP_TERM"))
+    ahead, maxnreg = FORWARD_LOOP[(plan.fb <= 16, logit)] if plain else (0, 0)
+    ahead = ahead if plan.ahead is None else plan.ahead
+    return (ahead if FORWARD_AHEAD is None else FORWARD_AHEAD), (maxnreg if plan.maxnreg is None else plan.maxnreg)
 
 
 def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: bool = False) -> ForwardSetup:
@@ -189,8 +215,11 @@ def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: 
 
     def build():
         plan = _one_pass_plan(rowptr, col, n_src, H, F, dtype.itemsize, pair)
+        ahead, maxnreg = _forward_loop(plan, flags, pair, dtype)
         meta = dict(flags, ACC=_acc(dtype), HB=plan.hb, FB=plan.fb, R=plan.rows, SEG=plan.seg, DENSE=F == plan.fb,
-                    num_warps=plan.warps)
+                    AHEAD=ahead, num_warps=plan.warps)
+        if maxnreg:
+            meta["maxnreg"] = maxnreg
         return ForwardSetup(kernel, plan.wl, plan.short, plan.tasks, cdiv(H, plan.hb), meta,
                             dict(ACC=meta["ACC"], BK=32, HB=plan.hb, FB=plan.fb))
 
@@ -224,7 +253,8 @@ def _fold(part, out, wl, width):
             REDUCE=SUM, ACC64=part.dtype == torch.float64, TRACK=False, BLOCK_K=_COMBINE_K, BLOCK_F=bf, num_warps=4)
 
 
-def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs: tuple) -> BackwardSetup:
+def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs: tuple,
+                    fold_att: bool = False) -> BackwardSetup:
     """The backward's work lists, grids, constexprs and bound launches (cached, as forward_setup's)."""
     n_src, H, F = x.shape
     need_x, need_src, need_dst, need_edge, need_loop = needs
@@ -239,17 +269,25 @@ def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs:
                          NEED_LOOP=need_loop)
         return BackwardSetup(rows, None if rows is None else ((rows.num_pieces, cdiv(H, hb)), rows_meta), sources,
                              None if sources is None else ((sources.num_pieces, cdiv(H, hb)),
-                                                           dict(base, NEED_X=need_x, NEED_SRC=need_src)))
+                                                           dict(base, NEED_X=need_x, NEED_SRC=need_src,
+                                                                FOLD_ATT=fold_att)))
 
-    key = (n_src, H, F, col.shape[0], x.dtype, col.dtype, t_col.dtype, t_pos.dtype, flags, needs, _knobs())
+    key = (n_src, H, F, col.shape[0], x.dtype, col.dtype, t_col.dtype, t_pos.dtype, flags, needs, fold_att, _knobs())
     return cached("attention-backward", (rowptr, t_rowptr), key, build)
 
 
 def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops,
-             slope, p, seed, needs):
+             slope, p, seed, needs, fold_att=None):
+    """The op's backward. ``fold_att``: optional (att_src, att_dst) [H, F], contiguous, where x is a
+    projection h whose terms are a_src = h . att_src and a_dst = h . att_dst over one node set (a
+    layer's one-node route; the registered op passes none): the x gradient returned is then h's
+    whole gradient, the terms' parts folded in by the transpose pass (_backward_sources_kernel),
+    and needs must ask for x's, a_src's and a_dst's."""
     n_src, H, F = x.shape
     need_x, need_src, need_dst = bool(needs[0]), bool(needs[1]), bool(needs[2])
     need_edge, need_loop = bool(needs[3]) and a_edge is not None, bool(needs[4]) and a_loop is not None
+    if fold_att is not None and not (need_x and need_src and need_dst and n_src == rowptr.shape[0] - 1):
+        raise ValueError("fold_att needs x's, a_src's and a_dst's gradients and one node set for both roles")
     empty = x.new_empty(0)
     g_x = torch.empty_like(x) if need_x else empty
     g_src = torch.empty_like(a_src) if need_src else empty
@@ -260,11 +298,12 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
     flags = (("HAS_EDGE", a_edge is not None), ("HAS_LOOP_TERM", a_loop is not None), ("SELF_LOOPS", bool(self_loops)),
              ("DROPOUT", p > 0))
     setup = _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags,
-                            (need_x, need_src, need_dst, need_edge, need_loop))
+                            (need_x, need_src, need_dst, need_edge, need_loop), fold_att is not None)
+    att_s, att_d = fold_att if fold_att is not None else (x, x)
     scalars = _scalars(n_src, rowptr.shape[0] - 1, col.shape[0], H, F, self_loops, slope, p, seed)
     a_edge_, a_loop_ = (a_edge if a_edge is not None else x), (a_loop if a_loop is not None else x)
     fast = x.is_cuda and BoundLaunches.usable(grad_out, x, a_src, a_dst, a_edge_, a_loop_, rowptr, col, t_rowptr,
-                                              t_col, t_pos)
+                                              t_col, t_pos, att_s, att_d)
     launch, wl = setup.launch, setup.rows
     if wl is not None:
         p_dst = m.new_empty(wl.num_partials, H) if need_dst and wl.num_partials else m
@@ -281,7 +320,7 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
         p_src = m.new_empty(parts, H) if need_src and parts else m
         launch("sources", _backward_sources_kernel, setup.sources_launch[0], (
             grad_out, m, z, x, a_src, a_dst, a_edge_, a_loop_, t_rowptr, t_col, t_pos, D, g_x if need_x else x,
-            g_src if need_src else x, wl.seg_row, wl.seg_ptr, wl.slot, p_x, p_src, *scalars),
+            g_src if need_src else x, att_s, att_d, g_dst if need_dst else x, wl.seg_row, wl.seg_ptr, wl.slot, p_x, p_src, *scalars),
             setup.sources_launch[1], fast)
         if need_x:
             setup.fold("fold_x", p_x, g_x, wl, H * F, fast)
@@ -296,81 +335,3 @@ class _nullcontext:
 
     def __exit__(self, *exc):
         return False
-
-
-# ---- edge_softmax ---------------------------------------------------------------------------------
-@triton.jit
-def _edge_softmax_kernel(logits, rowptr, perm, out, H, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr):
-    """One program per target row: online max and sum, then the normalised weights (edge order via perm)."""
-    i = tl.program_id(0).to(tl.int64)
-    heads = tl.arange(0, HB)
-    hmask = heads < H
-    start = tl.load(rowptr + i).to(tl.int64)
-    end = tl.load(rowptr + i + 1).to(tl.int64)
-    m = tl.full((HB,), NEG_INF, ACC)
-    z = tl.zeros((HB,), ACC)
-    for k0 in range(start, end, BE):
-        ks = k0 + tl.arange(0, BE)
-        v2 = (ks < end)[:, None] & hmask[None, :]
-        e = tl.load(perm + ks, mask=ks < end, other=0).to(tl.int64)
-        s = tl.load(logits + e[:, None] * H + heads[None, :], mask=v2, other=NEG_INF).to(ACC)
-        m_new = tl.maximum(m, tl.max(s, 0))
-        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
-        z = z * tl.exp(m - m_safe) + tl.sum(tl.exp(s - m_safe[None, :]), 0)
-        m = m_new
-    z = tl.where(z > 0, z, 1.0)
-    m = tl.where(m == NEG_INF, 0.0, m)  # padded heads
-    for k0 in range(start, end, BE):
-        ks = k0 + tl.arange(0, BE)
-        v2 = (ks < end)[:, None] & hmask[None, :]
-        e = tl.load(perm + ks, mask=ks < end, other=0).to(tl.int64)
-        offs = e[:, None] * H + heads[None, :]
-        s = tl.load(logits + offs, mask=v2, other=NEG_INF).to(ACC)
-        tl.store(out + offs, (tl.exp(s - m[None, :]) / z[None, :]).to(out.dtype.element_ty), mask=v2)
-
-
-@triton.jit
-def _edge_softmax_backward_kernel(g, p, rowptr, perm, grad, H, ACC: tl.constexpr, BE: tl.constexpr,
-                                  HB: tl.constexpr):
-    """grad = p * (g - sum_row(p * g)), one program per target row."""
-    i = tl.program_id(0).to(tl.int64)
-    heads = tl.arange(0, HB)
-    hmask = heads < H
-    start = tl.load(rowptr + i).to(tl.int64)
-    end = tl.load(rowptr + i + 1).to(tl.int64)
-    acc = tl.zeros((HB,), ACC)
-    for k0 in range(start, end, BE):
-        ks = k0 + tl.arange(0, BE)
-        v2 = (ks < end)[:, None] & hmask[None, :]
-        offs = tl.load(perm + ks, mask=ks < end, other=0).to(tl.int64)[:, None] * H + heads[None, :]
-        acc += tl.sum(tl.load(p + offs, mask=v2, other=0).to(ACC) * tl.load(g + offs, mask=v2, other=0).to(ACC), 0)
-    for k0 in range(start, end, BE):
-        ks = k0 + tl.arange(0, BE)
-        v2 = (ks < end)[:, None] & hmask[None, :]
-        offs = tl.load(perm + ks, mask=ks < end, other=0).to(tl.int64)[:, None] * H + heads[None, :]
-        pv = tl.load(p + offs, mask=v2, other=0).to(ACC)
-        gv = tl.load(g + offs, mask=v2, other=0).to(ACC)
-        tl.store(grad + offs, (pv * (gv - acc[None, :])).to(grad.dtype.element_ty), mask=v2)
-
-
-def _softmax_launch(kernel, tensors, rowptr, H, dtype, device):
-    num_rows = rowptr.shape[0] - 1
-    hb = next_power_of_2(H)
-    if num_rows and H:
-        with torch.cuda.device(device) if device.type == "cuda" else _nullcontext():
-            kernel[(num_rows,)](*tensors, H, ACC=tl.float64 if dtype == torch.float64 else tl.float32,
-                                BE=max(8, min(128, 1024 // hb)), HB=hb)
-
-
-def edge_softmax(logits, rowptr, perm):
-    out = torch.zeros_like(logits)
-    _softmax_launch(_edge_softmax_kernel, (logits, rowptr, perm, out), rowptr, logits.shape[1], logits.dtype,
-                    logits.device)
-    return out
-
-
-def edge_softmax_backward(grad, out, rowptr, perm):
-    result = torch.zeros_like(out)
-    _softmax_launch(_edge_softmax_backward_kernel, (grad.contiguous(), out, rowptr, perm, result), rowptr,
-                    out.shape[1], out.dtype, out.device)
-    return result

@@ -17,9 +17,21 @@ import triton
 import triton.language as tl
 
 from ._launch import fast_kernel
-from .attention_kernels import (NEG_INF, _edge_block, _endpoints, _gather, _head_block, _merge_lanes, _online_step,
-                                _piece_at)
-from .pair_attention_kernels import _att_tile, _pair_edges
+from .attention_kernels import (NEG_INF, _edge_block, _edge_logit, _edge_terms, _endpoints, _gather, _head_block,
+                                _merge_lanes, _online_step, _piece_at)
+from .pair_attention_kernels import _att_tile, _pair_edges, _pair_logit, _pair_terms
+
+# The forward loop per (narrow heads (FB <= 16), logit: "gat", "gatv2" or "dot"): (AHEAD, MAXNREG),
+# read by attention._forward_loop. AHEAD 0 loads a step's logit terms, works them, then gathers its
+# values; 1 issues every load of step t + 1 before step t's maths (the loops below). MAXNREG caps a
+# thread's registers (0: the compiler's choice) so that more programs share an SM; each cap here keeps
+# the loop free of spills (ptxas for sm_90, Triton 3.6: benchmarks/gpu/compile_attention.py). Chosen
+# on an H100 (kernel time, arxiv-like and rfc-uniform,
+# benchmarks/results/attention-forward_h100_2026-11-23_gpukern.md) for float32 kernels without
+# dropout and edge terms (the ones measured); with dropout, edge terms or half types the caps spill
+# inside the loop, so those kernels keep (0, 0), the loop as it was.
+FORWARD_LOOP = {(True, "gat"): (0, 64), (True, "gatv2"): (1, 80), (True, "dot"): (0, 0),
+                (False, "gat"): (1, 72), (False, "gatv2"): (1, 72), (False, "dot"): (0, 72)}
 
 
 @triton.jit
@@ -89,13 +101,26 @@ def _finish(group, code, node, used, seg_row, seg_ptr, slot, rowptr, out, m_out,
             tl.store(p_z + part * H + heads, z1, mask=hmask)
 
 
+@triton.jit
+def _gat_loads(ks, ids, end, stop, node, heads, hmask, feats, fmask, x, a_src, a_edge, a_loop, col, H, F,
+               HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr, DENSE: tl.constexpr,
+               FB: tl.constexpr, ACC: tl.constexpr):
+    """Every load of GAT's forward step at edges ks (endpoints ids): _edge_terms' and the values' gather,
+    as (valid, real, edge id, the logit's three terms, values [R, HB, FB])."""
+    j, v2, real, k, t_src, t_edge, t_loop = _edge_terms(ks, end, stop, node, heads, hmask, a_src, a_edge, a_loop, ids,
+                                                        col, H, False, HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS, ACC)
+    xv, _mask = _gather(x, j, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
+    return v2, real, k, t_src, t_edge, t_loop, xv
+
+
 @fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])  # .to() needs tensors, not constexpr 1
 def _forward_one_pass_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
                              task_ptr, seg_row, seg_ptr, slot, p_acc, p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope, seed,
                              threshold, scale, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr,
                              SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
-                             FB: tl.constexpr, R: tl.constexpr, SEG: tl.constexpr, DENSE: tl.constexpr):
+                             FB: tl.constexpr, R: tl.constexpr, SEG: tl.constexpr, DENSE: tl.constexpr,
+                             AHEAD: tl.constexpr):
     """GAT's forward over every row in one launch (module docstring): logits from the per-node
     terms alpha_src [N, H] and alpha_dst [N, H] (``_edge_block``), values x [N, H, F]."""
     group, code, node, used, start, end, stop, step, steps = _task_lanes(task_ptr, rows_ptr, num_rows, seg_row,
@@ -105,18 +130,67 @@ def _forward_one_pass_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, 
     m = tl.full((R, HB), NEG_INF, ACC)
     z = tl.zeros((R, HB), ACC)
     acc = tl.zeros((R, HB, FB), ACC)
-    ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
+    ids = _endpoints(col, start, end)
+    if AHEAD > 0:  # the first AHEAD steps' loads; each step then issues step t + AHEAD's loads before its maths
+        nxt = _gat_loads(start, ids, end, stop, node, heads, hmask, feats, fmask, x, a_src, a_edge, a_loop, col, H, F,
+                         HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS, DENSE, FB, ACC)
+        ids = _endpoints(col, start + step, end)
+        if AHEAD > 1:
+            nxt2 = _gat_loads(start + step, ids, end, stop, node, heads, hmask, feats, fmask, x, a_src, a_edge, a_loop,
+                              col, H, F, HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS, DENSE, FB, ACC)
+            ids = _endpoints(col, start + 2 * step, end)
     for t in range(0, steps):
         ks = start + t * step
-        ids = ids_next
-        ids_next = _endpoints(col, ks + step, end)
-        j, v2, _s, e, keep = _edge_block(ks, end, stop, node, heads, hmask, a_src, a_edge, a_loop, ids, col, ad,
-                                         N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE, HAS_LOOP_TERM,
-                                         SELF_LOOPS, DROPOUT, ACC)
-        xv, _mask = _gather(x, j, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
+        if AHEAD > 0:
+            cur = nxt
+            if AHEAD > 1:
+                nxt = nxt2
+            nxt_ = _gat_loads(ks + AHEAD * step, ids, end, stop, node, heads, hmask, feats, fmask, x, a_src, a_edge,
+                              a_loop, col, H, F, HAS_EDGE, HAS_LOOP_TERM, SELF_LOOPS, DENSE, FB, ACC)
+            if AHEAD > 1:
+                nxt2 = nxt_
+            else:
+                nxt = nxt_
+            ids = _endpoints(col, ks + (AHEAD + 1) * step, end)
+            v2, real, kk, t_src, t_edge, t_loop, xv = cur
+            _s, e, keep = _edge_logit(t_src, t_edge, t_loop, ad, v2, real, kk, node, heads, N_EDGES, H, slope, seed,
+                                      threshold, scale, HAS_EDGE, HAS_LOOP_TERM, DROPOUT, ACC)
+        else:  # the next step's endpoints load before this step's gathers
+            ids_this = ids
+            ids = _endpoints(col, ks + step, end)
+            j, v2, _s, e, keep = _edge_block(ks, end, stop, node, heads, hmask, a_src, a_edge, a_loop, ids_this, col,
+                                             ad, N_EDGES, H, slope, seed, threshold, scale, False, HAS_EDGE,
+                                             HAS_LOOP_TERM, SELF_LOOPS, DROPOUT, ACC)
+            xv, _mask = _gather(x, j, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
         m, z, acc = _online_step(m, z, acc, e, keep, xv)
     _finish(group, code, node, used, seg_row, seg_ptr, slot, rowptr, out, m_out, z_out, p_acc, p_m, p_z, heads, hmask,
             feats, fmask, H, F, m, z, acc, NUM_LOOPS, DENSE, FB, SEG)
+
+
+@triton.jit
+def _values(v, kv, ev, j, v2, heads, feats, fmask, H, F, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
+            DENSE: tl.constexpr, FB: tl.constexpr, ACC: tl.constexpr):
+    """The values of a step's edges [R, HB, FB]: the gathered keys kv where KV_SAME (GATv2's source
+    features, one gather for both), else v's rows j plus, for TransformerConv, the edge term ev."""
+    if KV_SAME:
+        xv = kv
+    else:
+        xv, _mask = _gather(v, j, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
+        if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
+            xv += ev
+    return xv
+
+
+@triton.jit
+def _pair_loads(ks, ids, end, stop, node, heads, hmask, feats, fmask, k, v, edge, perm, col, N_EDGES, H, F,
+                SELF_LOOPS: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr, DENSE: tl.constexpr,
+                FB: tl.constexpr, ACC: tl.constexpr):
+    """Every load of the pair forward's step at edges ks (endpoints ids): _pair_terms' and the values',
+    as (valid, real, edge id, keys [R, HB, FB], edge features' tile, values)."""
+    j, v2, _v3, real, kk, kv, _er, ev = _pair_terms(ks, end, stop, node, heads, hmask, feats, fmask, k, ids, col, edge,
+                                                    perm, N_EDGES, H, F, False, SELF_LOOPS, HAS_EDGE, ACC, DENSE, FB)
+    xv = _values(v, kv, ev, j, v2, heads, feats, fmask, H, F, HAS_EDGE, KV_SAME, DENSE, FB, ACC)
+    return v2, real, kk, kv, ev, xv
 
 
 @fast_kernel
@@ -126,7 +200,7 @@ def _pair_forward_one_pass_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_
                                   qk_scale, seed, threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
                                   GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
                                   ACC: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, R: tl.constexpr,
-                                  SEG: tl.constexpr, DENSE: tl.constexpr):
+                                  SEG: tl.constexpr, DENSE: tl.constexpr, AHEAD: tl.constexpr):
     """GATv2's and dot-product attention's forward over every row in one launch (module docstring):
     logits from the two endpoints' head vectors (``_pair_edges``); KV_SAME: the values are the
     gathered keys (GATv2's source features), one gather for both."""
@@ -138,21 +212,39 @@ def _pair_forward_one_pass_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_
     m = tl.full((R, HB), NEG_INF, ACC)
     z = tl.zeros((R, HB), ACC)
     acc = tl.zeros((R, HB, FB), ACC)
-    ids_next = _endpoints(col, start, end)  # the next step's endpoints load before this step's gathers
+    ids = _endpoints(col, start, end)
+    if AHEAD > 0:  # the first AHEAD steps' loads; each step then issues step t + AHEAD's loads before its maths
+        nxt = _pair_loads(start, ids, end, stop, node, heads, hmask, feats, fmask, k, v, edge, perm, col, N_EDGES, H, F,
+                          SELF_LOOPS, HAS_EDGE, KV_SAME, DENSE, FB, ACC)
+        ids = _endpoints(col, start + step, end)
+        if AHEAD > 1:
+            nxt2 = _pair_loads(start + step, ids, end, stop, node, heads, hmask, feats, fmask, k, v, edge, perm, col,
+                               N_EDGES, H, F, SELF_LOOPS, HAS_EDGE, KV_SAME, DENSE, FB, ACC)
+            ids = _endpoints(col, start + 2 * step, end)
     for t in range(0, steps):
         ks = start + t * step
-        ids = ids_next
-        ids_next = _endpoints(col, ks + step, end)
-        j, v2, _v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, k, ids, col, qi,
-                                                       a, edge, perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
-                                                       scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, DENSE,
-                                                       FB)
-        if KV_SAME:
-            xv = kv
-        else:
-            xv, _mask = _gather(v, j, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
-            if HAS_EDGE:  # TransformerConv: the edge term is added to the values too
-                xv += ev
+        if AHEAD > 0:
+            cur = nxt
+            if AHEAD > 1:
+                nxt = nxt2
+            nxt_ = _pair_loads(ks + AHEAD * step, ids, end, stop, node, heads, hmask, feats, fmask, k, v, edge, perm,
+                               col, N_EDGES, H, F, SELF_LOOPS, HAS_EDGE, KV_SAME, DENSE, FB, ACC)
+            if AHEAD > 1:
+                nxt2 = nxt_
+            else:
+                nxt = nxt_
+            ids = _endpoints(col, ks + (AHEAD + 1) * step, end)
+            v2, real, kk, kv, ev, xv = cur
+            e, keep = _pair_logit(kv, ev, qi, a, v2, real, kk, node, heads, N_EDGES, H, slope, qk_scale, seed,
+                                  threshold, scale, False, DROPOUT, GATV2, HAS_EDGE, ACC)
+        else:  # the next step's endpoints load before this step's gathers
+            ids_this = ids
+            ids = _endpoints(col, ks + step, end)
+            j, v2, _v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, k, ids_this,
+                                                           col, qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale,
+                                                           seed, threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2,
+                                                           HAS_EDGE, ACC, DENSE, FB)
+            xv = _values(v, kv, ev, j, v2, heads, feats, fmask, H, F, HAS_EDGE, KV_SAME, DENSE, FB, ACC)
         m, z, acc = _online_step(m, z, acc, e, keep, xv)
     _finish(group, code, node, used, seg_row, seg_ptr, slot, rowptr, out, m_out, z_out, p_acc, p_m, p_z, heads, hmask,
             feats, fmask, H, F, m, z, acc, NUM_LOOPS, DENSE, FB, SEG)

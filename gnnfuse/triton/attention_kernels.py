@@ -69,8 +69,24 @@ def _edge_block(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, ids,
     row's own term, [1, HB]. The row-group forward passes one edge of each of its rows instead:
     ks, end, stop and node [ROWS], ad_node [ROWS, HB]. Returns (other
     endpoint [BE], valid [BE, HB], s [BE, HB] pre-activation logit, e [BE, HB] logit or -inf,
-    keep [BE, HB] dropout factor (1/(1-p) or 0)).
+    keep [BE, HB] dropout factor (1/(1-p) or 0)). Its loads (``_edge_terms``) and its maths
+    (``_edge_logit``) are apart so that the forward can issue one step's loads before the previous
+    step's maths.
     """
+    other, v2, real, k, t_other, t_edge, t_loop = _edge_terms(ks, end, stop, node, heads, hmask, a_other, a_edge,
+                                                              a_loop, ids, pos, H, TRANSPOSED, HAS_EDGE,
+                                                              HAS_LOOP_TERM, SELF_LOOPS, ACC)
+    s, e, keep = _edge_logit(t_other, t_edge, t_loop, ad_node, v2, real, k, node, heads, N_EDGES, H, slope, seed,
+                             threshold, scale, HAS_EDGE, HAS_LOOP_TERM, DROPOUT, ACC)
+    return other, v2, s, e, keep
+
+
+@triton.jit
+def _edge_terms(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, ids, pos, H, TRANSPOSED: tl.constexpr,
+                HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr, ACC: tl.constexpr):
+    """_edge_block's loads: (other endpoint [BE], valid [BE, HB], real edge (not the virtual loop)
+    [BE], edge id [BE], the logit's terms [BE, HB]: the other endpoint's, the edge's and the self
+    loop's (0 where absent; without HAS_EDGE / HAS_LOOP_TERM the other endpoint's again, unused))."""
     real = ks < end
     other = tl.where(real, ids.to(tl.int64), node)  # the virtual loop's other endpoint is the node itself
     valid = ks < stop
@@ -83,12 +99,27 @@ def _edge_block(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, ids,
     else:
         k = ks
     v2 = valid[:, None] & hmask[None, :]
-    s = tl.load(a_other + other[:, None] * H + heads[None, :], mask=v2, other=0).to(ACC) + ad_node
+    t_other = tl.load(a_other + other[:, None] * H + heads[None, :], mask=v2, other=0).to(ACC)
+    t_edge = t_other
+    t_loop = t_other
     if HAS_EDGE:
-        s += tl.load(a_edge + k[:, None] * H + heads[None, :], mask=v2 & real[:, None], other=0).to(ACC)
+        t_edge = tl.load(a_edge + k[:, None] * H + heads[None, :], mask=v2 & real[:, None], other=0).to(ACC)
     if HAS_LOOP_TERM:
         loop_row = node + 0 * ks
-        s += tl.load(a_loop + loop_row[:, None] * H + heads[None, :], mask=v2 & ~real[:, None], other=0).to(ACC)
+        t_loop = tl.load(a_loop + loop_row[:, None] * H + heads[None, :], mask=v2 & ~real[:, None], other=0).to(ACC)
+    return other, v2, real, k, t_other, t_edge, t_loop
+
+
+@triton.jit
+def _edge_logit(t_other, t_edge, t_loop, ad_node, v2, real, k, node, heads, N_EDGES, H, slope, seed, threshold,
+                scale, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, DROPOUT: tl.constexpr,
+                ACC: tl.constexpr):
+    """_edge_block's maths on _edge_terms' loads: (s pre-activation logit, e logit or -inf, keep)."""
+    s = t_other + ad_node
+    if HAS_EDGE:
+        s += t_edge
+    if HAS_LOOP_TERM:
+        s += t_loop
     e = tl.where(s > 0, s, s * slope)
     e = tl.where(v2, e, NEG_INF)
     if DROPOUT:
@@ -96,7 +127,7 @@ def _edge_block(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, ids,
         keep = _dropout_scale(seed, ids, heads, H, threshold, scale)
     else:
         keep = tl.full(e.shape, 1.0, ACC)
-    return other, v2, s, e, keep
+    return s, e, keep
 
 
 @triton.jit
@@ -245,13 +276,17 @@ def _backward_rows_kernel(g, out, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, r
 @fast_kernel
 @triton.jit(do_not_specialize=["H", "seed", "threshold"])
 def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_rowptr, t_col, t_pos, D, g_x, g_src,
-                             seg_row, seg_ptr, slot, p_x, p_src, NUM_LOOPS, N_EDGES, H, F, slope, seed, threshold,
-                             scale, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr,
-                             DROPOUT: tl.constexpr, NEED_X: tl.constexpr, NEED_SRC: tl.constexpr,
-                             ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                             SEG: tl.constexpr):
+                             att_src, att_dst, g_dst, seg_row, seg_ptr, slot, p_x, p_src, NUM_LOOPS, N_EDGES, H, F,
+                             slope, seed, threshold, scale, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr,
+                             SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, NEED_X: tl.constexpr,
+                             NEED_SRC: tl.constexpr, FOLD_ATT: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr,
+                             HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr):
     """grad x[j] = sum_k c_k g_i and grad alpha_src[j] = sum_k ds_k over j's out-edges (the transpose's
-    row; partial sums per piece of a split row)."""
+    row; partial sums per piece of a split row). FOLD_ATT (x is the projection h whose terms are
+    alpha_src = h . att_src, alpha_dst = h . att_dst, one node set for both roles): grad x[j] also
+    takes grad alpha_src[j] att_src + grad alpha_dst[j] att_dst (g_dst: the row pass's, complete),
+    h's whole gradient; linear, so each piece of a split row adds its own alpha_src part and the
+    row's first piece the alpha_dst term."""
     j, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, t_rowptr, NUM_LOOPS, SEG)
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
@@ -278,6 +313,11 @@ def _backward_sources_kernel(g, m_in, z_in, x, a_src, a_dst, a_edge, a_loop, t_r
             di = tl.load(D + ih, mask=v2, other=0)
             acc_s += tl.sum(tl.where(v2, p * (keep * gx - di) * tl.where(s > 0, 1.0, slope), 0.0), 0)
     whole = part + 0 * heads < 0  # the row is one piece
+    if FOLD_ATT:
+        hf_offs = heads[:, None] * F + feats[None, :]
+        gd = tl.load(g_dst + j * H + heads, mask=hmask & (_k + 0 * heads == 0), other=0).to(ACC)
+        acc_x += acc_s[:, None] * tl.load(att_src + hf_offs, mask=hf, other=0).to(ACC)
+        acc_x += gd[:, None] * tl.load(att_dst + hf_offs, mask=hf, other=0).to(ACC)
     if NEED_X:
         tl.store(g_x + offs, acc_x.to(g_x.dtype.element_ty), mask=hf & whole[:, None])
         tl.store(p_x + part * H * F + heads[:, None] * F + feats[None, :], acc_x, mask=hf & ~whole[:, None])

@@ -82,7 +82,7 @@ def _aggregate(x, w, ptr, nbr, pos, rowptr, mean, num_rows, transposed):
     out = x.new_empty(num_rows, H, F)
     if not (num_rows and H and F):
         return out.zero_()
-    be, hb, fb = gat._blocks(H, F, nbr.shape[0], num_rows)
+    be, hb, fb = gat._blocks(H, F, nbr.shape[0], num_rows, False)
     wl = gat._work(ptr)
     parts = x.new_empty(wl.num_partials, H, F, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32) \
         if wl.num_partials else out
@@ -107,7 +107,7 @@ def backward(grad, x, rowptr, col, w, t_rowptr, t_col, t_pos, mean, need_x, need
         gw = torch.empty_like(w)
         num_dst, H, F = grad.shape
         if num_dst and H and col.shape[0]:
-            be, hb, fb = gat._blocks(H, F, col.shape[0], num_dst)
+            be, hb, fb = gat._blocks(H, F, col.shape[0], num_dst, False)
             wl = gat._work(rowptr)
             acc = tl.float64 if x.dtype == torch.float64 else tl.float32
             with gat._nullcontext() if x.is_cpu else torch.cuda.device(x.device):

@@ -88,16 +88,21 @@ def _backward_setup(k, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs:
 
 
 def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2,
-             slope, scale, p, seed, needs):
+             slope, scale, p, seed, needs, outs=None):
+    """The op's backward; ``outs``: optional (g_q, g_k, g_v) buffers of q's, k's and v's shape, contiguous,
+    to write those gradients into (a caller's slices of one tensor; the registered op passes none)."""
     n_src, H, F = k.shape
     num_dst = q.shape[0]
     need_q, need_k, need_v, need_att = bool(needs[0]), bool(needs[1]), bool(needs[2]), bool(needs[3]) and bool(gatv2)
     kv_sum = len(needs) > 5 and bool(needs[5]) and need_k and not need_v and _same(k, v)  # (ops/pair_attention.py)
     need_edge = bool(needs[4]) and edge is not None
     empty = k.new_empty(0)
-    g_q = torch.empty_like(q) if need_q else empty
-    g_k = torch.empty_like(k) if need_k else empty
-    g_v = torch.empty_like(v) if need_v else empty
+    if outs is None:
+        g_q = torch.empty_like(q) if need_q else empty
+        g_k = torch.empty_like(k) if need_k else empty
+        g_v = torch.empty_like(v) if need_v else empty
+    else:
+        g_q, g_k, g_v = (t if need else empty for t, need in zip(outs, (need_q, need_k, need_v)))
     g_att = empty
     g_edge = torch.zeros_like(edge) if need_edge else empty  # rows of skipped self-loop edges stay 0
     D = torch.empty_like(m)

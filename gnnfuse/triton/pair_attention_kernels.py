@@ -28,6 +28,22 @@ def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, po
     Returns (other endpoint [BE], valid [BE, HB], valid [BE, HB, FB], the other endpoints' vectors
     [BE, HB, FB], logit e [BE, HB] (-inf where invalid), dropout factor [BE, HB], the edge
     features' row [BE] and tile [BE, HB, FB] (zeros without HAS_EDGE)). DENSE: vector loads (see _gather)."""
+    other, v2, v3, real, k, ov, erow, ev = _pair_terms(ks, end, stop, node, heads, hmask, feats, fmask, others, ids,
+                                                       pos, edge, perm, N_EDGES, H, F, TRANSPOSED, SELF_LOOPS,
+                                                       HAS_EDGE, ACC, DENSE, FB)
+    e, keep = _pair_logit(ov, ev, node_vec, att, v2, real, k, node, heads, N_EDGES, H, slope, qk_scale, seed, threshold,
+                          scale, TRANSPOSED, DROPOUT, GATV2, HAS_EDGE, ACC)
+    return other, v2, v3, ov, e, keep, erow, ev
+
+
+@triton.jit
+def _pair_terms(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, pos, edge, perm, N_EDGES, H, F,
+                TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr,
+                DENSE: tl.constexpr, FB: tl.constexpr):
+    """_pair_edges' loads (apart from its maths, ``_pair_logit``, so that the forward can issue one
+    step's loads before the previous step's maths): (other endpoint, valid [BE, HB], valid
+    [BE, HB, FB], real edge (not the virtual loop) [BE], edge id [BE], the other endpoints' vectors,
+    the edge features' row and tile (zeros without HAS_EDGE))."""
     real = ks < end
     other = tl.where(real, ids.to(tl.int64), node)
     valid = ks < stop
@@ -47,6 +63,14 @@ def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, po
     else:
         erow = k
         ev = tl.zeros(ov.shape, ACC)
+    return other, v2, v3, real, k, ov, erow, ev
+
+
+@triton.jit
+def _pair_logit(ov, ev, node_vec, att, v2, real, k, node, heads, N_EDGES, H, slope, qk_scale, seed, threshold, scale,
+                TRANSPOSED: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
+                ACC: tl.constexpr):
+    """_pair_edges' maths on _pair_terms' loads: (logit e [BE, HB] (-inf where invalid), dropout factor)."""
     if GATV2:
         u = ov + node_vec
         if HAS_EDGE:
@@ -63,7 +87,7 @@ def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, po
         keep = _dropout_scale(seed, tl.where(real, k, N_EDGES + node), heads, H, threshold, scale)
     else:
         keep = tl.full(e.shape, 1.0, ACC)
-    return other, v2, v3, ov, e, keep, erow, ev
+    return e, keep
 
 
 @triton.jit

@@ -1,0 +1,75 @@
+"""The Triton attention forwards' loop table (attention_forward_kernels.FORWARD_LOOP): issuing a step's loads one or two
+steps ahead of its softmax maths changes when values arrive, not the maths, so every load order gives
+the same bits (outputs and the saved row max and sum the backward reads), with dropout, edge terms,
+self loops, row groups and split rows; and the table's order and register cap reach the launch
+(kernels with dropout, edge terms or other dtypes than float32 keep the loop as it was).
+Tiny graphs: in the interpreter on CPU, compiled on a GPU machine (more shapes there:
+benchmarks/gpu/check_attention.py --ahead N)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import test_attention as gat
+import test_pair_attention as pair
+from test_attention_forward import CONFIGS, force, hub_graph
+
+from gnnfuse.triton import attention as kernels
+from gnnfuse.triton import pair_attention as pair_kernels
+
+DEVICE = gat.TRITON_DEVICE  # the Triton kernels are called directly: CPU tensors only in the interpreter
+
+
+def _every_order_agrees(monkeypatch, forward):
+    monkeypatch.setattr(kernels, "FORWARD_AHEAD", 0)
+    base = forward()
+    for ahead in (1, 2):
+        monkeypatch.setattr(kernels, "FORWARD_AHEAD", ahead)
+        for name, a, b in zip(("out", "row max", "row sum"), base, forward()):
+            assert torch.equal(a, b), f"load order {ahead}: {name} differs from order 0"
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2]])  # groups, whole-row and split pieces; groups only
+def test_gat_load_orders_give_the_same_bits(monkeypatch, cfg):
+    force(monkeypatch, **cfg)
+    csr = hub_graph()
+    raw = gat.inputs(edge=True, loop=True, num_edges=csr.num_edges)
+    ins = {k: v.detach().float().to(DEVICE) for k, v in raw.items()}
+    csr = csr.to(DEVICE)
+    _every_order_agrees(monkeypatch, lambda: kernels.forward(
+        ins["x"], ins["alpha_src"], ins["alpha_dst"], ins["alpha_edge"], ins["alpha_loop"], csr.rowptr, csr.col,
+        *csr.transpose_parts(), True, 0.2, 0.4, 11))
+
+
+@pytest.mark.parametrize("mode", ["gatv2+edge", "dot+edge"])
+def test_pair_load_orders_give_the_same_bits(monkeypatch, mode):
+    force(monkeypatch, **CONFIGS[0])
+    csr = hub_graph()
+    ins = {k: v.detach().float().to(DEVICE) for k, v in pair.inputs(mode).items()}
+    edge = ins["edge_attr"][:csr.num_edges + pair.N]
+    csr = csr.to(DEVICE)
+    if mode.startswith("gatv2"):  # the values are the keys (one gather for both)
+        q, k, v, att = ins["x_dst"], ins["x_src"], ins["x_src"], ins["att"]
+    else:
+        q, k, v, att = ins["query"], ins["key"], ins["value"], None
+    _every_order_agrees(monkeypatch, lambda: pair_kernels.forward(
+        q, k, v, att, edge, csr.rowptr, csr.col, csr.perm, *csr.transpose_parts(), True, mode.startswith("gatv2"),
+        0.2, 0.35, 0.3, 7))
+
+
+def test_loop_table_reaches_the_launch():
+    csr = hub_graph()
+    for heads, width in ((8, 8), (4, 64)):
+        x = torch.zeros(gat.N, heads, width)
+        flags = (("HAS_EDGE", False), ("HAS_LOOP_TERM", False), ("SELF_LOOPS", True), ("DROPOUT", False))
+        for logit, kernel, setup_flags, is_pair in (
+                ("gat", kernels._forward_one_pass_kernel, flags, False),
+                ("gatv2", None, (("GATV2", True),), True), ("dot", None, (("GATV2", False),), True)):
+            setup = kernels.forward_setup(f"loop-table-{logit}", kernel, x, csr.rowptr, csr.col, setup_flags, is_pair)
+            ahead, cap = kernels.FORWARD_LOOP[(width <= 16, logit)]
+            assert setup.meta["AHEAD"] == ahead and setup.meta.get("maxnreg", 0) == cap, (heads, width, logit)
+            # with dropout (or edge terms, or half types) the loop stays as it was: the caps would spill in it
+            for features, more in ((x, (("DROPOUT", True),)), (x.bfloat16(), ())):
+                setup = kernels.forward_setup(f"loop-table-{logit}", kernel, features, csr.rowptr, csr.col,
+                                              setup_flags + more, is_pair)
+                assert setup.meta["AHEAD"] == 0 and "maxnreg" not in setup.meta

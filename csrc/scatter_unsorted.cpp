@@ -18,19 +18,10 @@
 #include <vector>
 
 #include "checks.h"
+#include "reducer.h"
 
 namespace gnnfuse {
 namespace {
-
-enum class Reduce { kSum, kMean, kMax, kMin };
-
-Reduce parse_reduce(const std::string& name) {
-  if (name == "sum") return Reduce::kSum;
-  if (name == "mean") return Reduce::kMean;
-  if (name == "max") return Reduce::kMax;
-  if (name == "min") return Reduce::kMin;
-  TORCH_CHECK_VALUE(false, text("reduce must be one of sum, mean, max, min; got '", name, "'"));
-}
 
 // Rows per target (also the check that every target lies in [0, T)).
 template <typename index_t>
@@ -56,29 +47,18 @@ std::vector<int64_t> owner_ranges(const std::vector<int64_t>& counts, int64_t S,
   return bounds;
 }
 
-template <typename scalar_t, typename index_t>
+// One thread's targets [lo, hi): each row aimed at them folded in index order (Reducer<R>::update:
+// the sorted kernels' NaN-propagating max/min).
+template <Reduce R, typename scalar_t, typename index_t>
 void reduce_owned(const scalar_t* x, const index_t* targets, int64_t S, int64_t F, int64_t lo, int64_t hi,
-                  Reduce reduce, scalar_t* out) {
+                  scalar_t* out) {
   for (int64_t s = 0; s < S; ++s) {
     const int64_t t = static_cast<int64_t>(targets[s]);
     if (t < lo || t >= hi) continue;
     const scalar_t* row = x + s * F;
     scalar_t* acc = out + t * F;
-    switch (reduce) {
-      case Reduce::kSum:
-      case Reduce::kMean:
 #pragma omp simd
-        for (int64_t f = 0; f < F; ++f) acc[f] += row[f];
-        break;
-      case Reduce::kMax:
-#pragma omp simd
-        for (int64_t f = 0; f < F; ++f) acc[f] = (row[f] > acc[f] || row[f] != row[f]) ? row[f] : acc[f];
-        break;
-      case Reduce::kMin:
-#pragma omp simd
-        for (int64_t f = 0; f < F; ++f) acc[f] = (row[f] < acc[f] || row[f] != row[f]) ? row[f] : acc[f];
-        break;
-    }
+    for (int64_t f = 0; f < F; ++f) Reducer<R>::update(acc[f], row[f]);
   }
 }
 
@@ -92,7 +72,7 @@ void finish_owned(const std::vector<int64_t>& counts, int64_t F, int64_t lo, int
     scalar_t* acc = out + t * F;
     if (n == 0) {
       std::fill(acc, acc + F, scalar_t(0));
-    } else if (reduce == Reduce::kMean) {
+    } else if (reduce == Reduce::Mean) {
       const scalar_t inv = scalar_t(1) / static_cast<scalar_t>(n);
       for (int64_t f = 0; f < F; ++f) acc[f] *= inv;
     }
@@ -104,6 +84,7 @@ void finish_owned(const std::vector<int64_t>& counts, int64_t F, int64_t lo, int
 torch::Tensor scatter_unsorted(const torch::Tensor& x, const torch::Tensor& targets, int64_t T,
                                const std::string& reduce_name) {
   const Reduce reduce = parse_reduce(reduce_name);
+  TORCH_CHECK_VALUE(reduce != Reduce::Mul, "reduce must be one of sum, mean, max, min; got 'mul'");
   TORCH_CHECK_VALUE(x.device().is_cpu() && targets.device().is_cpu(), "x and targets must be CPU tensors");
   TORCH_CHECK_VALUE(x.dim() == 2, text("x must be 2-D [S, F]; got ", x.dim(), " dimensions"));
   TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
@@ -124,18 +105,21 @@ torch::Tensor scatter_unsorted(const torch::Tensor& x, const torch::Tensor& targ
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), T));
     const std::vector<int64_t> bounds = owner_ranges(counts, S, parts);
     AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "scatter_unsorted", [&] {
-      const scalar_t start = reduce == Reduce::kMax   ? -std::numeric_limits<scalar_t>::infinity()
-                             : reduce == Reduce::kMin ? std::numeric_limits<scalar_t>::infinity()
-                                                      : scalar_t(0);
       scalar_t* o = out.data_ptr<scalar_t>();
       const scalar_t* xp = xc.data_ptr<scalar_t>();
-      at::parallel_for(0, parts, 1, [&](int64_t pb, int64_t pe) {
-        for (int64_t p = pb; p < pe; ++p) {
-          const int64_t lo = bounds[static_cast<size_t>(p)], hi = bounds[static_cast<size_t>(p) + 1];
-          std::fill(o + lo * F, o + hi * F, start);
-          reduce_owned(xp, tgt, S, F, lo, hi, reduce, o);
-          finish_owned(counts, F, lo, hi, reduce, o);
-        }
+      dispatch_reduce(reduce, [&](auto rc) {
+        constexpr Reduce R = decltype(rc)::value;
+        const scalar_t start = R == Reduce::Max   ? -std::numeric_limits<scalar_t>::infinity()
+                               : R == Reduce::Min ? std::numeric_limits<scalar_t>::infinity()
+                                                  : scalar_t(0);
+        at::parallel_for(0, parts, 1, [&](int64_t pb, int64_t pe) {
+          for (int64_t p = pb; p < pe; ++p) {
+            const int64_t lo = bounds[static_cast<size_t>(p)], hi = bounds[static_cast<size_t>(p) + 1];
+            std::fill(o + lo * F, o + hi * F, start);
+            reduce_owned<R>(xp, tgt, S, F, lo, hi, o);
+            finish_owned(counts, F, lo, hi, reduce, o);
+          }
+        });
       });
     });
   });

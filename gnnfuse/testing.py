@@ -31,6 +31,20 @@ def through_registered_op():
     return PassThrough()
 
 
+def outputs_at_thread_counts(run, counts=None) -> list:
+    """``run()``'s result once per intra-op thread count in ``counts`` (default: 1 and at least 2),
+    torch's own count restored afterwards: the determinism tests compare them bit for bit."""
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in counts or (1, max(2, threads)):
+            torch.set_num_threads(n)
+            results.append(run())
+    finally:
+        torch.set_num_threads(threads)
+    return results
+
+
 class TwoLayerNet(torch.nn.Module):
     """``conv2(relu(conv1(x, graph)), graph)`` for any conv class: the model the nn tests and the
     end-to-end benchmark compare between stock PyG and gnnfuse.nn."""

@@ -12,6 +12,7 @@ import torch
 
 from gnnfuse._build import load_extension
 from gnnfuse.csr import csr_for_edge_index, transpose_parts_of
+from gnnfuse.testing import outputs_at_thread_counts
 
 pytestmark = pytest.mark.skipif(not __import__("gnnfuse")._build.extension_available("attention"),
                                 reason="the C++ attention kernels are not built")
@@ -106,14 +107,7 @@ def test_row_walk_same_for_any_thread_count(heads, width, mode):
             return gat_run(csr, transpose, nodes, heads, width, True, 0.3, torch.float32)
         return pair_run(csr, transpose, nodes, heads, width, mode == "gatv2", 0.3, torch.float32)
 
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = run()
-        torch.set_num_threads(max(2, threads))
-        two = run()
-    finally:
-        torch.set_num_threads(threads)
+    one, two = outputs_at_thread_counts(run)
     for a, b in zip(one, two):
         assert torch.equal(a, b)
 

@@ -12,6 +12,7 @@ import torch
 
 from gnnfuse._build import load_extension
 from gnnfuse.csr import csr_for_edge_index, transpose_parts_of
+from gnnfuse.testing import outputs_at_thread_counts
 
 pytestmark = pytest.mark.skipif(not __import__("gnnfuse")._build.extension_available("attention"),
                                 reason="the C++ attention kernels are not built")
@@ -123,14 +124,7 @@ def test_tiles_same_for_any_thread_count(mode):
         return [out, *ext().pair_backward(grad, out, m, z, *args, *transpose, *scalars, [True, True, True, gatv2,
                                                                                          False])]
 
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = run()
-        torch.set_num_threads(max(2, threads))
-        two = run()
-    finally:
-        torch.set_num_threads(threads)
+    one, two = outputs_at_thread_counts(run)
     for a_, b_ in zip(one, two):
         assert torch.equal(a_, b_)
 

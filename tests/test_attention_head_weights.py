@@ -8,7 +8,7 @@ import torch
 import gnnfuse
 from gnnfuse import CSR
 from gnnfuse.ops import head_gather_scatter as hgs
-from gnnfuse.testing import TOLERANCES, random_graph, through_registered_op
+from gnnfuse.testing import TOLERANCES, outputs_at_thread_counts, random_graph, through_registered_op
 
 N_SRC, N_DST, E, H, F = 9, 8, 40, 3, 5
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -104,15 +104,12 @@ def test_deterministic_across_thread_counts():
     ei = random_graph(300, 200, 6000, seed=2, power_law=True)
     x = torch.randn(300, 4, 16, requires_grad=True)
     w = torch.rand(6000, 4, requires_grad=True)
-    results = []
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            out = gnnfuse.fused_gather_scatter(x, ei, "sum", edge_weight=w, num_nodes=200)
-            results.append((out, *torch.autograd.grad(out.square().sum(), (x, w))))
-    finally:
-        torch.set_num_threads(threads)
+
+    def run():
+        out = gnnfuse.fused_gather_scatter(x, ei, "sum", edge_weight=w, num_nodes=200)
+        return (out, *torch.autograd.grad(out.square().sum(), (x, w)))
+
+    results = outputs_at_thread_counts(run, (1, 2))
     for a, b in zip(*results):
         assert torch.equal(a, b)
 

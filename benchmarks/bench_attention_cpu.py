@@ -16,6 +16,9 @@ machine's drift hits all alike. ``--clock cpu`` (default with one thread) is the
 CPU time (time.thread_time: at one thread the kernels run on the calling thread), less sensitive to
 other tenants than wall time; ``--clock wall`` is for several threads. Outputs of the two builds are
 compared once (max abs difference) so a faster baseline-breaking variant is noticed.
+``--floors`` also times what reading two source rows per edge costs (the dot product reads k_j and
+v_j): the sum over rows of twice the width (one 2 x heads x F row per edge: k and v interleaved) and
+two sums of the width (two separate rows per edge), as ratios to the sum.
 """
 from __future__ import annotations
 
@@ -92,6 +95,18 @@ def kernel_calls(ext, layer: str, csr, transpose, nodes: int, heads: int, width:
             lambda: ext.pair_backward(grad, out, m, z, *args, *transpose, *scalars, needs))
 
 
+def floor_calls(csr, flat: torch.Tensor) -> dict:
+    """The two ways of reading two source rows of width heads x F per edge, as sums (--floors)."""
+    import gnnfuse
+
+    g = torch.Generator().manual_seed(1)
+    wide = torch.randn(flat.shape[0], 2 * flat.shape[1], generator=g)  # k and v interleaved: one row per edge
+    other = torch.randn(flat.shape, generator=g)  # a second tensor: two rows per edge
+    return {"sum_2x": lambda: gnnfuse.fused_gather_scatter(wide, csr, "sum"),
+            "two_sums": lambda: (gnnfuse.fused_gather_scatter(flat, csr, "sum"),
+                                 gnnfuse.fused_gather_scatter(other, csr, "sum"))}
+
+
 def source_commit() -> str:
     """The checkout's commit (with '+changes' when its csrc/ or benchmarks/ differ from it), or 'unknown'."""
     root = Path(__file__).resolve().parent.parent
@@ -139,6 +154,8 @@ def main(argv=None):
     parser.add_argument("--clock", choices=("cpu", "wall"), help="default: cpu at one thread, else wall")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--forward-only", action="store_true", help="time the forwards and the sum only")
+    parser.add_argument("--floors", action="store_true",
+                        help="also time a sum of twice the width and two sums (reading two rows per edge)")
     parser.add_argument("--tag", default="", help="suffix of the result name, e.g. loaded")
     parser.add_argument("--out", type=Path, help="directory for the result files (none: print only)")
     parser.add_argument("--notes", default="", help="text for the result file, above the table")
@@ -169,6 +186,8 @@ def main(argv=None):
                     fns[f"bwd_{tag}"] = bwd
                 results[tag] = (fwd(), None if args.forward_only else bwd())
             fns["sum"] = lambda: gnnfuse.fused_gather_scatter(flat, csr, "sum")
+            if args.floors:
+                fns.update(floor_calls(csr, flat))
             samples = time_interleaved(fns, args.rounds, clock)
             row = {"layer": layer, "graph": gname, "edges": int(edge_index.shape[1]), "HxF": f"{args.heads}x{args.width}",
                    "dropout": args.dropout}
@@ -187,6 +206,9 @@ def main(argv=None):
                 if not args.forward_only:
                     row["bwd_speedup"] = med["bwd_old"] / med["bwd_new"]
                     row["max_diff_bwd"] = max_difference(results["new"][1], results["old"][1])
+            if args.floors:
+                row["sum2x/sum"] = med["sum_2x"] / med["sum"]
+                row["two_sums/sum"] = med["two_sums"] / med["sum"]
             rows.append(row)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **machine("cpu"),

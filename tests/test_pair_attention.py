@@ -194,3 +194,26 @@ def test_edge_features_without_self_loop_rows_and_errors():
     torch.testing.assert_close(out, ref)
     with pytest.raises(ValueError, match="edge_attr must have shape"):
         dot_attention(ins["query"], ins["key"], ins["value"], graph(), edge_attr=ins["edge_attr"][:E + 1])
+
+
+
+@pytest.mark.parametrize("mode", MODES + ["dot+edge"])
+def test_triton_backward_loads_and_tiles_agree(monkeypatch, mode):
+    """The Triton backward's 16-byte loads (BACKWARD_DENSE) and edge-block cap (BACKWARD_EDGE_BLOCK,
+    triton/pair_attention.py) give the previous kernels' gradients to rounding (the sums over
+    features and edges in another order), and the same bits run to run."""
+    from gnnfuse.triton import pair_attention
+
+    ins = inputs(mode, torch.float32)
+    runs = {}
+    for dense, cap in ((False, None), (True, None), (True, 2), (True, 2)):
+        monkeypatch.setattr(pair_attention, "BACKWARD_DENSE", dense)
+        monkeypatch.setattr(pair_attention, "BACKWARD_EDGE_BLOCK", cap)
+        runs.setdefault((dense, cap), []).append(run(mode, ins, graph(), "triton", add_self_loops=True, dropout=0.3,
+                                                     seed=8)[1])
+    ref = runs.pop((False, None))[0]
+    first, again = runs.pop((True, 2))
+    assert all(torch.equal(g, r) for g, r in zip(first, again))
+    for grads in (first, runs.pop((True, None))[0]):
+        for g, r in zip(grads, ref):
+            torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)

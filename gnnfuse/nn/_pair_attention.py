@@ -33,7 +33,7 @@ from ._attention import _warn_once, self_loop_attr, why_not_fused
 from ._layers import FUSED_CLASSES
 from ._mixin import csr_to_edge_index
 from ._pair_node import applies as node_applies
-from ._pair_node import pair_node
+from ._pair_node import node_skip, pair_node
 from ._transformer_node import applies as transformer_applies
 from ._transformer_node import transformer_node
 
@@ -126,8 +126,11 @@ class TransformerConv(pyg_nn.TransformerConv):
         if self.lin_edge is None and self.gnnfuse_transformer_node and transformer_applies(self, x):
             return transformer_node(self, x, edge_index, 1.0 / math.sqrt(C), dropout)  # one node, skip included
         if self.lin_edge is None and node_applies(self, x_src, x_dst, linears, None):  # one node (_pair_node.py)
+            skip = node_skip(self, x_dst)
             out = pair_node(self, x_src, x_dst, edge_index, linears, None, False, 0.0, 1.0 / math.sqrt(C), dropout,
-                            False)
+                            False, skip)
+            if skip is not None:  # the skip was added inside the node
+                return out
         else:
             query = self.lin_query(x_dst).view(-1, H, C)
             key = self.lin_key(x_src).view(-1, H, C)

@@ -9,6 +9,14 @@ node, whose backward runs the attention backward and then each linear's (weight:
 bias: one sum, input: one product): the same launches and the same numbers, bit for bit, but for
 the input's gradient, whose terms (query, key, value) are added in another order.
 
+TransformerConv's skip (PyG's default: ``root_weight``, ``concat``, no ``beta``, a plain ``lin_skip``)
+joins the node too (``skip``): its product and the addition forward, its weight's and bias's
+gradients backward, in place of the skip linear's own autograd nodes (product, transpose, addition,
+two gradient accumulations) around this one; the output and every gradient are the same numbers.
+(q's, k's and v's gradients are not made slices of one [3, N, H*C] buffer for one bias ``sum``:
+torch's sum of such a buffer over its rows allocated a temporary of twice its size, 15 MB on
+rfc-uniform at 8 x 8, for no measured gain of step time.)
+
 Where (:func:`applies`): plain linears without hooks (nn/_projections.plain_linear), no edge
 features, GATv2Conv without shared weights, the Triton backend, the eager route's conditions
 (ops/_opdef.py), a gradient wanted. Else the layer's default path. Double backward raises.
@@ -38,13 +46,14 @@ def _linear_grads(g: Tensor, x: Tensor, weight: Tensor, need_w: bool, need_b: bo
 
 class PairNode(torch.autograd.Function):
     """``out [N_dst, H, C]`` of q = x_dst Wq^T + bq, k = x_src Wk^T + bk, v = x_src Wv^T + bv (GATv2:
-    v is k, ``w_v`` None) and the pair attention. ``graph``: (rowptr, col, t_rowptr, t_col, t_pos);
-    ``scalars``: the op's (self_loops, gatv2, negative_slope, scale, dropout, seed)."""
+    v is k, ``w_v`` None) and the pair attention; with ``w_s`` (TransformerConv's skip) ``out [N_dst,
+    H*C] + x_dst Ws^T + bs``. ``graph``: (rowptr, col, t_rowptr, t_col, t_pos); ``scalars``: the op's
+    (self_loops, gatv2, negative_slope, scale, dropout, seed)."""
 
     @staticmethod
     def forward(ctx, graph: tuple, scalars: tuple, heads: int, x_src: Tensor, x_dst: Tensor, w_q: Tensor,
                 b_q: Tensor | None, w_k: Tensor, b_k: Tensor | None, w_v: Tensor | None, b_v: Tensor | None,
-                att: Tensor | None):
+                att: Tensor | None, w_s: Tensor | None = None, b_s: Tensor | None = None):
         gatv2 = scalars[1]
         q = _linear(x_dst, w_q, b_q).view(x_dst.shape[0], heads, -1)
         k = _linear(x_src, w_k, b_k).view(x_src.shape[0], heads, -1)
@@ -54,24 +63,29 @@ class PairNode(torch.autograd.Function):
         out, m, z = FORWARD.kernels["triton"](q, k, v, att_, None, rowptr, col, None, t_rowptr, t_col, t_pos, *scalars)
         ctx.scalars, ctx.heads = scalars, heads
         kept = out if gatv2 else out.new_empty(0)  # dot attention's Triton backward recomputes what it reads of out
-        ctx.save_for_backward(x_src, x_dst, w_q, w_k, w_v, q, k, v, att_, kept, m, z, *graph)
-        return out
+        ctx.save_for_backward(x_src, x_dst, w_q, w_k, w_v, q, k, v, att_, kept, m, z, w_s, *graph)
+        if w_s is None:
+            return out
+        res = _linear(x_dst, w_s, b_s)  # PyG's out + lin_skip(x_dst) (the same sum: addition commutes)
+        return res.add_(out.view(res.shape))
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_out: Tensor):
-        x_src, x_dst, w_q, w_k, w_v, q, k, v, att, kept, m, z, rowptr, col, t_rowptr, t_col, t_pos = ctx.saved_tensors
-        _, _, _, n_xs, n_xd, n_wq, n_bq, n_wk, n_bk, n_wv, n_bv, n_att = ctx.needs_input_grad
+        x_src, x_dst, w_q, w_k, w_v, q, k, v, att, kept, m, z, w_s, rowptr, col, t_rowptr, t_col, t_pos = \
+            ctx.saved_tensors
+        _, _, _, n_xs, n_xd, n_wq, n_bq, n_wk, n_bk, n_wv, n_bv, n_att, n_ws, n_bs = ctx.needs_input_grad
         gatv2 = ctx.scalars[1]
         need_q, need_k, need_v = n_xd or n_wq or n_bq, n_xs or n_wk or n_bk, n_xs or n_wv or n_bv
         if gatv2:  # v is k: the kernel adds v's gradient into k's (ops/pair_attention.py _kv_sum)
             needs = [need_q, True, False, n_att, False, True]
         else:
             needs = [need_q, need_k, need_v, False, False]
+        g_out = g_out.contiguous()
         g_q, g_k, g_v, g_att, _ = BACKWARD.kernels["triton"](
-            g_out.contiguous(), kept, m, z, q, k, v, att, None, rowptr, col, None, t_rowptr, t_col, t_pos,
+            g_out.view(q.shape), kept, m, z, q, k, v, att, None, rowptr, col, None, t_rowptr, t_col, t_pos,
             *ctx.scalars, needs)
-        g_xs = g_xd = g_wq = g_bq = g_wk = g_bk = g_wv = g_bv = None
+        g_xs = g_xd = g_wq = g_bq = g_wk = g_bk = g_wv = g_bv = g_ws = g_bs = None
         if need_q:
             g_q = g_q.view(q.shape[0], -1)
             g_wq, g_bq = _linear_grads(g_q, x_dst, w_q, n_wq, n_bq)
@@ -85,8 +99,12 @@ class PairNode(torch.autograd.Function):
             g_wv, g_bv = _linear_grads(g_v, x_src, w_v, n_wv, n_bv)
             if n_xs:
                 g_xs = torch.mm(g_v, w_v) if g_xs is None else torch.addmm(g_xs, g_v, w_v)
+        if w_s is not None:  # the skip: its output's gradient is the node's
+            g_ws, g_bs = _linear_grads(g_out, x_dst, w_s, n_ws, n_bs)
+            if n_xd:
+                g_xd = torch.addmm(g_xd, g_out, w_s) if g_xd is not None else torch.mm(g_out, w_s)
         g_att = g_att.view(1, *att.shape) if n_att else None
-        return None, None, None, g_xs, g_xd, g_wq, g_bq, g_wk, g_bk, g_wv, g_bv, g_att
+        return None, None, None, g_xs, g_xd, g_wq, g_bq, g_wk, g_bk, g_wv, g_bv, g_att, g_ws, g_bs
 
 
 _apply = function_apply(PairNode)  # (the C apply: callers checked eager_route_ok)
@@ -105,8 +123,9 @@ def applies(layer, x_src: Tensor, x_dst: Tensor, linears: tuple, att: Tensor | N
 
 
 def pair_node(layer, x_src: Tensor, x_dst: Tensor, edge_index, linears: tuple, att: Tensor | None, gatv2: bool,
-              slope: float, scale: float, dropout: float, self_loops: bool) -> Tensor:
-    """The layer's ``out [N_dst, H, C]`` through PairNode (after the pair ops' checks of the graph)."""
+              slope: float, scale: float, dropout: float, self_loops: bool, skip=None) -> Tensor:
+    """The layer's ``out [N_dst, H, C]`` through PairNode (after the pair ops' checks of the graph);
+    with ``skip`` (a plain linear, see :func:`node_skip`) ``out [N_dst, H*C]`` plus the skip."""
     csr, seed = checked_graph(x_src, x_dst.shape[0], edge_index, slope, dropout, None)
     if csr.col.device != x_src.device or x_dst.device != x_src.device:
         raise ValueError(f"all tensors must be on one device; got x on {x_src.device} and {x_dst.device}, "
@@ -115,4 +134,18 @@ def pair_node(layer, x_src: Tensor, x_dst: Tensor, edge_index, linears: tuple, a
     scalars = (bool(self_loops), bool(gatv2), float(slope), float(scale), float(dropout), seed)
     lin_q, lin_k, lin_v = linears
     return _apply(graph, scalars, layer.heads, x_src, x_dst, lin_q.weight, lin_q.bias, lin_k.weight, lin_k.bias,
-                  None if lin_v is None else lin_v.weight, None if lin_v is None else lin_v.bias, att)
+                  None if lin_v is None else lin_v.weight, None if lin_v is None else lin_v.bias, att,
+                  None if skip is None else skip.weight, None if skip is None else skip.bias)
+
+
+def node_skip(layer, x_dst: Tensor):
+    """TransformerConv's ``lin_skip`` where it may join PairNode (module doc), else None: PyG's default
+    tail (concat, root weight, no beta) with a plain lin_skip whose tensors may take the eager route,
+    on x_dst's dtype and device. (PairNode's own conditions: :func:`applies`, checked by the caller.)"""
+    skip = layer.lin_skip if layer.root_weight and layer.concat and layer.lin_beta is None else None
+    if skip is None or not plain_linear(skip):
+        return None
+    tensors = [skip.weight] if skip.bias is None else [skip.weight, skip.bias]
+    if any(t.dtype != x_dst.dtype or t.device != x_dst.device for t in tensors) or not eager_route_ok(tensors):
+        return None
+    return skip

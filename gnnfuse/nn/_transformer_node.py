@@ -7,13 +7,16 @@ rfc-uniform 8 x 8) its training step took 1.54 ms against the default route's 1.
 processes whose PyG step differed as much (the ratio to PyG: 1.48 against 1.46x), and the step's
 peak memory was 45.6 MB against 21.9 (about 8 [N, H*C] more than this module's tensors explain;
 cause not found: a trace of torch's CPU allocations of the same step, interpreter, shows the two
-[N, H*C] more that ``y``'s and its gradient's skip slices account for, so the rest is CUDA-side).
+[N, H*C] more that ``y``'s and its gradient's skip slices account for, so the rest is CUDA-side; a
+likely cause, not measured on this route: the biases' one ``g_y.sum(1)`` over the [4, N, H*C] buffer,
+since the same sum of a [3, N, H*C] buffer in _pair_node.py allocated a temporary of twice its size
+on the H100, benchmarks/results/attention_transformerconv_h100_2026-11-24_gpudot-ab.md).
 
 A small graph's training step waits on the host (benchmarks/results/attention-profile_*: each torch
 op costs it tens of microseconds, a weight gradient's product with its split-K reduction more).
-Through _pair_node.PairNode the layer costs four products forward (query, key, value in the node,
-the skip outside it) and eight ops for the weights' and biases' gradients backward, plus the skip's
-own autograd nodes. Here the four products write into the slices of one ``y [4, N, H*C]`` (q, k and
+Through _pair_node.PairNode (which takes the skip in too) the layer costs four
+products and the skip's addition forward and eight ops for the weights' and biases' gradients
+backward. Here the four products write into the slices of one ``y [4, N, H*C]`` (q, k and
 v as the kernels read them, contiguous, and the skip), the skip is added inside the node, and the
 backward kernels write q's, k's and v's gradients into slices of one
 ``[4, N, H*C]`` buffer whose last slice is the output's gradient (the skip's), so that the four

@@ -21,6 +21,20 @@ from .pair_attention_kernels import _pair_backward_rows_kernel, _pair_backward_s
 # partials, so the buffer is [ATT_SLOTS, H, F] floats (8 MB at 4x64) whatever the graph's size; a
 # constant (not the GPU's SM count) keeps the sum's order, hence the bits, the same on every GPU.
 ATT_SLOTS = 8192
+# The backward on narrow heads (F < attention.WIDE_HEAD; wide heads keep GAT's tiles and 4-byte loads):
+# BACKWARD_DENSE, 16-byte feature loads where the head width is a power of two (as the forward's), and
+# at most BACKWARD_EDGE_BLOCK edges a step (GAT's _blocks follows the graph's average degree up to 32).
+# The pair kernels hold two [BE, HB, FB] gathers (dot: keys and values, or queries and gradients;
+# GATv2: keys and the rows' u) and their products: on an H100 at 8 x 8 with dropout 0.6 the dot row
+# and source passes took 48 + 33 us on rfc-uniform (average degree 20) against 291 + 184 with 4-byte
+# loads at the degree's BE 32, GATv2's 32 + 37 against 198 + 191, and on products-like (scale 0.4,
+# average degree 25) 14.5 ms against 67.7 (dot, the row-term pass included) and 10.3 against 57.3
+# (GATv2); arxiv-like (BE 4 already) 0.97 against 1.55 ms (dot) and 0.85 against 1.45 (GATv2).
+# At 4 x 64 the 16-byte loads slowed GATv2's row pass on arxiv-like from 1.56 to 2.42 ms, hence narrow
+# heads only (benchmarks/results/attention-pair-backward_h100_2026-11-24_gpudot.md). Both knobs as module
+# attributes for A/B runs and tests (False / None: the previous kernels' loads and tiles).
+BACKWARD_DENSE = True
+BACKWARD_EDGE_BLOCK = 4
 
 
 def _flags(k, v, self_loops, gatv2, p, edge) -> tuple:
@@ -66,8 +80,11 @@ def _backward_setup(k, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs:
     def build():
         num_dst = rowptr.shape[0] - 1
         be, hb, fb = gat._blocks(H, F, col.shape[0], num_dst)
+        narrow = fb < gat.WIDE_HEAD
+        if narrow and BACKWARD_EDGE_BLOCK:
+            be = min(be, BACKWARD_EDGE_BLOCK)
         base = dict(flags, ACC=gat._acc(k.dtype), BE=be, HB=hb, FB=fb, SEG=gat.SPLIT_EDGES,
-                    num_warps=gat._warps(be, hb, fb))
+                    DENSE=bool(BACKWARD_DENSE and narrow and F == fb), num_warps=gat._warps(be, hb, fb))
         rows = gat._work(rowptr) if num_dst and H else None
         sources = gat._work(t_rowptr) if n_src and H and (need_k or need_v) else None
         d_inline = d_given and rows is not None and not rows.num_partials  # no split row: the row pass makes D
@@ -83,7 +100,7 @@ def _backward_setup(k, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs:
             row_term=term_launch)
 
     key = (n_src, H, F, col.shape[0], k.dtype, col.dtype, t_col.dtype, t_pos.dtype, flags, needs, d_given,
-           gat._knobs())
+           gat._knobs(), BACKWARD_DENSE, BACKWARD_EDGE_BLOCK)
     return cached("pair-backward", (rowptr, t_rowptr), key, build)
 
 

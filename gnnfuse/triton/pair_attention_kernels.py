@@ -112,14 +112,15 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
                                GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
                                NEED_Q: tl.constexpr, NEED_ATT: tl.constexpr, NEED_EDGE: tl.constexpr,
                                D_GIVEN: tl.constexpr, D_INLINE: tl.constexpr, ACC: tl.constexpr,
-                               BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr):
+                               BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr,
+                               DENSE: tl.constexpr):
     """D_i = g_i . out_i (the first piece stores it; D_GIVEN: read from D, which
     _pair_row_term_kernel filled without ``out``; D_INLINE, where every row is one piece: made
     here from the saved statistics, ``_row_term``, one launch less); grad q (partials for split rows), the edge
     features' gradient (each edge's row written once) and, for GATv2, grad att. Each program walks
     pieces pid, pid + P, pid + 2P, ... (P programs; P = NUM_PIECES unless grad att is wanted) and
     keeps grad att's partial across them: p_att has P rows (summed on the host in a fixed order),
-    not one per piece."""
+    not one per piece. DENSE: 16-byte feature loads (_gather)."""
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
     a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
@@ -130,7 +131,7 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
         if D_INLINE:
             d = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask,
                           hf, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2,
-                          HAS_EDGE, KV_SAME, ACC, BE, FB)
+                          HAS_EDGE, KV_SAME, ACC, BE, FB, DENSE)
             tl.store(D + i * H + heads, d, mask=hmask)
         elif D_GIVEN:
             d = tl.load(D + i * H + heads, mask=hmask, other=0)
@@ -150,13 +151,12 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
                                                              _endpoints(col, ks, end), col, qi[None, :, :], a, edge,
                                                              perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
                                                              scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC,
-                                                             False, FB)
+                                                             DENSE, FB)
                 p = tl.exp(e - mi[None, :]) / zi[None, :]
                 if KV_SAME:
                     xv = kv
                 else:
-                    xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
-                                 mask=v3, other=0).to(ACC)
+                    xv, _mask = _gather(v, j, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
                     if HAS_EDGE:
                         xv += ev
                 ds = tl.where(v2, p * (keep * tl.sum(gi[None, :, :] * xv, 2) - d[None, :]), 0.0)
@@ -191,7 +191,7 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
 def _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
               N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS: tl.constexpr,
               DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
-              ACC: tl.constexpr, BE: tl.constexpr, FB: tl.constexpr):
+              ACC: tl.constexpr, BE: tl.constexpr, FB: tl.constexpr, DENSE: tl.constexpr):
     """[HB]: sum over edges [start, stop) of row i of c_k g_i . v_k (values with the edge term),
     each c_k recomputed from the saved row max and sum: the whole row's D_i = g_i . out_i when
     the range is the whole row."""
@@ -206,12 +206,11 @@ def _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, h
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                       _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
                                                       N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
-                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, False, FB)
+                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, DENSE, FB)
         if KV_SAME:
             xv = kv
         else:
-            xv = tl.load(v + j[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                         other=0).to(ACC)
+            xv, _mask = _gather(v, j, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
             if HAS_EDGE:
                 xv += ev
         p = tl.exp(e - mi[None, :]) / zi[None, :]  # 0 where e is -inf (no edge)
@@ -225,7 +224,7 @@ def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, 
                           NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
                           SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
                           KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
-                          FB: tl.constexpr, SEG: tl.constexpr):
+                          FB: tl.constexpr, SEG: tl.constexpr, DENSE: tl.constexpr):
     """The row pass's per-row term without the op's output: D_i = g_i . out_i (``_row_term``), so
     the forward need not keep ``out`` for the backward. One program per (piece, head block); a
     split row's pieces write partials (p_d), folded in piece order afterwards. (Where no row is
@@ -236,7 +235,7 @@ def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, 
     a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
     acc = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
                     N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
-                    KV_SAME, ACC, BE, FB)
+                    KV_SAME, ACC, BE, FB, DENSE)
     whole = part + 0 * heads < 0  # the row is one piece
     tl.store(D + i * H + heads, acc, mask=hmask & whole)
     tl.store(p_d + part * H + heads, acc, mask=hmask & ~whole)
@@ -250,9 +249,10 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
                                   GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
                                   NEED_K: tl.constexpr, NEED_V: tl.constexpr, KV_SUM: tl.constexpr,
                                   ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
-                                  SEG: tl.constexpr):
+                                  SEG: tl.constexpr, DENSE: tl.constexpr):
     """grad k[j] and grad v[j] over j's out-edges (the transpose's row; partials for split rows).
-    KV_SUM (k and v are one tensor, GATv2's source features): their sum, into g_k / p_k alone."""
+    KV_SUM (k and v are one tensor, GATv2's source features): their sum, into g_k / p_k alone.
+    DENSE: 16-byte feature loads (_gather)."""
     j, _k, start, end, stop, part = _piece(seg_row, seg_ptr, slot, t_rowptr, NUM_LOOPS, SEG)
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     hf = hmask[:, None] & fmask[None, :]
@@ -266,13 +266,12 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
         i, v2, v3, qv, e, keep, _er, ev = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q,
                                                       _endpoints(t_col, qs, end), t_pos, kj[None, :, :], a, edge,
                                                       perm, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                                                      True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, False, FB)
+                                                      True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, DENSE, FB)
         ih = i[:, None] * H + heads[None, :]
         mi = tl.load(m_in + ih, mask=v2, other=0)
         zi = tl.load(z_in + ih, mask=v2, other=1)
         p = tl.where(v2, tl.exp(e - mi) / tl.where(zi > 0, zi, 1.0), 0.0)
-        gi = tl.load(g + i[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :], mask=v3,
-                     other=0).to(ACC)
+        gi, _mask = _gather(g, i, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
         if NEED_V or KV_SUM:
             acc_v += tl.sum((p * keep)[:, :, None] * gi, 0)
         if NEED_K:

@@ -196,7 +196,6 @@ def test_edge_features_without_self_loop_rows_and_errors():
         dot_attention(ins["query"], ins["key"], ins["value"], graph(), edge_attr=ins["edge_attr"][:E + 1])
 
 
-
 @pytest.mark.parametrize("mode", MODES + ["dot+edge"])
 def test_triton_backward_loads_and_tiles_agree(monkeypatch, mode):
     """The Triton backward's 16-byte loads (BACKWARD_DENSE) and edge-block cap (BACKWARD_EDGE_BLOCK,

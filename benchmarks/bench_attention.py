@@ -20,8 +20,7 @@ the same forward with the Triton kernels' row groups off (every row in the per-p
 A variant that fails (e.g. PyG out of memory) becomes a row with its error. ``--separate-projections``
 adds our step with GATConv's projection and attention terms through autograd op by op
 (``gnnfuse_fused_projections`` off; ``gnnfuse_separate_ms``; the other layers have no such switch and
-run their default), interleaved with the others. ``--transformer-node`` adds TransformerConv's opt-in one-node route (``gnnfuse_transformer_node``;
-``gnnfuse_node_ms``). ``--edge-dim D`` gives both layers edge features
+run their default), interleaved with the others. ``--edge-dim D`` gives both layers edge features
 (edge_attr [E, D]). ``--edge-blocks 4,16,W1,BE8W1,HB4W2`` times our training step and forward with
 the Triton kernels' edge block BE (gnnfuse.triton.attention._blocks), heads per program
 ("HB<n>"), warps per program of the backward (``_warps``; "W<n>") or rows per row group and piece
@@ -94,7 +93,7 @@ def fused_forward(layer, h, a_src, a_dst, edge_index):
 
 
 def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, layer="GATConv", edge_dim=0,
-            separate_projections=False, transformer_node=False):
+            separate_projections=False):
     import torch_geometric.nn as pyg_nn
 
     import gnnfuse
@@ -115,11 +114,6 @@ def run_row(name, edge_index, nodes, heads, width, dropout, device, rounds, laye
         separate.load_state_dict(stock.state_dict())
         separate.gnnfuse_fused_projections = False  # (GATConv's switch; a plain attribute on the others)
         steps["gnnfuse_separate"] = make_step(separate, x, edge_index, ea)
-    if transformer_node and layer == "TransformerConv":  # ours through the opt-in one-node route
-        node = getattr(G, layer)(IN_CHANNELS, width, **kw).to(device).train()
-        node.load_state_dict(stock.state_dict())
-        node.gnnfuse_transformer_node = True
-        steps["gnnfuse_node"] = make_step(node, x, edge_index, ea)
     first_steps(row, steps, device)
     time_training_steps(row, steps, device, rounds, spread="iqr_ms")  # its peaks: a step after the first
     for tag in ("", "first_"):
@@ -233,9 +227,6 @@ def main(argv=None):
     parser.add_argument("--separate-projections", action="store_true",
                         help="also time our step with GATConv's projections through autograd op by op "
                         "(gnnfuse_separate_ms)")
-    parser.add_argument("--transformer-node", action="store_true",
-                        help="also time TransformerConv through its opt-in one-node route (gnnfuse_transformer_node; "
-                        "gnnfuse_node_ms, gnnfuse_node_peak_MB)")
     parser.add_argument("--edge-blocks", default="", help="comma-separated BE values (e.g. 8) and warp counts "
                         "(e.g. W2) to sweep (CUDA)")
     args = parser.parse_args(argv)
@@ -251,7 +242,7 @@ def main(argv=None):
     rows = each_row(args, graphs, configs, device,
                     lambda name, ei, nodes, heads, width, dropout, layer: run_row(
                         name, ei, nodes, heads, width, dropout, device, args.rounds, layer, args.edge_dim,
-                        args.separate_projections, args.transformer_node))
+                        args.separate_projections))
     speedups = [r["speedup"] for r in rows if "speedup" in r]
     meta = dict(machine(device), benchmark=f"{args.layers} training step and forward vs sum gather-scatter",
                 geomean_speedup=round(geomean(speedups), 3),
@@ -262,9 +253,6 @@ def main(argv=None):
                "fwd_no_groups_ms", "error"]
     if args.separate_projections:
         columns[columns.index("pyg_ms"):columns.index("pyg_ms")] = ["gnnfuse_separate_ms", "gnnfuse_separate_iqr_ms"]
-    if args.transformer_node:
-        columns[columns.index("pyg_ms"):columns.index("pyg_ms")] = ["gnnfuse_node_ms", "gnnfuse_node_iqr_ms",
-                                                                     "gnnfuse_node_peak_MB"]
     tag = "" if args.layers == "GATConv" else "_" + args.layers.replace(",", "-").lower()
     tag += f"_edge-dim{args.edge_dim}" if args.edge_dim else ""
     md = save_results(f"attention{tag}_{device_label(device)}", meta, rows, columns, args.out)

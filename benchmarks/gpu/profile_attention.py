@@ -201,11 +201,11 @@ def _children(event, t0: float, lines: list, indent: str) -> None:
 def node_backward_profile(step, calls: int = 50, top: int = 30) -> str:
     """cProfile of the one-node routes' backward (GATNode / PairNode), taken inside it: autograd runs
     a CUDA node's backward on its device thread, which a profiler enabled in the caller misses."""
-    from gnnfuse.nn import _gat_node, _pair_node, _transformer_node
+    from gnnfuse.nn import _gat_node, _pair_node
 
     prof = cProfile.Profile()
     originals = {}
-    for cls in (_gat_node.GATNode, _pair_node.PairNode, _transformer_node.TransformerNode):
+    for cls in (_gat_node.GATNode, _pair_node.PairNode):
         originals[cls] = vars(cls)["backward"]
 
         def wrapped(ctx, *grads, _orig=originals[cls].__func__):

@@ -34,8 +34,6 @@ from ._layers import FUSED_CLASSES
 from ._mixin import csr_to_edge_index
 from ._pair_node import applies as node_applies
 from ._pair_node import node_skip, pair_node
-from ._transformer_node import applies as transformer_applies
-from ._transformer_node import transformer_node
 
 __all__ = ["GATv2Conv", "TransformerConv"]
 
@@ -104,9 +102,6 @@ class TransformerConv(pyg_nn.TransformerConv):
 
     gnnfuse_backend: str = "auto"
     gnnfuse_checks_per_call = True
-    # opt-in: the four linears, the attention and the skip as one autograd node on small graphs
-    # (_transformer_node.py; off by default: its step's peak memory is twice the default route's)
-    gnnfuse_transformer_node = False
     # propagate_type: (query: Tensor, key:Tensor, value: Tensor, edge_attr: OptTensor)
     # PyG records `cls.propagate` as the class's original propagate (used in explain mode and for
     # decomposed_layers) on first instantiation; inherited, that would be the stock class's generated
@@ -123,8 +118,6 @@ class TransformerConv(pyg_nn.TransformerConv):
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         dropout = self.dropout if self.training else 0.0
         linears = (self.lin_query, self.lin_key, self.lin_value)
-        if self.lin_edge is None and self.gnnfuse_transformer_node and transformer_applies(self, x):
-            return transformer_node(self, x, edge_index, 1.0 / math.sqrt(C), dropout)  # one node, skip included
         if self.lin_edge is None and node_applies(self, x_src, x_dst, linears, None):  # one node (_pair_node.py)
             skip = node_skip(self, x_dst)
             out = pair_node(self, x_src, x_dst, edge_index, linears, None, False, 0.0, 1.0 / math.sqrt(C), dropout,

@@ -324,6 +324,83 @@ GNNFUSE_ALWAYS_INLINE HeadVec<HH> scale_row_logits(float* __restrict w, const in
   return m;
 }
 
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+// ---- 8 heads x 8 features: two edges' logits at once --------------------------------------------
+// head_dot_tile folds an edge's 64 products to its 8 head sums in three halving steps of
+// two-source lane permutes, the last one half empty. Here two edges take the same steps together:
+// the first adds feature f to f + 4 (128-bit chunk pairs, vshuff32x4), the second f to f + 2 and the
+// third f to f + 1 (within 128-bit lanes, vshufps), the third joining the two edges' sums in one
+// vector; one permute then puts the 16 sums in edge-major order. Each logit is the same additions
+// in the same tree as head_dot_tile's: the same bits.
+constexpr bool kPairLogits = true;
+
+inline __m512 fold_chunks(__m512 a, __m512 b) {  // chunks [a0 + a1, a2 + a3, b0 + b1, b2 + b3]
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+inline __m512 fold_by_two(__m512 a, __m512 b) {  // each 128-bit lane: [a0 + a2, a1 + a3, b0 + b2, b1 + b3]
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+inline __m512 fold_by_one(__m512 a, __m512 b) {  // each 128-bit lane: [a0 + a1, a2 + a3, b0 + b1, b2 + b3]
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// s[e*8 + h] (times scale for the dot product) for the row's edges, as pair_logits then
+// scale_row_logits write them, 16 floats a store (an odd row's last store: -inf past n * 8, as
+// softmax_weights<8, true> wants them); returns the per-head max. s needs 8 writable entries past
+// n * 8.
+template <bool kGatv2, typename Row>
+GNNFUSE_ALWAYS_INLINE HeadVec<8> pair_logits_8x8(const Row& edges, const float* own, const float* rows,
+                                                 const float* att, float slope, float scale, float* s) {
+  using V = Vec64<float>;
+  V fx[4], at[4];
+  for (int v = 0; v < 4; ++v) {
+    fx[v] = load_vec(own + 16 * v);
+    if constexpr (kGatv2) at[v] = load_vec(att + 16 * v);
+  }
+  // one edge's 64 terms (LeakyAttOp's or MulOp's), folded twice: 128-bit lane c holds heads c and
+  // c + 4, two partial sums each
+  auto half_folded = [&](const float* x) {
+    __m512 p[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      const V k = load_vec(x + 16 * v);
+      if constexpr (kGatv2) {
+        const V u = fx[v] + k;
+        p[v] = (__m512)(at[v] * (u > V{} ? u : u * slope));
+      } else {
+        p[v] = (__m512)(fx[v] * k);
+      }
+    }
+    return fold_by_two(fold_chunks(p[0], p[1]), fold_chunks(p[2], p[3]));
+  };
+  // lane 4c + 2j + i holds edge j's head c + 4i: to [edge 0's heads, edge 1's heads]
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const int64_t n = edges.size();
+  for (int64_t e = 0; e < n; e += 2) {
+    const int64_t e1 = e + 1 < n ? e + 1 : e;  // an odd row's last edge twice (its copy set to -inf)
+    const int64_t q = edges.begin + e + edges.ahead;  // CsrRow::prefetch_ahead's rows, for e and e + 1
+    if (q < edges.stream_end) prefetch_lines<kPrefetchLines>(rows + int64_t(edges.col[q]) * 64);
+    if (e + 1 < n && q + 1 < edges.stream_end) prefetch_lines<kPrefetchLines>(rows + int64_t(edges.col[q + 1]) * 64);
+    const __m512 a = half_folded(rows + edges.other(e) * 64), b = half_folded(rows + edges.other(e1) * 64);
+    __m512 sv = _mm512_permutexvar_ps(order, fold_by_one(a, b));
+    if constexpr (!kGatv2) sv = _mm512_mul_ps(sv, _mm512_set1_ps(scale));
+    if (e1 == e) sv = _mm512_mask_mov_ps(sv, 0xff00, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+    _mm512_storeu_ps(s + e * 8, sv);
+    m = _mm512_max_ps(sv, m);  // sv > m ? sv : m, as scale_row_logits
+  }
+  const __m256 lo = _mm512_castps512_ps256(m), hi = _mm512_extractf32x8_ps(m, 1);
+  return (HeadVec<8>)_mm256_max_ps(hi, lo);
+}
+#else
+constexpr bool kPairLogits = false;
+template <bool kGatv2, typename Row>
+HeadVec<8> pair_logits_8x8(const Row&, const float*, const float*, const float*, float, float, float*) {
+  return HeadVec<8>{};  // never called
+}
+#endif
+
 template <typename index_t, int HH>
 void forward_tiles(const Pair& A, const float* q, const float* k, const float* v, const float* att,
                    const index_t* rowptr, const index_t* col, float* out, float* m_out, float* z_out) {
@@ -332,7 +409,17 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
   const int64_t H = HH, F = P.F, HF = H * F;
   const HeadLanes heads(H, F);
   const float scale = A.gatv2 ? 1.0f : float(A.qk_scale);
+  const bool pairs_8x8 = kPairLogits && HH == 8 && F == 8;
   const int64_t ahead = prefetch_ahead(HF * int64_t(sizeof(float)));
+  // w[0 : n*H]: the row's logits (times scale); returns their per-head max
+  auto row_logits = [&](const CsrRow<index_t>& row, const float* qi, float* w) -> HV {
+    if constexpr (HH == 8) {
+      if (pairs_8x8) return A.gatv2 ? pair_logits_8x8<true>(row, qi, k, att, float(P.slope), scale, w)
+                                    : pair_logits_8x8<false>(row, qi, k, att, float(P.slope), scale, w);
+    }
+    pair_logits(A, row, qi, k, att, heads, w);
+    return scale_row_logits<HH>(w, row.size(), scale);
+  };
   parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
     Scratch<float> S;
     RowCopy<index_t> copy;
@@ -344,9 +431,14 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
       const CsrRow<index_t> row = csr_row(P, rowptr, col, i, stream_end, ahead, copy);
       const int64_t n = row.size();
       float* w = row_buffer(S.w, n * H);
-      pair_logits(A, row, q + i * HF, k, att, heads, w);
-      const HV m = scale_row_logits<HH>(w, n, scale);
-      finish_row_tiles<HH>(P, S, row, w, m, heads, v, out + i * HF, m_out + i * H, z_out + i * H);
+      const HV m = row_logits(row, q + i * HF, w);
+      if (pairs_8x8) {
+        CsrRow<index_t> values = row;
+        if (v == k) values.stream_end = 0;  // GATv2: the keys' pass has just read and prefetched these rows
+        finish_row_tiles<HH, true>(P, S, values, w, m, heads, v, out + i * HF, m_out + i * H, z_out + i * H);
+      } else {
+        finish_row_tiles<HH>(P, S, row, w, m, heads, v, out + i * HF, m_out + i * H, z_out + i * H);
+      }
     }
   });
 }

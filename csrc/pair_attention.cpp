@@ -401,7 +401,10 @@ HeadVec<8> pair_logits_8x8(const Row&, const float*, const float*, const float*,
 }
 #endif
 
-template <typename index_t, int HH>
+// kPairs8x8 (H = F = 8 with AVX-512): the logits and their max from pair_logits_8x8, and no
+// prefetch in the weighted sum where the values are the keys (GATv2: the key pass has just read
+// and prefetched those rows).
+template <typename index_t, int HH, bool kPairs8x8 = false>
 void forward_tiles(const Pair& A, const float* q, const float* k, const float* v, const float* att,
                    const index_t* rowptr, const index_t* col, float* out, float* m_out, float* z_out) {
   using HV = HeadVec<HH>;
@@ -409,17 +412,7 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
   const int64_t H = HH, F = P.F, HF = H * F;
   const HeadLanes heads(H, F);
   const float scale = A.gatv2 ? 1.0f : float(A.qk_scale);
-  const bool pairs_8x8 = kPairLogits && HH == 8 && F == 8;
   const int64_t ahead = prefetch_ahead(HF * int64_t(sizeof(float)));
-  // w[0 : n*H]: the row's logits (times scale); returns their per-head max
-  auto row_logits = [&](const CsrRow<index_t>& row, const float* qi, float* w) -> HV {
-    if constexpr (HH == 8) {
-      if (pairs_8x8) return A.gatv2 ? pair_logits_8x8<true>(row, qi, k, att, float(P.slope), scale, w)
-                                    : pair_logits_8x8<false>(row, qi, k, att, float(P.slope), scale, w);
-    }
-    pair_logits(A, row, qi, k, att, heads, w);
-    return scale_row_logits<HH>(w, row.size(), scale);
-  };
   parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
     Scratch<float> S;
     RowCopy<index_t> copy;
@@ -431,12 +424,16 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
       const CsrRow<index_t> row = csr_row(P, rowptr, col, i, stream_end, ahead, copy);
       const int64_t n = row.size();
       float* w = row_buffer(S.w, n * H);
-      const HV m = row_logits(row, q + i * HF, w);
-      if (pairs_8x8) {
+      if constexpr (kPairs8x8) {
+        const float slope = float(P.slope);
+        const HV m = A.gatv2 ? pair_logits_8x8<true>(row, q + i * HF, k, att, slope, scale, w)
+                             : pair_logits_8x8<false>(row, q + i * HF, k, att, slope, scale, w);
         CsrRow<index_t> values = row;
-        if (v == k) values.stream_end = 0;  // GATv2: the keys' pass has just read and prefetched these rows
+        if (v == k) values.stream_end = 0;
         finish_row_tiles<HH, true>(P, S, values, w, m, heads, v, out + i * HF, m_out + i * H, z_out + i * H);
       } else {
+        pair_logits(A, row, q + i * HF, k, att, heads, w);
+        const HV m = scale_row_logits<HH>(w, n, scale);
         finish_row_tiles<HH>(P, S, row, w, m, heads, v, out + i * HF, m_out + i * H, z_out + i * H);
       }
     }
@@ -570,11 +567,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pair_forward(
   if (k.scalar_type() == at::kFloat && tiles_apply(A, edge.has_value())) {
     AT_DISPATCH_INDEX_TYPES(rowptr.scalar_type(), "pair_forward_index", [&] {
       dispatch_heads(P.H, [&](auto hh) {
-        forward_tiles<index_t, decltype(hh)::value>(
-            A, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-            att.has_value() ? att->data_ptr<float>() : q.data_ptr<float>(),  // dot: never read
-            rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(), out.data_ptr<float>(), m.data_ptr<float>(),
-            z.data_ptr<float>());
+        constexpr int HH = decltype(hh)::value;
+        auto run = [&](auto pairs_8x8) {
+          forward_tiles<index_t, HH, decltype(pairs_8x8)::value>(
+              A, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+              att.has_value() ? att->data_ptr<float>() : q.data_ptr<float>(),  // dot: never read
+              rowptr.data_ptr<index_t>(), col.data_ptr<index_t>(), out.data_ptr<float>(), m.data_ptr<float>(),
+              z.data_ptr<float>());
+        };
+        if constexpr (HH == 8 && kPairLogits) {
+          if (P.F == 8) return run(std::true_type{});
+        }
+        run(std::false_type{});
       });
     });
     return {out, m, z};

@@ -380,9 +380,8 @@ GNNFUSE_ALWAYS_INLINE HeadVec<8> pair_logits_8x8(const Row& edges, const float* 
   const int64_t n = edges.size();
   for (int64_t e = 0; e < n; e += 2) {
     const int64_t e1 = e + 1 < n ? e + 1 : e;  // an odd row's last edge twice (its copy set to -inf)
-    const int64_t q = edges.begin + e + edges.ahead;  // CsrRow::prefetch_ahead's rows, for e and e + 1
-    if (q < edges.stream_end) prefetch_lines<kPrefetchLines>(rows + int64_t(edges.col[q]) * 64);
-    if (e + 1 < n && q + 1 < edges.stream_end) prefetch_lines<kPrefetchLines>(rows + int64_t(edges.col[q + 1]) * 64);
+    edges.template prefetch_ahead<kPrefetchLines>(rows, 64, e, 0);
+    if (e + 1 < n) edges.template prefetch_ahead<kPrefetchLines>(rows, 64, e + 1, 0);
     const __m512 a = half_folded(rows + edges.other(e) * 64), b = half_folded(rows + edges.other(e1) * 64);
     __m512 sv = _mm512_permutexvar_ps(order, fold_by_one(a, b));
     if constexpr (!kGatv2) sv = _mm512_mul_ps(sv, _mm512_set1_ps(scale));
@@ -400,6 +399,21 @@ HeadVec<8> pair_logits_8x8(const Row&, const float*, const float*, const float*,
   return HeadVec<8>{};  // never called
 }
 #endif
+
+// The backwards' logits (unscaled), as pair_logits writes them: at 8 heads x 8 through
+// pair_logits_8x8 (the same bits; its max and its -inf past an odd row's end go unused).
+template <int HH>
+inline void row_logits(const Pair& A, const EdgeList& edges, const float* own, const float* rows, const float* att,
+                       const HeadLanes& heads, float* s) {
+  if constexpr (HH == 8 && kPairLogits) {
+    if (A.P.F == 8) {
+      if (A.gatv2) pair_logits_8x8<true>(edges, own, rows, att, float(A.P.slope), 1.0f, s);
+      else pair_logits_8x8<false>(edges, own, rows, att, float(A.P.slope), 1.0f, s);
+      return;
+    }
+  }
+  pair_logits(A, edges, own, rows, att, heads, s);
+}
 
 // kPairs8x8 (H = F = 8 with AVX-512): the logits and their max from pair_logits_8x8, and no
 // prefetch in the weighted sum where the values are the keys (GATv2: the key pass has just read
@@ -471,7 +485,7 @@ void backward_rows_tiles(const Pair& A, const float* g, const float* out, const 
       S.fill_keep(P, H);
       float* s = row_buffer(S.s, n * H);
       float* gv = row_buffer(S.dots, n * H);
-      pair_logits(A, S.edges, q + i * HF, k, att, heads, s);
+      row_logits<HH>(A, S.edges, q + i * HF, k, att, heads, s);
       head_dots(S.edges, v, gi, H, heads, gv, MulOp{});
       const HV mi = load_heads<HH>(t), invz = load_heads<HH>(t + H), D = load_heads<HH>(t + 2 * H);
       float* c = row_buffer(S.c, n * H);
@@ -505,7 +519,7 @@ void backward_sources_tiles(const Pair& A, const float* g, const float* q, const
       const int64_t n = S.edges.size();
       S.fill_keep(P, H);
       float* s = row_buffer(S.s, n * H);
-      pair_logits(A, S.edges, k + j * HF, q, att, heads, s);  // both logits are symmetric in q and k
+      row_logits<HH>(A, S.edges, k + j * HF, q, att, heads, s);  // both logits are symmetric in q and k
       float* gd = nullptr;
       if (gk) {
         gd = row_buffer(S.dots, n * H);

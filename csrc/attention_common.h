@@ -163,7 +163,7 @@ class EdgeList {
 constexpr int64_t kAhead = 8;
 
 template <typename scalar_t>
-inline void prefetch_row(const scalar_t* row, int64_t elems) {
+GNNFUSE_ALWAYS_INLINE void prefetch_row(const scalar_t* row, int64_t elems) {
   const char* c = reinterpret_cast<const char*>(row);
   for (int64_t b = 0; b < elems * int64_t(sizeof(scalar_t)); b += 64) __builtin_prefetch(c + b, 0, 1);
 }

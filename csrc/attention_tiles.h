@@ -347,17 +347,19 @@ inline Vec64<float> load_edge_pieces(const float* w) {
 // per-head sums z. The exps run on 16-lane vectors, 16 / H edges a vector (the lanes past n*H
 // are set to -inf: their exp is 0 and they add nothing); z adds the edges one after another, as
 // a loop over edges would. w needs kWeightPad writable entries past n*H (row_buffer).
-template <int HH>
+// kWholeVectors: the caller wrote the logits 16 floats a store, the lanes past n*H set to -inf.
+template <int HH, bool kWholeVectors = false>
 inline HeadVec<HH> softmax_weights(float* w, int64_t n, const HeadVec<HH>& m) {
   using HV = HeadVec<HH>;
   constexpr int64_t L = kLanes<float>;
   const Vec64<float> mm = repeat_heads<HH>(m, std::make_index_sequence<L>{});
   const int64_t total = n * HH;
-  for (int64_t q = total; q < (total + L - 1) / L * L; q += HH)  // an edge's worth a store, as the logits
-    store_heads<HH>(w + q, HV{} - std::numeric_limits<float>::infinity());
+  if constexpr (!kWholeVectors)
+    for (int64_t q = total; q < (total + L - 1) / L * L; q += HH)  // an edge's worth a store, as the logits
+      store_heads<HH>(w + q, HV{} - std::numeric_limits<float>::infinity());
   HV z = HV{};
   for (int64_t q = 0; q < total; q += L) {
-    const Vec64<float> p = exp_vec(load_edge_pieces<HH>(w + q) - mm);
+    const Vec64<float> p = exp_vec((kWholeVectors ? load_vec(w + q) : load_edge_pieces<HH>(w + q)) - mm);
     store_vec(w + q, p);
     add_parts<HH>(z, p, std::make_index_sequence<L / HH>{});
   }
@@ -369,14 +371,14 @@ inline HeadVec<HH> softmax_weights(float* w, int64_t n, const HeadVec<HH>& m) {
 // value: a reference kept the caller's running max in memory, a store and a load per edge).
 // Softmax weights (one exp per edge and head, z their sum), dropout, the weighted sum of the value
 // rows times 1 / z into out_row [H * F], and the saved statistics m_row, z_row [H] (a row without
-// edges: zeros).
-template <int HH, typename Row>
+// edges: zeros). kWholeVectors: as softmax_weights.
+template <int HH, bool kWholeVectors = false, typename Row>
 inline void finish_row_tiles(const Params& P, Scratch<float>& S, const Row& row, float* w, const HeadVec<HH> m,
                              const HeadLanes& heads, const float* values, float* out_row, float* m_row,
                              float* z_row) {
   using HV = HeadVec<HH>;
   const int64_t n = row.size(), H = HH;
-  const HV z = softmax_weights<HH>(w, n, m);
+  const HV z = softmax_weights<HH, kWholeVectors>(w, n, m);
   // m and z stored, and 1 / z worked out, before any call: a vector live across a call is kept in
   // memory (no callee-saved vector registers), and GCC then kept the running max and sum there
   // through their loops too.

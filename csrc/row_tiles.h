@@ -71,15 +71,17 @@ inline int64_t prefetch_ahead(int64_t row_bytes) {
 }
 
 // Prefetches `bytes` starting at p into the cache hierarchy.
-inline void prefetch_bytes(const void* p, int64_t bytes) {
+inline __attribute__((always_inline)) void prefetch_bytes(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
 }
 
 // Prefetches the first `kLines` cache lines of the row at p (a compile-time count: no loop and
-// no branch per edge, which matters at F=32 where an edge is two vector adds).
+// no branch per edge, which matters at F=32 where an edge is two vector adds). Always inlined: GCC
+// counts a function of prefetches alone as free of side effects, and where it kept one out of line
+// it deleted the calls (pair_attention.cpp lost every 4-line prefetch of its weighted sums so).
 template <int kLines>
-inline void prefetch_lines(const void* p) {
+inline __attribute__((always_inline)) void prefetch_lines(const void* p) {
   const char* c = static_cast<const char*>(p);
 #pragma GCC unroll 8
   for (int l = 0; l < kLines; ++l) __builtin_prefetch(c + 64 * l, 0, 3);

@@ -103,6 +103,35 @@ def test_pair_tiles_match_general_kernels(heads, width, mode, dropout):
     assert_close(f32, f64)
 
 
+@pytest.mark.parametrize("mode", ["gatv2", "dot"])
+def test_pair_logits_8x8_sum_in_the_tile_tree(mode):
+    """At 8 heads x 8 the forward folds two edges' logits together (pair_logits_8x8); the backward
+    recomputes them one edge at a time (head_dots). Both must add each head's 8 terms in the same
+    tree, ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7)), or the gradients use other logits than
+    the forward: the saved row max is that tree's max, bit for bit (float32 ops are exact in torch)."""
+    csr, _ = graph()
+    g = torch.Generator().manual_seed(7)
+    q, k, att = torch.randn(N, 8, 8, generator=g), torch.randn(N, 8, 8, generator=g), torch.randn(8, 8, generator=g)
+    gatv2, scale = mode == "gatv2", 1 / math.sqrt(8)
+    _, m, z = ext().pair_forward(q, k, k, att if gatv2 else None, None, csr.rowptr, csr.col, None, gatv2, gatv2,
+                                 SLOPE, scale, 0.0, 0)
+    want = torch.zeros(N, 8)
+    for i in range(N):
+        sources = [int(j) for j in csr.col[csr.rowptr[i]:csr.rowptr[i + 1]] if not (gatv2 and int(j) == i)]
+        sources += [i] if gatv2 else []  # GATv2's virtual self loop
+        if not sources:
+            continue
+        if gatv2:
+            u = q[i] + k[sources]
+            t = att * torch.where(u > 0, u, u * SLOPE)
+        else:
+            t = q[i] * k[sources]
+        s = ((t[..., 0] + t[..., 4]) + (t[..., 2] + t[..., 6])) + ((t[..., 1] + t[..., 5]) + (t[..., 3] + t[..., 7]))
+        want[i] = (s if gatv2 else s * scale).max(0).values
+    assert (z > 0).all() if gatv2 else (z[:2] == 0).all()  # dot: rows 0 and 1 have no edges (m = 0)
+    assert torch.equal(m, want)
+
+
 @pytest.mark.parametrize("mode", ["gat", "gatv2", "dot"])
 def test_tiles_same_for_any_thread_count(mode):
     g = torch.Generator().manual_seed(0)

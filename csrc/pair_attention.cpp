@@ -324,7 +324,7 @@ GNNFUSE_ALWAYS_INLINE HeadVec<HH> scale_row_logits(float* __restrict w, const in
   return m;
 }
 
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__GNUC__) && !defined(__clang__)
 // ---- 8 heads x 8 features: two edges' logits at once --------------------------------------------
 // head_dot_tile folds an edge's 64 products to its 8 head sums in three halving steps of
 // two-source lane permutes, the last one half empty. Here two edges take the same steps together:

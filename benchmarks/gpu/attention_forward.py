@@ -12,7 +12,9 @@ loop's load order and register cap: attention_forward_kernels.FORWARD_LOOP's AHE
 cap; any subset, the rest as the default chooses; ``a0.m0`` is the loop and registers of the forward
 before either knob). Each variant's output is compared with the first one's (``max_diff``). The
 features are random; GATv2 and dot use the same tensor for keys and values (as bench_attention's
-fused forward).
+fused forward). ``--dropout P`` runs the forwards with attention dropout (a fixed seed: the training
+path, which the loop table of FORWARD_LOOP leaves on the plain loop) and ``--dtype`` times every
+forward and the sum in float16 / bfloat16 (float32 accumulation; also outside the loop table).
 
     PYTHONPATH=. python benchmarks/gpu/attention_forward.py --graphs arxiv-like,rfc-uniform \\
         --widths 8x8,4x64 --layers gat,gatv2,dot --variants default,hb4,hb2.r8 --out FILE.md
@@ -70,14 +72,15 @@ def _config(cfg: dict, over: dict, F: int) -> dict:
     return cfg
 
 
-def calls(layer: str, h, a_src, a_dst, att, edge_index):
+def calls(layer: str, h, a_src, a_dst, att, edge_index, dropout: float = 0.0):
     import gnnfuse
 
+    kw = dict(dropout=dropout, seed=7, backend="triton")
     if layer == "gat":
-        return lambda: gnnfuse.gat_attention(h, a_src, a_dst, edge_index, add_self_loops=True, backend="triton")
+        return lambda: gnnfuse.gat_attention(h, a_src, a_dst, edge_index, add_self_loops=True, **kw)
     if layer == "gatv2":
-        return lambda: gnnfuse.gatv2_attention(h, h, att, edge_index, add_self_loops=True, backend="triton")
-    return lambda: gnnfuse.dot_attention(h, h, h, edge_index, backend="triton")
+        return lambda: gnnfuse.gatv2_attention(h, h, att, edge_index, add_self_loops=True, **kw)
+    return lambda: gnnfuse.dot_attention(h, h, h, edge_index, **kw)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # (cpu: a smoke run in the interpreter, wall times)
@@ -129,15 +132,16 @@ def wall_us(fn):
     return (time.perf_counter() - t0) * 1e6
 
 
-def run_case(graph_name, edge_index, nodes, heads, width, layer, variants, rounds, calls_per_graph, compile_only):
+def run_case(graph_name, edge_index, nodes, heads, width, layer, variants, rounds, calls_per_graph, compile_only,
+             dropout=0.0, dtype=torch.float32):
     import gnnfuse
 
     torch.manual_seed(0)
-    h = torch.randn(nodes, heads, width, device=DEVICE)
-    a_src, a_dst = torch.randn(nodes, heads, device=DEVICE), torch.randn(nodes, heads, device=DEVICE)
-    att = torch.randn(heads, width, device=DEVICE)
+    h = torch.randn(nodes, heads, width, device=DEVICE, dtype=dtype)
+    a_src, a_dst = (torch.randn(nodes, heads, device=DEVICE, dtype=dtype) for _ in range(2))
+    att = torch.randn(heads, width, device=DEVICE, dtype=dtype)
     flat = h.view(nodes, heads * width)
-    base = calls(layer, h, a_src, a_dst, att, edge_index)
+    base = calls(layer, h, a_src, a_dst, att, edge_index, dropout)
     fns = {"sum": lambda: gnnfuse.fused_gather_scatter(flat, edge_index, "sum", backend="triton")}
     fns.update({v: with_variant(v, base) for v in variants})
     with torch.no_grad():
@@ -185,6 +189,9 @@ def main(argv=None):
     ap.add_argument("--compile-only", action="store_true", help="only the --warm processes' compiles, no timing")
     ap.add_argument("--shard", default="", help="(internal) i/n: compile only this share of the cases")
     ap.add_argument("--scale", type=float, default=1.0, help="graph scale (suite_graph)")
+    ap.add_argument("--dropout", type=float, default=0.0, help="attention dropout of the forwards (fixed seed)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="the features' (and the sum's) dtype")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     from benchmarks.common import machine
@@ -212,7 +219,7 @@ def main(argv=None):
         edge_index, nodes = graphs[gname]
         t0 = time.time()
         got = run_case(gname, edge_index, nodes, heads, width, layer, variants, args.rounds, args.calls,
-                       bool(args.shard))
+                       bool(args.shard), args.dropout, getattr(torch, args.dtype))
         rows += got
         if not args.shard:
             print(f"{gname} {heads}x{width} {layer}: {time.time() - t0:.1f} s", flush=True)
@@ -225,6 +232,7 @@ def main(argv=None):
             "wall_per_sum", "max_diff"]
     lines = [f"# attention forward kernels vs sum ({' '.join(sys.argv[1:])})", ""]
     lines += [f"- {k}: {v}" for k, v in machine(DEVICE).items()]
+    lines += [f"- dropout: {args.dropout}; dtype: {args.dtype}"]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     seen = set()
     for r in rows:

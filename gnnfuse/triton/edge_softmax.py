@@ -4,12 +4,13 @@ weights. Backward: grad = p * (g - sum_row(p * g)), per row as well (no transpos
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
 
 from ._grid import next_power_of_2
-from .attention import _nullcontext
 from .attention_kernels import NEG_INF
 
 
@@ -71,7 +72,7 @@ def _softmax_launch(kernel, tensors, rowptr, H, dtype, device):
     num_rows = rowptr.shape[0] - 1
     hb = next_power_of_2(H)
     if num_rows and H:
-        with torch.cuda.device(device) if device.type == "cuda" else _nullcontext():
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             kernel[(num_rows,)](*tensors, H, ACC=tl.float64 if dtype == torch.float64 else tl.float32,
                                 BE=max(8, min(128, 1024 // hb)), HB=hb)
 

@@ -13,6 +13,8 @@ writing each edge's g_i . x_j once.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -86,7 +88,7 @@ def _aggregate(x, w, ptr, nbr, pos, rowptr, mean, num_rows, transposed):
     wl = gat._work(ptr)
     parts = x.new_empty(wl.num_partials, H, F, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32) \
         if wl.num_partials else out
-    with gat._nullcontext() if x.is_cpu else torch.cuda.device(x.device):
+    with contextlib.nullcontext() if x.is_cpu else torch.cuda.device(x.device):
         _head_aggregate_kernel[(wl.num_pieces, cdiv(H, hb))](
             x, w, ptr, nbr, pos if pos is not None else nbr, rowptr, out, parts, wl.seg_row, wl.seg_ptr, wl.slot,
             H, F, TRANSPOSED=transposed, MEAN=bool(mean), ACC=acc, BE=be, HB=hb, FB=fb, SEG=gat.SPLIT_EDGES,
@@ -110,7 +112,7 @@ def backward(grad, x, rowptr, col, w, t_rowptr, t_col, t_pos, mean, need_x, need
             be, hb, fb = gat._blocks(H, F, col.shape[0], num_dst, False)
             wl = gat._work(rowptr)
             acc = tl.float64 if x.dtype == torch.float64 else tl.float32
-            with gat._nullcontext() if x.is_cpu else torch.cuda.device(x.device):
+            with contextlib.nullcontext() if x.is_cpu else torch.cuda.device(x.device):
                 _head_weight_grad_kernel[(wl.num_pieces, cdiv(H, hb))](
                     grad, x, rowptr, col, gw, wl.seg_row, wl.seg_ptr, wl.slot, H, F, MEAN=bool(mean), ACC=acc,
                     BE=be, HB=hb, FB=fb, SEG=gat.SPLIT_EDGES, num_warps=gat._warps(be, hb, fb))

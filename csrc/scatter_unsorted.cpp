@@ -72,9 +72,9 @@ void finish_owned(const std::vector<int64_t>& counts, int64_t F, int64_t lo, int
     scalar_t* acc = out + t * F;
     if (n == 0) {
       std::fill(acc, acc + F, scalar_t(0));
-    } else if (reduce == Reduce::Mean) {
-      const scalar_t inv = scalar_t(1) / static_cast<scalar_t>(n);
-      for (int64_t f = 0; f < F; ++f) acc[f] *= inv;
+    } else if (reduce == Reduce::Mean) {  // a division, as the sorted kernels' finish: the same bits
+      const scalar_t count = static_cast<scalar_t>(n);
+      for (int64_t f = 0; f < F; ++f) acc[f] /= count;
     }
   }
 }

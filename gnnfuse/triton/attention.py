@@ -206,6 +206,18 @@ def _forward_loop(plan: OnePass, flags: tuple, pair: bool, dtype: torch.dtype) -
     return (ahead if FORWARD_AHEAD is None else FORWARD_AHEAD), (maxnreg if plan.maxnreg is None else plan.maxnreg)
 
 
+def _index_type(n_src: int, num_dst: int, num_edges: int, H: int, FB: int, flags: tuple, pair: bool):
+    """The forward's index type: tl.int32 where every row, edge position and element offset the kernel
+    forms fits (features and output [N, H, FB] with the tile's FB, edge ids and the self loops' ids E + i,
+    GAT's edge terms [E, H]; the pair kernels' edge features [E + N, H, F] keep their int64 rows), else
+    tl.int64. Addresses and compares in int32 take half the integer instructions of the loop."""
+    f = dict(flags)
+    largest = max(n_src, num_dst) * H * FB
+    if f.get("HAS_EDGE") and not pair:
+        largest = max(largest, num_edges * H)
+    return tl.int32 if max(largest, num_edges + num_dst + 1) < 2 ** 31 else tl.int64
+
+
 def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: bool = False) -> ForwardSetup:
     """The forward's plan (_one_pass_plan), grid, constexprs and bound launches for this graph, the
     [N_src, H, F] ``features``' shape and dtype and the kernel's ``flags`` ((name, value) pairs),
@@ -217,7 +229,8 @@ def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: 
         plan = _one_pass_plan(rowptr, col, n_src, H, F, dtype.itemsize, pair)
         ahead, maxnreg = _forward_loop(plan, flags, pair, dtype)
         meta = dict(flags, ACC=_acc(dtype), HB=plan.hb, FB=plan.fb, R=plan.rows, SEG=plan.seg, DENSE=F == plan.fb,
-                    AHEAD=ahead, num_warps=plan.warps)
+                    AHEAD=ahead, IDX=_index_type(n_src, rowptr.shape[0] - 1, col.shape[0], H, plan.fb, flags, pair),
+                    num_warps=plan.warps)
         if maxnreg:
             meta["maxnreg"] = maxnreg
         return ForwardSetup(kernel, plan.wl, plan.short, plan.tasks, cdiv(H, plan.hb), meta,

@@ -36,33 +36,35 @@ FORWARD_LOOP = {(True, "gat"): (0, 64), (True, "gatv2"): (1, 80), (True, "dot"):
 
 @triton.jit
 def _task_lanes(task_ptr, rows_ptr, num_rows, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, R: tl.constexpr,
-                SEG: tl.constexpr):
+                SEG: tl.constexpr, IDX: tl.constexpr):
     """This program's task as R lanes: (a row group or not, the task's code, each lane's row [R],
     lane in use [R], first edge [R], the row's end [R], stop [R] (the row's end plus its virtual self
     loop where it has one; a piece's own end), edge step, number of steps). A row group's lane r
-    walks row r one edge a step; a piece's lane l its edges first + l, first + l + R, ..."""
+    walks row r one edge a step; a piece's lane l its edges first + l, first + l + R, ...
+    Rows and edge positions come as IDX (tl.int32 where every index of the call fits, see
+    attention._index_type: the loop's addresses and compares then take half the integer instructions)."""
     code = tl.load(task_ptr + tl.program_id(0)).to(tl.int64)
     lane = tl.arange(0, R)
     group = code >= 0
     if group:
         offs = code * R + lane
         used = offs < num_rows
-        node = tl.load(rows_ptr + offs, mask=used, other=0).to(tl.int64)
-        start = tl.load(rowptr + node, mask=used, other=0).to(tl.int64)
-        end = tl.load(rowptr + node + 1, mask=used, other=0).to(tl.int64)
-        stop = tl.where(used, end + (node < NUM_LOOPS).to(tl.int64), start)
-        step = code * 0 + 1
+        node = tl.load(rows_ptr + offs, mask=used, other=0).to(IDX)
+        start = tl.load(rowptr + node, mask=used, other=0).to(IDX)
+        end = tl.load(rowptr + node + 1, mask=used, other=0).to(IDX)
+        stop = tl.where(used, end + (node < NUM_LOOPS).to(IDX), start)
+        step = (code * 0 + 1).to(IDX)
         steps = tl.max(stop - start, 0)
     else:
         row, _k, first, row_end, piece_stop, _part = _piece_at(-1 - code, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS,
                                                                SEG)
         used = lane < R
-        node = row + 0 * lane
-        start = first + lane
-        end = row_end + 0 * lane
-        stop = piece_stop + 0 * lane
-        step = code * 0 + R
-        steps = (piece_stop - first + R - 1) // R
+        node = (row + 0 * lane).to(IDX)
+        start = (first + lane).to(IDX)
+        end = (row_end + 0 * lane).to(IDX)
+        stop = (piece_stop + 0 * lane).to(IDX)
+        step = (code * 0 + R).to(IDX)
+        steps = ((piece_stop - first + R - 1) // R).to(IDX)
     return group, code, node, used, start, end, stop, step, steps
 
 
@@ -120,11 +122,11 @@ def _forward_one_pass_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, 
                              threshold, scale, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr,
                              SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
                              FB: tl.constexpr, R: tl.constexpr, SEG: tl.constexpr, DENSE: tl.constexpr,
-                             AHEAD: tl.constexpr):
+                             AHEAD: tl.constexpr, IDX: tl.constexpr):
     """GAT's forward over every row in one launch (module docstring): logits from the per-node
     terms alpha_src [N, H] and alpha_dst [N, H] (``_edge_block``), values x [N, H, F]."""
     group, code, node, used, start, end, stop, step, steps = _task_lanes(task_ptr, rows_ptr, num_rows, seg_row,
-                                                                         seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG)
+                                                                         seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG, IDX)
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     ad = tl.load(a_dst + node[:, None] * H + heads[None, :], mask=used[:, None] & hmask[None, :], other=0).to(ACC)
     m = tl.full((R, HB), NEG_INF, ACC)
@@ -200,12 +202,13 @@ def _pair_forward_one_pass_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_
                                   qk_scale, seed, threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
                                   GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
                                   ACC: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, R: tl.constexpr,
-                                  SEG: tl.constexpr, DENSE: tl.constexpr, AHEAD: tl.constexpr):
+                                  SEG: tl.constexpr, DENSE: tl.constexpr, AHEAD: tl.constexpr,
+                                  IDX: tl.constexpr):
     """GATv2's and dot-product attention's forward over every row in one launch (module docstring):
     logits from the two endpoints' head vectors (``_pair_edges``); KV_SAME: the values are the
     gathered keys (GATv2's source features), one gather for both."""
     group, code, node, used, start, end, stop, step, steps = _task_lanes(task_ptr, rows_ptr, num_rows, seg_row,
-                                                                         seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG)
+                                                                         seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG, IDX)
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     qi, _mask = _gather(q, node, used[:, None] & hmask[None, :], heads, feats, fmask, H, F, DENSE, FB, ACC)
     a = _att_tile(att, heads, feats, hmask[:, None] & fmask[None, :], F, GATV2, ACC, HB, FB)

@@ -24,7 +24,7 @@ def force(monkeypatch, **over):
     from gnnfuse.triton import attention as kernels
 
     default = kernels._one_pass_config
-    monkeypatch.setattr(kernels, "_one_pass_config", lambda H, F, pair=False: {**default(H, F, pair), **over})
+    monkeypatch.setattr(kernels, "_one_pass_config", lambda *args, **kw: {**default(*args, **kw), **over})
 
 
 # (forced config, what it exercises): pieces of 3 edges with row groups of 2 rows (groups, whole-row

@@ -1,8 +1,9 @@
 """The Triton attention forwards' loop table (attention_forward_kernels.FORWARD_LOOP): issuing a step's loads one or two
 steps ahead of its softmax maths changes when values arrive, not the maths, so every load order gives
 the same bits (outputs and the saved row max and sum the backward reads), with dropout, edge terms,
-self loops, row groups and split rows; and the table's order and register cap reach the launch
-(kernels with dropout, edge terms or other dtypes than float32 keep the loop as it was).
+self loops, row groups and split rows; and the table's order, register cap and rows reach the launch
+for each path (float32 or half, with or without dropout; kernels with edge terms or float64 keep the
+loop as it was).
 Tiny graphs: in the interpreter on CPU, compiled on a GPU machine (more shapes there:
 benchmarks/gpu/check_attention.py --ahead N)."""
 from __future__ import annotations
@@ -61,15 +62,21 @@ def test_loop_table_reaches_the_launch():
     csr = hub_graph()
     for heads, width in ((8, 8), (4, 64)):
         x = torch.zeros(gat.N, heads, width)
-        flags = (("HAS_EDGE", False), ("HAS_LOOP_TERM", False), ("SELF_LOOPS", True), ("DROPOUT", False))
+        flags = (("HAS_EDGE", False), ("HAS_LOOP_TERM", False), ("SELF_LOOPS", True))
         for logit, kernel, setup_flags, is_pair in (
                 ("gat", kernels._forward_one_pass_kernel, flags, False),
                 ("gatv2", None, (("GATV2", True),), True), ("dot", None, (("GATV2", False),), True)):
-            setup = kernels.forward_setup(f"loop-table-{logit}", kernel, x, csr.rowptr, csr.col, setup_flags, is_pair)
-            ahead, cap = kernels.FORWARD_LOOP[(width <= 16, logit)]
-            assert setup.meta["AHEAD"] == ahead and setup.meta.get("maxnreg", 0) == cap, (heads, width, logit)
-            # with dropout (or edge terms, or half types) the loop stays as it was: the caps would spill in it
-            for features, more in ((x, (("DROPOUT", True),)), (x.bfloat16(), ())):
+            for features, dropout, path in ((x, False, "float32"), (x, True, "float32-dropout"),
+                                            (x.bfloat16(), False, "half"), (x.half(), True, "half-dropout")):
                 setup = kernels.forward_setup(f"loop-table-{logit}", kernel, features, csr.rowptr, csr.col,
-                                              setup_flags + more, is_pair)
+                                              setup_flags + (("DROPOUT", dropout),), is_pair)
+                ahead, cap, rows = kernels.FORWARD_LOOP.get((width <= 16, logit, path), (0, 0, 0))
+                tile_rows = rows or kernels._one_pass_config(heads, width, is_pair)["rows"]
+                got = setup.meta["AHEAD"], setup.meta.get("maxnreg", 0), setup.meta["R"]
+                assert got == (ahead, cap, tile_rows), (heads, width, logit, path)
+            # edge terms and float64 keep the plain loop and the tile's rows
+            for features, more in ((x, (("HAS_EDGE", True), ("DROPOUT", False))), (x.double(), (("DROPOUT", False),))):
+                setup = kernels.forward_setup(f"loop-table-{logit}", kernel, features, csr.rowptr, csr.col,
+                                              tuple((k, v) for k, v in setup_flags if k != "HAS_EDGE") + more, is_pair)
                 assert setup.meta["AHEAD"] == 0 and "maxnreg" not in setup.meta
+                assert setup.meta["R"] == kernels._one_pass_config(heads, width, is_pair)["rows"]

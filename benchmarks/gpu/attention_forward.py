@@ -9,12 +9,12 @@ Per call, for every variant, interleaved in rotating order over ``--rounds`` rou
 Variants: ``default`` (the shipped forward) and one-pass tiles written ``hb8.r16.w8.s1024.g64.a1.m72``
 (heads per program, rows/lanes per program, warps, longest piece, longest row in row groups, the
 loop's load order and register cap: attention_forward_kernels.FORWARD_LOOP's AHEAD and MAXNREG, m0 no
-cap; any subset, the rest as the default chooses; ``a0.m0`` is the loop and registers of the forward
-before either knob). Each variant's output is compared with the first one's (``max_diff``). The
-features are random; GATv2 and dot use the same tensor for keys and values (as bench_attention's
-fused forward). ``--dropout P`` runs the forwards with attention dropout (a fixed seed: the training
-path, which the loop table of FORWARD_LOOP leaves on the plain loop) and ``--dtype`` times every
-forward and the sum in float16 / bfloat16 (float32 accumulation; also outside the loop table).
+cap; any subset, the rest as the default, FORWARD_LOOP's entry for the path, chooses; ``a0.m0`` is the
+loop and registers of the forward before either knob). Each variant's output is compared with the first
+one's (``max_diff``). The features are random; GATv2 and dot use the same tensor for keys and values (as
+bench_attention's fused forward). ``--dropout P`` runs the forwards with attention dropout (a fixed seed:
+the training path) and ``--dtype`` times every forward and the sum in float16 / bfloat16 (float32
+accumulation); FORWARD_LOOP has entries per path (float32 or half, with or without dropout).
 
     PYTHONPATH=. python benchmarks/gpu/attention_forward.py --graphs arxiv-like,rfc-uniform \\
         --widths 8x8,4x64 --layers gat,gatv2,dot --variants default,hb4,hb2.r8 --out FILE.md
@@ -51,7 +51,7 @@ def with_variant(name: str, fn):
 
     def run():
         if over:
-            A._one_pass_config = lambda H, F, pair=False: _config(default_cfg(H, F, pair), over, F)
+            A._one_pass_config = lambda *a, **k: _config(default_cfg(*a, **k), over, a[1])
         try:
             return fn()
         finally:

@@ -30,6 +30,7 @@ import torch
 import triton.language as tl
 
 from .._tensor_cache import cached
+from ..constants import HALF_DTYPES, INT32_MAX
 from ..reductions import SUM
 from ._grid import cdiv, next_power_of_2
 from .attention_forward_kernels import FORWARD_LOOP, _forward_one_pass_kernel
@@ -138,11 +139,11 @@ class OnePass(NamedTuple):
     fb: int
     seg: int
     warps: int
-    ahead: int | None  # None: FORWARD_LOOP's (see _forward_loop)
-    maxnreg: int | None
+    ahead: int  # the loop's (AHEAD, MAXNREG): FORWARD_LOOP's (see _forward_loop) unless a configuration set them
+    maxnreg: int
 
 
-def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
+def _one_pass_config(H: int, F: int, pair: bool = False, loop: tuple = (0, 0, 0)) -> dict:
     """Tile of the one-pass forward [rows, HB heads, FB features] of GROUP_TILE elements, 4 warps; rows
     of up to GROUP_MAX_DEGREE edges in row groups, longer rows in pieces of at most FORWARD_SPLIT_EDGES.
     Narrow heads (FB <= 16): 64 columns (256 float32 bytes, the sum's one-pass tile at the same width),
@@ -153,13 +154,15 @@ def _one_pass_config(H: int, F: int, pair: bool = False) -> dict:
     at 4 x 64, 4 heads x 4 rows / 2 heads x 8 rows / 1 head x 16 rows: GAT 654 / 707 / 763 us,
     GATv2 631 / 562 / 725, dot 519 / 473 / 523; pieces of 256 edges instead of 1024 and row groups
     up to 16 edges instead of 64 were slower everywhere (rechecked in
-    benchmarks/results/archive/attention-forward_h100_2026-11-23_final.md)."""
+    benchmarks/results/archive/attention-forward_h100_2026-11-23_final.md). ``loop``: the loop table's
+    (AHEAD, MAXNREG, ROWS) for the kernel (_forward_loop); ROWS 0 keeps the rows above."""
     fb = next_power_of_2(F)
     columns = 64 if fb <= 16 else (128 if pair else 256)
     hb = max(1, min(next_power_of_2(H), columns // fb))
     seg = FORWARD_SPLIT_EDGES
-    return dict(hb=hb, rows=_one_pass_rows(hb, fb), warps=4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg),
-                ahead=None, maxnreg=None)
+    ahead, maxnreg, rows = loop
+    return dict(hb=hb, rows=rows or _one_pass_rows(hb, fb), warps=4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg),
+                ahead=ahead, maxnreg=maxnreg)
 
 
 def _one_pass_rows(hb: int, fb: int) -> int:
@@ -167,12 +170,12 @@ def _one_pass_rows(hb: int, fb: int) -> int:
     return max(2, min(16, GROUP_TILE // (hb * fb)))
 
 
-def _one_pass_plan(rowptr, col, num_src, H, F, itemsize, pair=False) -> OnePass:
+def _one_pass_plan(rowptr, col, num_src, H, F, itemsize, pair=False, loop=(0, 0, 0)) -> OnePass:
     """The one-pass forward's plan (``_one_pass_config``'s tile) for this graph, cached on rowptr. The
     short rows come sorted by decreasing degree, within windows of consecutive ids where the graph's
     ids carry locality and the features do not fit in L2 (schedule.choose_window: the sum plan's
     rule at the same width); the task list puts each window's long-row pieces before its row groups."""
-    cfg = _one_pass_config(H, F, pair)
+    cfg = _one_pass_config(H, F, pair, loop)
 
     def build():
         short_max, seg, rows = cfg["short_max"], cfg["seg"], cfg["rows"]
@@ -194,16 +197,28 @@ def _forward_knobs() -> tuple:
             tuple(FORWARD_LOOP.items()))
 
 
-def _forward_loop(plan: OnePass, flags: tuple, pair: bool, dtype: torch.dtype) -> tuple[int, int]:
-    """The forward loop's (AHEAD, MAXNREG) for ``plan``, the kernel's ``flags`` and the features' dtype:
-    the plan's where its configuration set them (a benchmark's variant), else FORWARD_LOOP's for the kind
-    of logit in float32 without dropout and edge terms, else (0, 0); FORWARD_AHEAD overrides AHEAD."""
+def _forward_loop(F: int, flags: tuple, pair: bool, dtype: torch.dtype) -> tuple[int, int, int]:
+    """The forward loop's (AHEAD, MAXNREG, ROWS) for heads of F features, the kernel's ``flags`` and the
+    features' dtype: FORWARD_LOOP's entry for the width, the kind of logit and the path (float32 or a half
+    type, with or without dropout), (0, 0, 0) where it has none (edge terms, float64, entries not measured)."""
     f = dict(flags)
+    if f.get("HAS_EDGE") or f.get("HAS_LOOP_TERM") or not (dtype == torch.float32 or dtype in HALF_DTYPES):
+        return 0, 0, 0
     logit = ("gatv2" if f.get("GATV2") else "dot") if pair else "gat"
-    plain = dtype == torch.float32 and not (f.get("DROPOUT") or f.get("HAS_EDGE") or f.get("HAS_LOOP_TERM"))
-    ahead, maxnreg = FORWARD_LOOP[(plan.fb <= 16, logit)] if plain else (0, 0)
-    ahead = ahead if plan.ahead is None else plan.ahead
-    return (ahead if FORWARD_AHEAD is None else FORWARD_AHEAD), (maxnreg if plan.maxnreg is None else plan.maxnreg)
+    path = ("float32" if dtype == torch.float32 else "half") + ("-dropout" if f.get("DROPOUT") else "")
+    return FORWARD_LOOP.get((next_power_of_2(F) <= 16, logit, path), (0, 0, 0))
+
+
+def _index_type(n_src: int, num_dst: int, num_edges: int, H: int, FB: int, flags: tuple, pair: bool):
+    """The forward's index type: tl.int32 where every row, edge position and element offset the kernel
+    forms fits (features and output [N, H, FB] with the tile's FB, edge ids and the self loops' ids E + i,
+    GAT's edge terms [E, H]; the pair kernels' edge features [E + N, H, F] keep their int64 rows), else
+    tl.int64. Addresses and compares in int32 take half the integer instructions of the loop."""
+    f = dict(flags)
+    largest = max(n_src, num_dst) * H * FB
+    if f.get("HAS_EDGE") and not pair:
+        largest = max(largest, num_edges * H)
+    return tl.int32 if max(largest, num_edges + num_dst + 1) <= INT32_MAX else tl.int64
 
 
 def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: bool = False) -> ForwardSetup:
@@ -214,10 +229,12 @@ def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: 
     dtype = features.dtype
 
     def build():
-        plan = _one_pass_plan(rowptr, col, n_src, H, F, dtype.itemsize, pair)
-        ahead, maxnreg = _forward_loop(plan, flags, pair, dtype)
+        plan = _one_pass_plan(rowptr, col, n_src, H, F, dtype.itemsize, pair, _forward_loop(F, flags, pair, dtype))
+        ahead = plan.ahead if FORWARD_AHEAD is None else FORWARD_AHEAD
+        maxnreg = plan.maxnreg
         meta = dict(flags, ACC=_acc(dtype), HB=plan.hb, FB=plan.fb, R=plan.rows, SEG=plan.seg, DENSE=F == plan.fb,
-                    AHEAD=ahead, num_warps=plan.warps)
+                    AHEAD=ahead, IDX=_index_type(n_src, rowptr.shape[0] - 1, col.shape[0], H, plan.fb, flags, pair),
+                    num_warps=plan.warps)
         if maxnreg:
             meta["maxnreg"] = maxnreg
         return ForwardSetup(kernel, plan.wl, plan.short, plan.tasks, cdiv(H, plan.hb), meta,

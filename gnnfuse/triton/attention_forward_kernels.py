@@ -21,48 +21,63 @@ from .attention_kernels import (NEG_INF, _edge_block, _edge_logit, _edge_terms, 
                                 _merge_lanes, _online_step, _piece_at)
 from .pair_attention_kernels import _att_tile, _pair_edges, _pair_logit, _pair_terms
 
-# The forward loop per (narrow heads (FB <= 16), logit: "gat", "gatv2" or "dot"): (AHEAD, MAXNREG),
-# read by attention._forward_loop. AHEAD 0 loads a step's logit terms, works them, then gathers its
-# values; 1 issues every load of step t + 1 before step t's maths (the loops below). MAXNREG caps a
-# thread's registers (0: the compiler's choice) so that more programs share an SM; each cap here keeps
-# the loop free of spills (ptxas for sm_90, Triton 3.6: benchmarks/gpu/compile_attention.py). Chosen
-# on an H100 (kernel time, arxiv-like and rfc-uniform,
-# benchmarks/results/attention-forward_h100_2026-11-23_gpukern.md) for float32 kernels without
-# dropout and edge terms (the ones measured); with dropout, edge terms or half types the caps spill
-# inside the loop, so those kernels keep (0, 0), the loop as it was.
-FORWARD_LOOP = {(True, "gat"): (0, 64), (True, "gatv2"): (1, 80), (True, "dot"): (0, 0),
-                (False, "gat"): (1, 72), (False, "gatv2"): (1, 72), (False, "dot"): (0, 72)}
+# The forward loop per (narrow heads (FB <= 16), logit: "gat", "gatv2" or "dot", path: "float32", "float32-dropout",
+# "half" (bfloat16 / float16) or "half-dropout"): (AHEAD, MAXNREG, ROWS), read by attention._forward_loop (other
+# kernels, edge terms and float64 among them, get (0, 0, 0)). AHEAD 0 loads a step's logit terms, works them,
+# then gathers its values; 1 issues every load of step t + 1 before step t's maths (the loops below). MAXNREG
+# caps a thread's registers (0: the compiler's choice) so that more programs share an SM; each cap here keeps
+# the loop free of spills (ptxas for sm_90, Triton 3.6: benchmarks/gpu/compile_attention.py). ROWS (0: the
+# tile's, attention._one_pass_rows) sets the rows of a row group and the lanes of a piece: more rows share a
+# step's fixed work (the loop, the edge positions) and put more loads in flight per thread; it changes how a
+# split row's edges are dealt to the lanes, so those rows' sums round differently from ROWS 0 (same bits run
+# to run). Chosen on an H100 (kernel time against our sum of the same dtype, arxiv-like and rfc-uniform):
+# float32 in benchmarks/results/attention-forward_h100_2026-11-23_gpukern.md, the other paths in
+# benchmarks/results/attention-forward-paths_h100_2026-11-24_gpudrop.md (half types measured in bfloat16;
+# float16 takes the same entries); the loops there are latency- and
+# issue-bound (ncu: about two thirds of a warp's cycles wait on its gathers, occupancy limited by registers),
+# so the paths whose loop grew (the dropout hash) or whose sum got cheaper (half types read half the bytes)
+# gained most from loads one step ahead and from more rows.
+FORWARD_LOOP = {(True, "gat", "float32"): (0, 64, 0), (True, "gatv2", "float32"): (1, 80, 0),
+                (True, "dot", "float32"): (0, 0, 0), (False, "gat", "float32"): (1, 72, 0),
+                (False, "gatv2", "float32"): (1, 72, 0), (False, "dot", "float32"): (0, 72, 0),
+                (True, "gatv2", "float32-dropout"): (1, 0, 0), (True, "dot", "float32-dropout"): (1, 0, 0),
+                (False, "gat", "float32-dropout"): (1, 0, 8),
+                (True, "gatv2", "half"): (1, 0, 0), (False, "gat", "half"): (0, 0, 16),
+                (False, "gatv2", "half"): (1, 64, 0),
+                (False, "gat", "half-dropout"): (1, 0, 16), (False, "gatv2", "half-dropout"): (1, 0, 0)}
 
 
 @triton.jit
 def _task_lanes(task_ptr, rows_ptr, num_rows, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS, R: tl.constexpr,
-                SEG: tl.constexpr):
+                SEG: tl.constexpr, IDX: tl.constexpr):
     """This program's task as R lanes: (a row group or not, the task's code, each lane's row [R],
     lane in use [R], first edge [R], the row's end [R], stop [R] (the row's end plus its virtual self
     loop where it has one; a piece's own end), edge step, number of steps). A row group's lane r
-    walks row r one edge a step; a piece's lane l its edges first + l, first + l + R, ..."""
+    walks row r one edge a step; a piece's lane l its edges first + l, first + l + R, ...
+    Rows and edge positions come as IDX (tl.int32 where every index of the call fits, see
+    attention._index_type: the loop's addresses and compares then take half the integer instructions)."""
     code = tl.load(task_ptr + tl.program_id(0)).to(tl.int64)
     lane = tl.arange(0, R)
     group = code >= 0
     if group:
         offs = code * R + lane
         used = offs < num_rows
-        node = tl.load(rows_ptr + offs, mask=used, other=0).to(tl.int64)
-        start = tl.load(rowptr + node, mask=used, other=0).to(tl.int64)
-        end = tl.load(rowptr + node + 1, mask=used, other=0).to(tl.int64)
-        stop = tl.where(used, end + (node < NUM_LOOPS).to(tl.int64), start)
-        step = code * 0 + 1
+        node = tl.load(rows_ptr + offs, mask=used, other=0).to(IDX)
+        start = tl.load(rowptr + node, mask=used, other=0).to(IDX)
+        end = tl.load(rowptr + node + 1, mask=used, other=0).to(IDX)
+        stop = tl.where(used, end + (node < NUM_LOOPS).to(IDX), start)
+        step = (code * 0 + 1).to(IDX)
         steps = tl.max(stop - start, 0)
     else:
         row, _k, first, row_end, piece_stop, _part = _piece_at(-1 - code, seg_row, seg_ptr, slot, rowptr, NUM_LOOPS,
                                                                SEG)
         used = lane < R
-        node = row + 0 * lane
-        start = first + lane
-        end = row_end + 0 * lane
-        stop = piece_stop + 0 * lane
-        step = code * 0 + R
-        steps = (piece_stop - first + R - 1) // R
+        node = (row + 0 * lane).to(IDX)
+        start = (first + lane).to(IDX)
+        end = (row_end + 0 * lane).to(IDX)
+        stop = (piece_stop + 0 * lane).to(IDX)
+        step = (code * 0 + R).to(IDX)
+        steps = ((piece_stop - first + R - 1) // R).to(IDX)
     return group, code, node, used, start, end, stop, step, steps
 
 
@@ -120,11 +135,11 @@ def _forward_one_pass_kernel(x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, 
                              threshold, scale, HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr,
                              SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
                              FB: tl.constexpr, R: tl.constexpr, SEG: tl.constexpr, DENSE: tl.constexpr,
-                             AHEAD: tl.constexpr):
+                             AHEAD: tl.constexpr, IDX: tl.constexpr):
     """GAT's forward over every row in one launch (module docstring): logits from the per-node
     terms alpha_src [N, H] and alpha_dst [N, H] (``_edge_block``), values x [N, H, F]."""
     group, code, node, used, start, end, stop, step, steps = _task_lanes(task_ptr, rows_ptr, num_rows, seg_row,
-                                                                         seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG)
+                                                                         seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG, IDX)
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     ad = tl.load(a_dst + node[:, None] * H + heads[None, :], mask=used[:, None] & hmask[None, :], other=0).to(ACC)
     m = tl.full((R, HB), NEG_INF, ACC)
@@ -200,12 +215,13 @@ def _pair_forward_one_pass_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_
                                   qk_scale, seed, threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
                                   GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
                                   ACC: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, R: tl.constexpr,
-                                  SEG: tl.constexpr, DENSE: tl.constexpr, AHEAD: tl.constexpr):
+                                  SEG: tl.constexpr, DENSE: tl.constexpr, AHEAD: tl.constexpr,
+                                  IDX: tl.constexpr):
     """GATv2's and dot-product attention's forward over every row in one launch (module docstring):
     logits from the two endpoints' head vectors (``_pair_edges``); KV_SAME: the values are the
     gathered keys (GATv2's source features), one gather for both."""
     group, code, node, used, start, end, stop, step, steps = _task_lanes(task_ptr, rows_ptr, num_rows, seg_row,
-                                                                         seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG)
+                                                                         seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG, IDX)
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     qi, _mask = _gather(q, node, used[:, None] & hmask[None, :], heads, feats, fmask, H, F, DENSE, FB, ACC)
     a = _att_tile(att, heads, feats, hmask[:, None] & fmask[None, :], F, GATV2, ACC, HB, FB)

@@ -88,7 +88,7 @@ def _edge_terms(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, ids,
     [BE], edge id [BE], the logit's terms [BE, HB]: the other endpoint's, the edge's and the self
     loop's (0 where absent; without HAS_EDGE / HAS_LOOP_TERM the other endpoint's again, unused))."""
     real = ks < end
-    other = tl.where(real, ids.to(tl.int64), node)  # the virtual loop's other endpoint is the node itself
+    other = tl.where(real, ids.to(node.dtype), node)  # the virtual loop's other endpoint is the node itself
     valid = ks < stop
     if SELF_LOOPS:
         valid = valid & ~(real & (other == node))
@@ -156,8 +156,13 @@ def _online_step(m, z, acc, e, keep, xv):
     accumulator [ROWS, HB, FB] take logit e [ROWS, HB] (-inf: no edge) with values xv."""
     m_new = tl.maximum(m, e)
     m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # no edge yet
-    rescale = tl.exp(m - m_safe)
-    w = tl.exp(e - m_safe)
+    # One exponential: of the old max where the edge raises it (the old state's rescale; the edge's
+    # weight is then exp(0) = 1), else of the edge (its weight; the rescale is exp(0) = 1). The same
+    # values, bit for bit, as rescale = exp(m - m_safe), w = exp(e - m_safe).
+    rises = e > m
+    x = tl.exp(tl.where(rises, m, e) - m_safe)
+    rescale = tl.where(rises, x, 1.0)
+    w = tl.where(rises, 1.0, x)
     return m_new, z * rescale + w, acc * rescale[:, :, None] + (w * keep)[:, :, None] * xv
 
 

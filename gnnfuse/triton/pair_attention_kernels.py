@@ -45,7 +45,7 @@ def _pair_terms(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, po
     [BE, HB, FB], real edge (not the virtual loop) [BE], edge id [BE], the other endpoints' vectors,
     the edge features' row and tile (zeros without HAS_EDGE))."""
     real = ks < end
-    other = tl.where(real, ids.to(tl.int64), node)
+    other = tl.where(real, ids.to(node.dtype), node)
     valid = ks < stop
     if SELF_LOOPS:
         valid = valid & ~(real & (other == node))

@@ -46,10 +46,11 @@ typedef int32_t LaneIndex __attribute__((vector_size(64)));
 // hi[k] of their concatenation (the first and second half of each head's lanes).
 struct HeadLanes {
   std::vector<int64_t> first;
-  bool one_head;  // every vector within one head: a broadcast of its weight
+  bool one_head;   // every vector within one head: a broadcast of its weight
+  bool tile_head;  // every tile of 4 vectors within one head (F a multiple of 64)
   int levels = 0;
   LaneIndex lo[4] = {}, hi[4] = {};
-  HeadLanes(int64_t H, int64_t F) : one_head(F % kLanes<float> == 0) {
+  HeadLanes(int64_t H, int64_t F) : one_head(F % kLanes<float> == 0), tile_head(F % (4 * kLanes<float>) == 0) {
     constexpr int64_t L = kLanes<float>;
     for (int64_t f0 = 0; f0 + L <= H * F; f0 += L) first.push_back(f0 / F);
     for (int64_t w = F; !one_head && w > 1; w /= 2, ++levels)
@@ -192,7 +193,10 @@ inline void fold_heads(Vec64<float>* p, const LaneIndex* lo, const LaneIndex* hi
   }
 }
 
-// kLevels < 0: a head spans whole vectors (dots must start at 0; partial sums are added).
+// kLevels < 0: a head spans whole vectors (dots must start at 0; partial sums are added); -2: the
+// tile's NV vectors all lie in one head (HeadLanes::tile_head), added up before one lane sum (a lane
+// sum per vector and a store-forwarded add into dots per vector cost the 4 x 64 dot-product logits
+// as much as reading the keys).
 template <int NV, int kLevels, typename Row, typename Op>
 inline void head_dot_tile(const Row& edges, const float* rows, int64_t width, const float* fixed, int64_t H,
                           const HeadLanes& heads, int64_t v0, float* dots, const Op& op) {
@@ -209,7 +213,10 @@ inline void head_dot_tile(const Row& edges, const float* rows, int64_t width, co
     Vec64<float> p[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) p[v] = op(b[v], load_vec(x + v * L), f0 + v * L);
-    if constexpr (kLevels < 0) {
+    if constexpr (kLevels == -2) {
+      static_assert(NV == 4, "a tile within one head has 4 vectors");
+      d[h0] += lane_sum((p[0] + p[1]) + (p[2] + p[3]));
+    } else if constexpr (kLevels < 0) {
       for (int v = 0; v < NV; ++v) d[heads.first[v0 + v]] += lane_sum(p[v]);
     } else {
       fold_heads<NV, kLevels>(p, heads.lo, heads.hi);
@@ -232,6 +239,9 @@ inline void head_dots(const Row& edges, const float* rows, const float* fixed, i
   if (heads.one_head) std::fill(dots, dots + edges.size() * H, 0.0f);
   for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
     constexpr int NV = decltype(nv_c)::value;
+    if constexpr (NV == 4) {
+      if (heads.tile_head) return head_dot_tile<NV, -2>(edges, rows, width, fixed, H, heads, v0, dots, op);
+    }
     if (heads.one_head) head_dot_tile<NV, -1>(edges, rows, width, fixed, H, heads, v0, dots, op);
     else if (heads.levels == 0) head_dot_tile<NV, 0>(edges, rows, width, fixed, H, heads, v0, dots, op);
     else if (heads.levels == 1) head_dot_tile<NV, 1>(edges, rows, width, fixed, H, heads, v0, dots, op);

@@ -253,6 +253,15 @@ struct CsrRow {
   }
 };
 
+// How many edges ahead a tile forward's CsrRow prefetches, for rows of HF floats: each tile
+// prefetches only its own lines of a row (at most kPrefetchLines), so the bytes in flight that
+// prefetch_ahead aims at are counted in those lines, not in whole rows. (4 x 64 rows, 1 KB: 32
+// edges instead of 8; Facebook, 1 thread, same process: dot forward 20.1 -> 16.3 ms, GATv2 14.5 ->
+// 12.7 ms, GAT 10.3 -> 8.9 ms; 64 edges was no faster. Rows up to 256 bytes: unchanged.)
+inline int64_t tile_prefetch_ahead(int64_t HF) {
+  return prefetch_ahead(std::min<int64_t>(HF * int64_t(sizeof(float)), kPrefetchLines * 64));
+}
+
 // Where a row with self loops to skip keeps its compacted edges (rare: most graphs have none).
 template <typename index_t>
 struct RowCopy {

@@ -105,7 +105,11 @@ inline Vec64<float> exp2_sixteenths(const Int16Lanes& k) {
 
 inline Vec64<float> exp_vec16(const Vec64<float>& x0) {
   using V = Vec64<float>;
+#if defined(__AVX512F__)
+  const V x = (V)_mm512_min_ps(_mm512_set1_ps(88.0f), (__m512)x0);  // NaN stays NaN (vminps returns its second)
+#else
   const V x = x0 > 88.0f ? V{} + 88.0f : x0;  // NaN stays NaN
+#endif
   const V t = x * 23.0831206542233f + 12582912.0f;  // 16 / ln 2; adding 1.5 * 2^23 rounds to an integer
   const V k = t - 12582912.0f;
   const V r = (x - k * 0.0433349609375f) + k * 1.32621525e-5f;  // ln 2 / 16 = 0.0433349609375 - 1.32621525e-5

@@ -387,6 +387,28 @@ inline int64_t edge_id(const EdgeList& edges, int64_t e) { return edges[e].id; }
 template <typename index_t>
 inline int64_t edge_id(const CsrRow<index_t>& row, int64_t e) { return row.id(e); }
 
+// The dropout counters of a row's edges, counter[e * H + h] = id(e) * H + h.
+inline void edge_counters(const EdgeList& edges, int64_t H, uint32_t* counter) {
+  for (int64_t e = 0; e < edges.size(); ++e)
+    for (int64_t h = 0; h < H; ++h) counter[e * H + h] = uint32_t(edges[e].id) * uint32_t(H) + uint32_t(h);
+}
+// A CsrRow's, with the test of row.ids out of the loop: inside it, GCC vectorised the choice into a
+// masked load of ids[e] that, with ids null, took a fault-suppression assist per vector on this AMD
+// CPU (a third of the GAT forward's time on Facebook 8x8 with dropout).
+template <typename index_t>
+inline void edge_counters(const CsrRow<index_t>& row, int64_t H, uint32_t* counter) {
+  const uint32_t HH = uint32_t(H);
+  if (row.ids) {
+    for (int64_t e = 0; e < row.n; ++e)
+      for (int64_t h = 0; h < H; ++h) counter[e * H + h] = uint32_t(row.ids[e]) * HH + uint32_t(h);
+  } else {
+    for (int64_t e = 0; e < row.n; ++e)
+      for (int64_t h = 0; h < H; ++h) counter[e * H + h] = uint32_t(row.begin + e) * HH + uint32_t(h);
+  }
+  for (int64_t e = row.n; e < row.count; ++e)  // the virtual self loop
+    for (int64_t h = 0; h < H; ++h) counter[e * H + h] = uint32_t(row.loop_id) * HH + uint32_t(h);
+}
+
 template <typename acc_t>
 struct Scratch {
   EdgeList edges;
@@ -412,8 +434,7 @@ struct Scratch {
       return;
     }
     counter.resize(n * H);
-    for (int64_t e = 0; e < n; ++e)
-      for (int64_t h = 0; h < H; ++h) counter[e * H + h] = uint32_t(edge_id(row, e)) * uint32_t(H) + uint32_t(h);
+    edge_counters(row, H, counter.data());
     const uint32_t seed = P.seed, threshold = P.threshold;
     const uint32_t* c = counter.data();
     acc_t* k = keep.data();

@@ -160,7 +160,7 @@ void forward_tiles(const Params& P, const float* x, const float* a_src, const fl
   const int64_t H = HH, F = P.F, HF = H * F;
   const HeadLanes heads(H, F);
   const float slope = float(P.slope);
-  const int64_t ahead = prefetch_ahead(HF * int64_t(sizeof(float)));
+  const int64_t ahead = tile_prefetch_ahead(HF, P.num_src);
   parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
     Scratch<float> S;
     RowCopy<index_t> copy;

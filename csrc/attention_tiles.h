@@ -46,10 +46,11 @@ typedef int32_t LaneIndex __attribute__((vector_size(64)));
 // hi[k] of their concatenation (the first and second half of each head's lanes).
 struct HeadLanes {
   std::vector<int64_t> first;
-  bool one_head;  // every vector within one head: a broadcast of its weight
+  bool one_head;   // every vector within one head: a broadcast of its weight
+  bool tile_head;  // every tile of 4 vectors within one head (F a multiple of 64)
   int levels = 0;
   LaneIndex lo[4] = {}, hi[4] = {};
-  HeadLanes(int64_t H, int64_t F) : one_head(F % kLanes<float> == 0) {
+  HeadLanes(int64_t H, int64_t F) : one_head(F % kLanes<float> == 0), tile_head(F % (4 * kLanes<float>) == 0) {
     constexpr int64_t L = kLanes<float>;
     for (int64_t f0 = 0; f0 + L <= H * F; f0 += L) first.push_back(f0 / F);
     for (int64_t w = F; !one_head && w > 1; w /= 2, ++levels)
@@ -192,7 +193,10 @@ inline void fold_heads(Vec64<float>* p, const LaneIndex* lo, const LaneIndex* hi
   }
 }
 
-// kLevels < 0: a head spans whole vectors (dots must start at 0; partial sums are added).
+// kLevels < 0: a head spans whole vectors (dots must start at 0; partial sums are added); -2: the
+// tile's NV vectors all lie in one head (HeadLanes::tile_head), added up before one lane sum (a lane
+// sum per vector and a store-forwarded add into dots per vector cost the 4 x 64 dot-product logits
+// as much as reading the keys).
 template <int NV, int kLevels, typename Row, typename Op>
 inline void head_dot_tile(const Row& edges, const float* rows, int64_t width, const float* fixed, int64_t H,
                           const HeadLanes& heads, int64_t v0, float* dots, const Op& op) {
@@ -209,7 +213,10 @@ inline void head_dot_tile(const Row& edges, const float* rows, int64_t width, co
     Vec64<float> p[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) p[v] = op(b[v], load_vec(x + v * L), f0 + v * L);
-    if constexpr (kLevels < 0) {
+    if constexpr (kLevels == -2) {
+      static_assert(NV == 4, "a tile within one head has 4 vectors");
+      d[h0] += lane_sum((p[0] + p[1]) + (p[2] + p[3]));
+    } else if constexpr (kLevels < 0) {
       for (int v = 0; v < NV; ++v) d[heads.first[v0 + v]] += lane_sum(p[v]);
     } else {
       fold_heads<NV, kLevels>(p, heads.lo, heads.hi);
@@ -232,6 +239,9 @@ inline void head_dots(const Row& edges, const float* rows, const float* fixed, i
   if (heads.one_head) std::fill(dots, dots + edges.size() * H, 0.0f);
   for_each_tile(nvec, [&](int64_t v0, auto nv_c) {
     constexpr int NV = decltype(nv_c)::value;
+    if constexpr (NV == 4) {
+      if (heads.tile_head) return head_dot_tile<NV, -2>(edges, rows, width, fixed, H, heads, v0, dots, op);
+    }
     if (heads.one_head) head_dot_tile<NV, -1>(edges, rows, width, fixed, H, heads, v0, dots, op);
     else if (heads.levels == 0) head_dot_tile<NV, 0>(edges, rows, width, fixed, H, heads, v0, dots, op);
     else if (heads.levels == 1) head_dot_tile<NV, 1>(edges, rows, width, fixed, H, heads, v0, dots, op);
@@ -366,6 +376,66 @@ inline HeadVec<HH> softmax_weights(float* w, int64_t n, const HeadVec<HH>& m) {
   return z;
 }
 
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+constexpr bool kFusedRows8x8 = true;
+// finish_row_tiles at 8 heads x 8 features (a row of 4 vectors, each holding 2 heads): the softmax
+// weights of two edges (one exp vector) go straight into the weighted sum, no pass storing and
+// reloading them; z adds the even edges and the odd edges apart, then the two (a fixed order).
+// The weighted sum folds each element edge after edge with the multiply-add weighted_tile uses.
+template <bool kWholeVectors, typename Row>
+GNNFUSE_ALWAYS_INLINE HeadVec<8> fused_row_8x8(const Params& P, Scratch<float>& S, const Row& row, float* w,
+                                               const HeadVec<8> m, const float* values, float* out_row,
+                                               float* m_row, float* z_row) {
+  using V = Vec64<float>;
+  const int64_t n = row.size();
+  if constexpr (!kWholeVectors)
+    if (n & 1) store_heads<8>(w + n * 8, HeadVec<8>{} - std::numeric_limits<float>::infinity());
+  const float* keep = nullptr;
+  if (P.threshold) {
+    S.fill_keep(P, 8, row);
+    S.keep.resize(n * 8 + 8);  // the odd row's last vector reads 8 past (its weights there are 0)
+    keep = S.keep.data();
+  }
+  // lane l of vector v takes head 2v + l / 8 of edge e (idx[v]) or of edge e + 1 (idx[4 + v])
+  __m512i idx[8];
+  for (int v = 0; v < 4; ++v) {
+    idx[v] = _mm512_setr_epi32(2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v + 1, 2 * v + 1, 2 * v + 1,
+                               2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1);
+    idx[4 + v] = _mm512_add_epi32(idx[v], _mm512_set1_epi32(8));
+  }
+  const V mm = repeat_heads<8>(m, std::make_index_sequence<16>{});
+  V a[4] = {}, zz = {};
+  auto edge = [&](const V& c, int64_t e, int half) {
+    row.template prefetch_ahead<kPrefetchLines>(values, 64, e, 0);
+    const float* x = values + row.other(e) * 64;
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) a[v] += (V)_mm512_permutexvar_ps(idx[4 * half + v], (__m512)c) * load_vec(x + 16 * v);
+  };
+  for (int64_t e = 0; e < n; e += 2) {
+    const V p = exp_vec16((kWholeVectors ? load_vec(w + e * 8) : load_edge_pieces<8>(w + e * 8)) - mm);
+    zz += p;
+    const V c = keep ? p * load_vec(keep + e * 8) : p;
+    edge(c, e, 0);
+    if (e + 1 < n) edge(c, e + 1, 1);
+  }
+  const HeadVec<8> z = heads_part<8, 0>(zz, std::make_index_sequence<8>{}) +
+                       heads_part<8, 1>(zz, std::make_index_sequence<8>{});
+  store_heads<8>(m_row, z > HeadVec<8>{} ? m : HeadVec<8>{});
+  store_heads<8>(z_row, z);
+  const HeadVec<8> inv = z > HeadVec<8>{} ? (HeadVec<8>{} + 1.0f) / z : HeadVec<8>{};
+  const __m512 iv = _mm512_castps256_ps512((__m256)inv);
+  for (int v = 0; v < 4; ++v) store_vec(out_row + 16 * v, a[v] * (V)_mm512_permutexvar_ps(idx[v], iv));
+  return z;
+}
+#else
+constexpr bool kFusedRows8x8 = false;
+template <bool kWholeVectors, typename Row>
+HeadVec<8> fused_row_8x8(const Params&, Scratch<float>&, const Row&, float*, const HeadVec<8>, const float*, float*,
+                         float*, float*) {
+  return HeadVec<8>{};  // never called
+}
+#endif
+
 // The end of a tile forward's row, shared by GAT and the pair attentions: w [n, H] holds the logits
 // (already scaled) of the row's edges (`row`, an EdgeList or CsrRow) and m their per-head max (by
 // value: a reference kept the caller's running max in memory, a store and a load per edge).
@@ -378,6 +448,12 @@ inline void finish_row_tiles(const Params& P, Scratch<float>& S, const Row& row,
                              float* z_row) {
   using HV = HeadVec<HH>;
   const int64_t n = row.size(), H = HH;
+  if constexpr (HH == 8 && kFusedRows8x8) {
+    if (heads.first.size() == 4 && heads.levels == 3) {  // 8 features a head
+      fused_row_8x8<kWholeVectors>(P, S, row, w, m, values, out_row, m_row, z_row);
+      return;
+    }
+  }
   const HV z = softmax_weights<HH, kWholeVectors>(w, n, m);
   // m and z stored, and 1 / z worked out, before any call: a vector live across a call is kept in
   // memory (no callee-saved vector registers), and GCC then kept the running max and sum there

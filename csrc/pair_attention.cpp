@@ -429,7 +429,7 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
   const int64_t H = HH, F = P.F, HF = H * F;
   const HeadLanes heads(H, F);
   const float scale = A.gatv2 ? 1.0f : float(A.qk_scale);
-  const int64_t ahead = prefetch_ahead(HF * int64_t(sizeof(float)));
+  const int64_t ahead = tile_prefetch_ahead(HF, P.num_src);
   parallel_over_rows(rowptr, P.num_dst, HF, [&](int64_t r0, int64_t r1) {
     Scratch<float> S;
     RowCopy<index_t> copy;

@@ -80,6 +80,7 @@ alignas(64) inline constexpr float kExp2Sixteenths[16] = {  // 2^(j / 16) rounde
     1.54221082540794082f, 1.61049033194925431f, 1.68179283050742909f, 1.75625216037329948f, 1.83400808640934246f,
     1.91520656139714729f};
 typedef int32_t Int16Lanes __attribute__((vector_size(64)));
+typedef uint32_t UInt16Lanes __attribute__((vector_size(64)));  // shifts that drop high bits: defined unsigned
 
 // Lane l: kExp2Sixteenths[k[l] & 15].
 inline Vec64<float> exp2_sixteenths(const Int16Lanes& k) {
@@ -115,7 +116,8 @@ inline Vec64<float> exp_vec16(const Vec64<float>& x0) {
   const V r = (x - k * 0.0433349609375f) + k * 1.32621525e-5f;  // ln 2 / 16 = 0.0433349609375 - 1.32621525e-5
   const V q = (r * 0.166666672f + 0.5f) * (r * r) + r;          // e^r - 1
   const Int16Lanes kb = (Int16Lanes)t;                          // k + 1.5 * 2^23 in the low bits
-  const V s = (V)((Int16Lanes)exp2_sixteenths(kb) + ((kb & ~15) << 19));  // 2^(k/16); k >> 4 >= -126
+  // 2^(k/16): the table entry plus k >> 4 in the exponent bits (k >> 4 >= -126 above -87.3)
+  const V s = (V)((Int16Lanes)exp2_sixteenths(kb) + (Int16Lanes)((UInt16Lanes)(kb & ~15) << 19));
   const V y = q * s + s;
   return x0 < -87.3f ? V{} : y;
 }

@@ -18,7 +18,9 @@ other tenants than wall time; ``--clock wall`` is for several threads. Outputs o
 compared once (max abs difference) so a faster baseline-breaking variant is noticed.
 ``--floors`` also times what reading two source rows per edge costs (the dot product reads k_j and
 v_j): the sum over rows of twice the width (one 2 x heads x F row per edge: k and v interleaved) and
-two sums of the width (two separate rows per edge), as ratios to the sum.
+two sums of the width (two separate rows per edge), as ratios to the sum. ``--cache warm`` / ``cold``
+time every call with its own inputs in the caches / with none of them (time_interleaved): the default
+back-to-back rotation leaves a large graph's sum and forwards reading partly evicted inputs.
 """
 from __future__ import annotations
 
@@ -126,15 +128,30 @@ def max_difference(a, b) -> float:
     return max((float((u - w).abs().max()) for u, w in zip(a, b) if u.numel()), default=0.0)
 
 
-def time_interleaved(fns: dict, rounds: int, clock: str) -> dict[str, list[float]]:
+# Bytes written between calls with --cache cold: several times any last-level cache of these machines.
+COLD_BYTES = 256 << 20
+
+
+def time_interleaved(fns: dict, rounds: int, clock: str, cache: str = "mixed") -> dict[str, list[float]]:
+    """Samples (ms) of each of ``fns``, timed in turns in a rotating order. ``cache`` sets what the
+    caches hold when a timed call starts: "mixed", whatever the call before left (the calls run back
+    to back: a large graph's inputs are partly evicted by the other calls' reads); "warm", the same
+    call's inputs and output (an untimed call of it just before: inputs that fit in the caches are
+    there, as right after the projection that wrote them); "cold", nothing of them (COLD_BYTES written
+    just before: every read comes from memory)."""
     now = time.thread_time if clock == "cpu" else time.perf_counter
     for fn in fns.values():
         fn()
+    flush = torch.empty(COLD_BYTES // 4) if cache == "cold" else None
     names = list(fns)
     samples = {n: [] for n in names}
     for r in range(rounds):
         for k in range(len(names)):
             name = names[(r + k) % len(names)]
+            if cache == "warm":
+                fns[name]()
+            elif flush is not None:
+                flush.fill_(float(r + k))
             t0 = now()
             fns[name]()
             samples[name].append((now() - t0) * 1e3)
@@ -154,6 +171,8 @@ def main(argv=None):
     parser.add_argument("--clock", choices=("cpu", "wall"), help="default: cpu at one thread, else wall")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--forward-only", action="store_true", help="time the forwards and the sum only")
+    parser.add_argument("--cache", choices=("mixed", "warm", "cold"), default="mixed",
+                        help="what the caches hold when a timed call starts (time_interleaved)")
     parser.add_argument("--floors", action="store_true",
                         help="also time a sum of twice the width and two sums (reading two rows per edge)")
     parser.add_argument("--tag", default="", help="suffix of the result name, e.g. loaded")
@@ -188,7 +207,7 @@ def main(argv=None):
             fns["sum"] = lambda: gnnfuse.fused_gather_scatter(flat, csr, "sum")
             if args.floors:
                 fns.update(floor_calls(csr, flat))
-            samples = time_interleaved(fns, args.rounds, clock)
+            samples = time_interleaved(fns, args.rounds, clock, args.cache)
             row = {"layer": layer, "graph": gname, "edges": int(edge_index.shape[1]), "HxF": f"{args.heads}x{args.width}",
                    "dropout": args.dropout}
             med = {n: statistics.median(s) for n, s in samples.items()}
@@ -215,7 +234,7 @@ def main(argv=None):
             "command": " ".join(["python -m benchmarks.bench_attention_cpu", *(sys.argv[1:] if argv is None else argv)]),
             "commit": source_commit(),
             "threads": args.threads, "clock": "thread CPU time" if clock == "cpu" else "wall",
-            "rounds": args.rounds, "baseline": str(args.baseline) if args.baseline else "none",
+            "rounds": args.rounds, "cache": args.cache, "baseline": str(args.baseline) if args.baseline else "none",
             "load_average_before": tuple(round(v, 2) for v in load_before),
             "load_average_after": tuple(round(v, 2) for v in os.getloadavg())}
     columns = list(rows[0]) if rows else []

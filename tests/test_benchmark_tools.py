@@ -30,3 +30,17 @@ def test_result_files_have_three_significant_digits(tmp_path):
     data = json.loads((tmp_path / "x.json").read_text())
     assert data["rows"] == [{"ms": 1230.0, "speedup": 0.667}] and data["meta"]["ratio"] == 1.23
     assert "| 1230 | 0.667 |" in md.read_text()
+
+
+def test_cpu_attention_bench_cache_modes_call_each_function_as_described(monkeypatch):
+    """bench_attention_cpu's --cache: "warm" runs an untimed call of the same function just before each
+    timed one, "mixed" and "cold" only the timed ones (cold writes a buffer between them instead)."""
+    from benchmarks import bench_attention_cpu as bench
+
+    monkeypatch.setattr(bench, "COLD_BYTES", 1 << 12)  # a small buffer: the call pattern, not the flush
+    for cache, per_sample in (("mixed", 1), ("warm", 2), ("cold", 1)):
+        calls = {"a": 0, "b": 0}
+        fns = {name: (lambda n=name: calls.__setitem__(n, calls[n] + 1)) for name in calls}
+        samples = bench.time_interleaved(fns, rounds=3, clock="wall", cache=cache)
+        assert {n: len(s) for n, s in samples.items()} == {"a": 3, "b": 3}
+        assert calls == {"a": 1 + 3 * per_sample, "b": 1 + 3 * per_sample}, cache  # 1: the warm-up call

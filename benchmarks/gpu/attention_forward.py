@@ -15,6 +15,8 @@ one's (``max_diff``). The features are random; GATv2 and dot use the same tensor
 bench_attention's fused forward). ``--dropout P`` runs the forwards with attention dropout (a fixed seed:
 the training path) and ``--dtype`` times every forward and the sum in float16 / bfloat16 (float32
 accumulation); FORWARD_LOOP has entries per path (float32 or half, with or without dropout).
+``--edge-terms`` passes projected edge terms as the layers with ``edge_dim`` do (their kernels keep the
+plain loop); the sum stays the node-feature sum of the same width.
 
     PYTHONPATH=. python benchmarks/gpu/attention_forward.py --graphs arxiv-like,rfc-uniform \\
         --widths 8x8,4x64 --layers gat,gatv2,dot --variants default,hb4,hb2.r8 --out FILE.md
@@ -72,15 +74,21 @@ def _config(cfg: dict, over: dict, F: int) -> dict:
     return cfg
 
 
-def calls(layer: str, h, a_src, a_dst, att, edge_index, dropout: float = 0.0):
+def calls(layer: str, h, a_src, a_dst, att, edge_index, dropout: float = 0.0, edge_terms: bool = False):
+    """The forward of ``layer`` on projected features; ``edge_terms``: with projected edge terms in
+    edge_index order, as the layers with edge_dim pass them (GAT's [E, H] logit terms, GATv2's and the
+    dot product's [E, H, F] features; the self loops get none)."""
     import gnnfuse
 
     kw = dict(dropout=dropout, seed=7, backend="triton")
+    E, (heads, width) = edge_index.shape[1], h.shape[1:]
     if layer == "gat":
-        return lambda: gnnfuse.gat_attention(h, a_src, a_dst, edge_index, add_self_loops=True, **kw)
+        a_edge = torch.randn(E, heads, device=h.device, dtype=h.dtype) if edge_terms else None
+        return lambda: gnnfuse.gat_attention(h, a_src, a_dst, edge_index, alpha_edge=a_edge, add_self_loops=True, **kw)
+    edge = torch.randn(E, heads, width, device=h.device, dtype=h.dtype) if edge_terms else None
     if layer == "gatv2":
-        return lambda: gnnfuse.gatv2_attention(h, h, att, edge_index, add_self_loops=True, **kw)
-    return lambda: gnnfuse.dot_attention(h, h, h, edge_index, **kw)
+        return lambda: gnnfuse.gatv2_attention(h, h, att, edge_index, edge_attr=edge, add_self_loops=True, **kw)
+    return lambda: gnnfuse.dot_attention(h, h, h, edge_index, edge_attr=edge, **kw)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # (cpu: a smoke run in the interpreter, wall times)
@@ -133,7 +141,7 @@ def wall_us(fn):
 
 
 def run_case(graph_name, edge_index, nodes, heads, width, layer, variants, rounds, calls_per_graph, compile_only,
-             dropout=0.0, dtype=torch.float32):
+             dropout=0.0, dtype=torch.float32, edge_terms=False):
     import gnnfuse
 
     torch.manual_seed(0)
@@ -141,7 +149,7 @@ def run_case(graph_name, edge_index, nodes, heads, width, layer, variants, round
     a_src, a_dst = (torch.randn(nodes, heads, device=DEVICE, dtype=dtype) for _ in range(2))
     att = torch.randn(heads, width, device=DEVICE, dtype=dtype)
     flat = h.view(nodes, heads * width)
-    base = calls(layer, h, a_src, a_dst, att, edge_index, dropout)
+    base = calls(layer, h, a_src, a_dst, att, edge_index, dropout, edge_terms)
     fns = {"sum": lambda: gnnfuse.fused_gather_scatter(flat, edge_index, "sum", backend="triton")}
     fns.update({v: with_variant(v, base) for v in variants})
     with torch.no_grad():
@@ -192,6 +200,8 @@ def main(argv=None):
     ap.add_argument("--dropout", type=float, default=0.0, help="attention dropout of the forwards (fixed seed)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                     help="the features' (and the sum's) dtype")
+    ap.add_argument("--edge-terms", action="store_true",
+                    help="with projected edge terms (GAT [E, H], GATv2 / dot [E, H, F]; see calls)")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     from benchmarks.common import machine
@@ -219,7 +229,7 @@ def main(argv=None):
         edge_index, nodes = graphs[gname]
         t0 = time.time()
         got = run_case(gname, edge_index, nodes, heads, width, layer, variants, args.rounds, args.calls,
-                       bool(args.shard), args.dropout, getattr(torch, args.dtype))
+                       bool(args.shard), args.dropout, getattr(torch, args.dtype), args.edge_terms)
         rows += got
         if not args.shard:
             print(f"{gname} {heads}x{width} {layer}: {time.time() - t0:.1f} s", flush=True)
@@ -232,7 +242,7 @@ def main(argv=None):
             "wall_per_sum", "max_diff"]
     lines = [f"# attention forward kernels vs sum ({' '.join(sys.argv[1:])})", ""]
     lines += [f"- {k}: {v}" for k, v in machine(DEVICE).items()]
-    lines += [f"- dropout: {args.dropout}; dtype: {args.dtype}"]
+    lines += [f"- dropout: {args.dropout}; dtype: {args.dtype}; edge terms: {args.edge_terms}"]
     lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     seen = set()
     for r in rows:

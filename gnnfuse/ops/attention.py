@@ -32,6 +32,7 @@ from .._build import load_extension
 from .._validate import require_floating, require_same_device, require_shape, require_tensor
 from ..constants import SEED_BOUND
 from ..csr import CSR, transpose_parts_of
+from ._edge_order import in_csr_order
 from ._library import resolve_backend, triton_kernel
 from ._opdef import OpDef
 from .gather_scatter import _as_csr
@@ -227,7 +228,8 @@ def gat_attention(
     csr, seed = checked_graph(x, num_dst, edge_index_or_csr, negative_slope, dropout, seed)
     if alpha_edge is not None:
         alpha_edge = _alpha("alpha_edge", alpha_edge, x, lambda t: t.shape == (csr.num_edges, heads),
-                            lambda: f"[E, H] = [{csr.num_edges}, {heads}]").index_select(0, csr.perm)
+                            lambda: f"[E, H] = [{csr.num_edges}, {heads}]")
+        alpha_edge = in_csr_order(alpha_edge, csr.perm)
     if alpha_loop is not None:
         alpha_loop = _alpha("alpha_loop", alpha_loop, x, lambda t: t.shape == (num_dst, heads),
                             lambda: f"[N_dst, H] = [{num_dst}, {heads}]")

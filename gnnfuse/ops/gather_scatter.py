@@ -30,6 +30,7 @@ from ..reductions import ARG as ARG_REDUCTIONS  # reductions whose forward recor
 from ..reductions import ALIASES
 from ..reductions import SINGLE as REDUCTIONS
 from ..reductions import canonical_reduce
+from ._edge_order import in_csr_order
 from ._library import resolve_backend, triton_module
 from ._opdef import CppKernel, OpDef
 
@@ -226,7 +227,7 @@ def _weight_in_csr_order(edge_weight: torch.Tensor | None, csr: CSR, dtype: torc
     if edge_weight is None:
         return None
     if edge_weight.requires_grad or torch.compiler.is_compiling():
-        return edge_weight.to(dtype).index_select(0, csr.perm)
+        return in_csr_order(edge_weight.to(dtype), csr.perm)
     # a constant weight passed again (GCNConv's cached normalisation, a fixed edge_weight) is put in
     # CSR order once per (weight, graph) and reused, not gathered on every call
     return cached("csr_order_weight", (edge_weight, csr.perm), (dtype,),

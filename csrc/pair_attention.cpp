@@ -384,11 +384,12 @@ GNNFUSE_ALWAYS_INLINE HeadVec<8> pair_logits_8x8(const Row& edges, const float* 
   for (int64_t e = 0; e < n; e += 2) {
     const int64_t e1 = e + 1 < n ? e + 1 : e;  // an odd row's last edge twice (its copy set to -inf)
     edges.template prefetch_ahead<kPrefetchLines>(rows, 64, e, 0);
-    if (e + 1 < n) edges.template prefetch_ahead<kPrefetchLines>(rows, 64, e + 1, 0);
+    edges.template prefetch_ahead<kPrefetchLines>(rows, 64, e + 1, 0);  // past the row: the next row's
     const __m512 a = half_folded(rows + edges.other(e) * 64), b = half_folded(rows + edges.other(e1) * 64);
     __m512 sv = _mm512_permutexvar_ps(order, fold_by_one(a, b));
     if constexpr (!kGatv2) sv = _mm512_mul_ps(sv, _mm512_set1_ps(scale));
-    if (e1 == e) sv = _mm512_mask_mov_ps(sv, 0xff00, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+    // no branch on the row's parity (short rows mispredicted it at their last pair)
+    sv = _mm512_mask_mov_ps(sv, __mmask16(e1 == e ? 0xff00 : 0), _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
     _mm512_storeu_ps(s + e * 8, sv);
     m = _mm512_max_ps(sv, m);  // sv > m ? sv : m, as scale_row_logits
   }

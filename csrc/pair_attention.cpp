@@ -384,7 +384,7 @@ GNNFUSE_ALWAYS_INLINE HeadVec<8> pair_logits_8x8(const Row& edges, const float* 
   for (int64_t e = 0; e < n; e += 2) {
     const int64_t e1 = e + 1 < n ? e + 1 : e;  // an odd row's last edge twice (its copy set to -inf)
     edges.template prefetch_ahead<kPrefetchLines>(rows, 64, e, 0);
-    edges.template prefetch_ahead<kPrefetchLines>(rows, 64, e + 1, 0);  // past the row: the next row's
+    edges.template prefetch_ahead<kPrefetchLines>(rows, 64, e + 1, 0);  // e + 1 = n: bounds-checked, an edge further on
     const __m512 a = half_folded(rows + edges.other(e) * 64), b = half_folded(rows + edges.other(e1) * 64);
     __m512 sv = _mm512_permutexvar_ps(order, fold_by_one(a, b));
     if constexpr (!kGatv2) sv = _mm512_mul_ps(sv, _mm512_set1_ps(scale));

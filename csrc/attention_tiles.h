@@ -405,9 +405,11 @@ GNNFUSE_ALWAYS_INLINE HeadVec<8> fused_row_8x8(const Params& P, Scratch<float>& 
   }
   const V mm = repeat_heads<8>(m, std::make_index_sequence<16>{});
   V a[4] = {}, zz = {};
+  // Edge e's weighted row (half 0: the pair's first edge, 1: its second) into the sums, lanes k only.
   // kWholeVectors (the pair attentions): an odd row's last pair has no second edge; it reads the
-  // first edge's row again and leaves the sums as they are (a masked multiply-add, k = 0: no branch
-  // on the row's parity, which short rows mispredicted: Cora GATv2 8 x 8 1.05x)
+  // first edge's row again with k = 0, leaving the sums as they are (no branch on the row's parity,
+  // which short rows mispredicted: Cora GATv2 8 x 8 1.05x). GAT keeps the branch (the masked form
+  // measured 0.95x on Facebook 8 x 8).
   auto edge = [&](const V& c, int64_t e, int64_t e_row, int half, __mmask16 k) {
     row.template prefetch_ahead<kPrefetchLines>(values, 64, e, 0);
     const float* x = values + row.other(e_row) * 64;
@@ -416,22 +418,14 @@ GNNFUSE_ALWAYS_INLINE HeadVec<8> fused_row_8x8(const Params& P, Scratch<float>& 
       a[v] = (V)_mm512_mask3_fmadd_ps(_mm512_permutexvar_ps(idx[4 * half + v], (__m512)c), (__m512)load_vec(x + 16 * v),
                                       (__m512)a[v], k);
   };
-  auto edge_plain = [&](const V& c, int64_t e, int half) {
-    row.template prefetch_ahead<kPrefetchLines>(values, 64, e, 0);
-    const float* x = values + row.other(e) * 64;
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) a[v] += (V)_mm512_permutexvar_ps(idx[4 * half + v], (__m512)c) * load_vec(x + 16 * v);
-  };
   for (int64_t e = 0; e < n; e += 2) {
     const V p = exp_vec16((kWholeVectors ? load_vec(w + e * 8) : load_edge_pieces<8>(w + e * 8)) - mm);
     zz += p;
     const V c = keep ? p * load_vec(keep + e * 8) : p;
-    if constexpr (kWholeVectors) edge(c, e, e, 0, 0xffff);
-    else edge_plain(c, e, 0);
+    edge(c, e, e, 0, 0xffff);
     const bool second = e + 1 < n;
     if constexpr (kWholeVectors) edge(c, e + 1, second ? e + 1 : e, 1, __mmask16(second ? 0xffff : 0));
-    else if (second) edge_plain(c, e + 1, 1);  // GAT (not whole vectors): the branch, as before (the masked
-                                                // form measured 0.95x on Facebook 8 x 8)
+    else if (second) edge(c, e + 1, e + 1, 1, 0xffff);
   }
   const HeadVec<8> z = heads_part<8, 0>(zz, std::make_index_sequence<8>{}) +
                        heads_part<8, 1>(zz, std::make_index_sequence<8>{});

@@ -66,14 +66,19 @@ def test_loop_table_reaches_the_launch():
         for logit, kernel, setup_flags, is_pair in (
                 ("gat", kernels._forward_one_pass_kernel, flags, False),
                 ("gatv2", None, (("GATV2", True),), True), ("dot", None, (("GATV2", False),), True)):
-            for features, dropout, path in ((x, False, "float32"), (x, True, "float32-dropout"),
-                                            (x.bfloat16(), False, "half"), (x.half(), True, "half-dropout")):
+            for features, dropout, paths in (
+                    (x, False, ("float32",)), (x, True, ("float32-dropout",)), (x.bfloat16(), False, ("half",)),
+                    (x.bfloat16(), True, ("half-dropout",)), (x.half(), False, ("float16", "half")),
+                    (x.half(), True, ("float16-dropout", "half-dropout"))):  # float16: its own entry, else half's
                 setup = kernels.forward_setup(f"loop-table-{logit}", kernel, features, csr.rowptr, csr.col,
                                               setup_flags + (("DROPOUT", dropout),), is_pair)
-                ahead, cap, rows = kernels.FORWARD_LOOP.get((width <= 16, logit, path), (0, 0, 0))
-                tile_rows = rows or kernels._one_pass_config(heads, width, is_pair)["rows"]
-                got = setup.meta["AHEAD"], setup.meta.get("maxnreg", 0), setup.meta["R"]
-                assert got == (ahead, cap, tile_rows), (heads, width, logit, path)
+                keys = [(width <= 16, logit, path) for path in paths]
+                entry = next((kernels.FORWARD_LOOP[k] for k in keys if k in kernels.FORWARD_LOOP), (0, 0, 0))
+                ahead, cap, rows, hb = (*entry, 0)[:4]
+                hb = hb or kernels._one_pass_config(heads, width, is_pair)["hb"]
+                tile_rows = rows or kernels._one_pass_rows(hb, width)  # (widths here: powers of two)
+                got = setup.meta["AHEAD"], setup.meta.get("maxnreg", 0), setup.meta["R"], setup.meta["HB"]
+                assert got == (ahead, cap, tile_rows, hb), (heads, width, logit, paths)
             # edge terms and float64 keep the plain loop and the tile's rows
             for features, more in ((x, (("HAS_EDGE", True), ("DROPOUT", False))), (x.double(), (("DROPOUT", False),))):
                 setup = kernels.forward_setup(f"loop-table-{logit}", kernel, features, csr.rowptr, csr.col,

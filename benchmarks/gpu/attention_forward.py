@@ -11,8 +11,9 @@ Variants: ``default`` (the shipped forward) and one-pass tiles written ``hb8.r16
 loop's load order and register cap: attention_forward_kernels.FORWARD_LOOP's AHEAD and MAXNREG, m0 no
 cap; any subset, the rest as the default, FORWARD_LOOP's entry for the path, chooses; ``a0.m0`` is the
 loop and registers of the forward before either knob). Each variant's output is compared with the first
-one's (``max_diff``). The features are random; GATv2 and dot use the same tensor for keys and values (as
-bench_attention's fused forward). ``--dropout P`` runs the forwards with attention dropout (a fixed seed:
+one's (``max_diff``) and with its own output on a second call (``rerun_same``: the same bits). The
+features are random; GATv2 and dot use the same tensor for keys and values (as bench_attention's fused
+forward). ``--dropout P`` runs the forwards with attention dropout (a fixed seed:
 the training path) and ``--dtype`` times every forward and the sum in float16 / bfloat16 (float32
 accumulation); FORWARD_LOOP has entries per path (float32 or half, with or without dropout).
 ``--edge-terms`` passes projected edge terms as the layers with ``edge_dim`` do (their kernels keep the
@@ -158,6 +159,7 @@ def run_case(graph_name, edge_index, nodes, heads, width, layer, variants, round
             return []
         first = outs[variants[0]]
         diffs = {v: float((outs[v].float() - first.float()).abs().max()) for v in variants}
+        rerun = {v: torch.equal(fns[v](), outs[v]) for v in variants}  # the same bits on a second call
         timers = {name: device_timer(fn, calls_per_graph) for name, fn in fns.items()}
         dev = {name: [] for name in fns}
         wall = {name: [] for name in fns}
@@ -174,7 +176,7 @@ def run_case(graph_name, edge_index, nodes, heads, width, layer, variants, round
         rows.append(dict(graph=graph_name, HxF=f"{heads}x{width}", layer=layer if name != "sum" else "sum",
                          variant=name, device_us=d, device_iqr_us=_iqr(dev[name]), wall_us=w,
                          device_per_sum=d / med["sum"][0], wall_per_sum=w / med["sum"][1],
-                         max_diff=diffs.get(name, "")))
+                         max_diff=diffs.get(name, ""), rerun_same=rerun.get(name, "")))
     return rows
 
 
@@ -239,7 +241,7 @@ def main(argv=None):
     if args.shard:
         return
     cols = ["graph", "HxF", "layer", "variant", "device_us", "device_iqr_us", "device_per_sum", "wall_us",
-            "wall_per_sum", "max_diff"]
+            "wall_per_sum", "max_diff", "rerun_same"]
     lines = [f"# attention forward kernels vs sum ({' '.join(sys.argv[1:])})", ""]
     lines += [f"- {k}: {v}" for k, v in machine(DEVICE).items()]
     lines += [f"- dropout: {args.dropout}; dtype: {args.dtype}; edge terms: {args.edge_terms}"]

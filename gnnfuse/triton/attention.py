@@ -155,12 +155,13 @@ def _one_pass_config(H: int, F: int, pair: bool = False, loop: tuple = (0, 0, 0)
     GATv2 631 / 562 / 725, dot 519 / 473 / 523; pieces of 256 edges instead of 1024 and row groups
     up to 16 edges instead of 64 were slower everywhere (rechecked in
     benchmarks/results/archive/attention-forward_h100_2026-11-23_final.md). ``loop``: the loop table's
-    (AHEAD, MAXNREG, ROWS) for the kernel (_forward_loop); ROWS 0 keeps the rows above."""
+    (AHEAD, MAXNREG, ROWS[, HEADS]) for the kernel (_forward_loop); ROWS 0 keeps the rows above, HEADS
+    (0 or absent) the heads above."""
     fb = next_power_of_2(F)
     columns = 64 if fb <= 16 else (128 if pair else 256)
-    hb = max(1, min(next_power_of_2(H), columns // fb))
+    ahead, maxnreg, rows, heads = (*loop, 0)[:4]
+    hb = heads or max(1, min(next_power_of_2(H), columns // fb))
     seg = FORWARD_SPLIT_EDGES
-    ahead, maxnreg, rows = loop
     return dict(hb=hb, rows=rows or _one_pass_rows(hb, fb), warps=4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg),
                 ahead=ahead, maxnreg=maxnreg)
 
@@ -197,16 +198,19 @@ def _forward_knobs() -> tuple:
             tuple(FORWARD_LOOP.items()))
 
 
-def _forward_loop(F: int, flags: tuple, pair: bool, dtype: torch.dtype) -> tuple[int, int, int]:
-    """The forward loop's (AHEAD, MAXNREG, ROWS) for heads of F features, the kernel's ``flags`` and the
-    features' dtype: FORWARD_LOOP's entry for the width, the kind of logit and the path (float32 or a half
-    type, with or without dropout), (0, 0, 0) where it has none (edge terms, float64, entries not measured)."""
+def _forward_loop(F: int, flags: tuple, pair: bool, dtype: torch.dtype) -> tuple:
+    """The forward loop's (AHEAD, MAXNREG, ROWS[, HEADS]) for heads of F features, the kernel's ``flags`` and
+    the features' dtype: FORWARD_LOOP's entry for the width, the kind of logit and the path (float32 or a half
+    type, with or without dropout; float16's own entry where it has one), (0, 0, 0) where it has none (edge
+    terms, float64, entries not measured)."""
     f = dict(flags)
     if f.get("HAS_EDGE") or f.get("HAS_LOOP_TERM") or not (dtype == torch.float32 or dtype in HALF_DTYPES):
         return 0, 0, 0
     logit = ("gatv2" if f.get("GATV2") else "dot") if pair else "gat"
     path = ("float32" if dtype == torch.float32 else "half") + ("-dropout" if f.get("DROPOUT") else "")
-    return FORWARD_LOOP.get((next_power_of_2(F) <= 16, logit, path), (0, 0, 0))
+    narrow = next_power_of_2(F) <= 16
+    own = FORWARD_LOOP.get((narrow, logit, "float16" + path[4:])) if dtype == torch.float16 else None
+    return own or FORWARD_LOOP.get((narrow, logit, path), (0, 0, 0))
 
 
 def _index_type(n_src: int, num_dst: int, num_edges: int, H: int, FB: int, flags: tuple, pair: bool):

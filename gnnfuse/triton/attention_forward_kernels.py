@@ -22,21 +22,24 @@ from .attention_kernels import (NEG_INF, _edge_block, _edge_logit, _edge_terms, 
 from .pair_attention_kernels import _att_tile, _pair_edges, _pair_logit, _pair_terms
 
 # The forward loop per (narrow heads (FB <= 16), logit: "gat", "gatv2" or "dot", path: "float32", "float32-dropout",
-# "half" (bfloat16 / float16) or "half-dropout"): (AHEAD, MAXNREG, ROWS), read by attention._forward_loop (other
-# kernels, edge terms and float64 among them, get (0, 0, 0)). AHEAD 0 loads a step's logit terms, works them,
-# then gathers its values; 1 issues every load of step t + 1 before step t's maths (the loops below). MAXNREG
-# caps a thread's registers (0: the compiler's choice) so that more programs share an SM; each cap here keeps
-# the loop free of spills (ptxas for sm_90, Triton 3.6: benchmarks/gpu/compile_attention.py). ROWS (0: the
-# tile's, attention._one_pass_rows) sets the rows of a row group and the lanes of a piece: more rows share a
-# step's fixed work (the loop, the edge positions) and put more loads in flight per thread; it changes how a
-# split row's edges are dealt to the lanes, so those rows' sums round differently from ROWS 0 (same bits run
-# to run). Chosen on an H100 (kernel time against our sum of the same dtype, arxiv-like and rfc-uniform):
-# float32 in benchmarks/results/attention-forward_h100_2026-11-23_gpukern.md, the other paths in
-# benchmarks/results/attention-forward-paths_h100_2026-11-24_gpudrop.md (half types measured in bfloat16;
-# float16 takes the same entries); the loops there are latency- and
-# issue-bound (ncu: about two thirds of a warp's cycles wait on its gathers, occupancy limited by registers),
-# so the paths whose loop grew (the dropout hash) or whose sum got cheaper (half types read half the bytes)
-# gained most from loads one step ahead and from more rows.
+# "half" (bfloat16 / float16) or "half-dropout", or "float16" / "float16-dropout" where float16 has an entry of its
+# own): (AHEAD, MAXNREG, ROWS[, HEADS]), read by attention._forward_loop (other kernels, edge terms and float64 among
+# them, get (0, 0, 0)). AHEAD 0 loads a step's logit terms, works them, then gathers its values; 1 issues every load
+# of step t + 1 before step t's maths (the loops below). MAXNREG caps a thread's registers (0: the compiler's choice)
+# so that more programs share an SM; each cap here keeps the loop free of spills (ptxas for sm_90, Triton 3.6:
+# benchmarks/gpu/compile_attention.py). ROWS (0: the tile's, attention._one_pass_rows) sets the rows of a row group
+# and the lanes of a piece: more rows share a step's fixed work (the loop, the edge positions) and put more loads in
+# flight per thread; it changes how a split row's edges are dealt to the lanes, so those rows' sums round differently
+# from ROWS 0 (same bits run to run). HEADS (0 or absent: the tile's) sets the heads a program takes. Chosen on an
+# H100 (kernel time against our sum of the same dtype, arxiv-like and rfc-uniform): float32 in
+# benchmarks/results/attention-forward_h100_2026-11-23_gpukern.md, the other paths in
+# benchmarks/results/attention-forward-paths_h100_2026-11-24_gpudrop.md (half types measured in bfloat16; float16
+# takes the same entries) and, for wide GAT / GATv2 in half types with dropout and narrow GAT in float16,
+# benchmarks/results/attention-forward-paths_h100_2026-11-24_gpuhalf.md (both half types; at 32 rows the wide GAT loop
+# keeps one copy of the logits instead of two, see there); the loops there are latency- and issue-bound (ncu: about
+# two thirds of a warp's cycles wait on its gathers, occupancy limited by registers), so the paths whose loop grew
+# (the dropout hash) or whose sum got cheaper (half types read half the bytes) gained most from loads one step ahead
+# and from more rows.
 FORWARD_LOOP = {(True, "gat", "float32"): (0, 64, 0), (True, "gatv2", "float32"): (1, 80, 0),
                 (True, "dot", "float32"): (0, 0, 0), (False, "gat", "float32"): (1, 72, 0),
                 (False, "gatv2", "float32"): (1, 72, 0), (False, "dot", "float32"): (0, 72, 0),
@@ -44,7 +47,8 @@ FORWARD_LOOP = {(True, "gat", "float32"): (0, 64, 0), (True, "gatv2", "float32")
                 (False, "gat", "float32-dropout"): (1, 0, 8),
                 (True, "gatv2", "half"): (1, 0, 0), (False, "gat", "half"): (0, 0, 16),
                 (False, "gatv2", "half"): (1, 64, 0),
-                (False, "gat", "half-dropout"): (1, 0, 16), (False, "gatv2", "half-dropout"): (1, 0, 0)}
+                (False, "gat", "half-dropout"): (0, 168, 32), (False, "gatv2", "half-dropout"): (1, 0, 8, 4),
+                (True, "gat", "float16"): (1, 0, 0)}
 
 
 @triton.jit

@@ -85,3 +85,11 @@ def test_loop_table_reaches_the_launch():
                                               tuple((k, v) for k, v in setup_flags if k != "HAS_EDGE") + more, is_pair)
                 assert setup.meta["AHEAD"] == 0 and "maxnreg" not in setup.meta
                 assert setup.meta["R"] == kernels._one_pass_config(heads, width, is_pair)["rows"]
+
+
+def test_loop_entry_heads_stay_within_the_layer_and_the_tile():
+    """A table entry's HEADS takes no more heads than the layer has, and none past 256 columns."""
+    entry = (1, 0, 8, 4)
+    assert kernels._one_pass_config(4, 64, True, entry)["hb"] == 4
+    assert kernels._one_pass_config(1, 64, True, entry)["hb"] == 1
+    assert kernels._one_pass_config(4, 128, True, entry)["hb"] == kernels._one_pass_config(4, 128, True)["hb"]

@@ -156,11 +156,13 @@ def _one_pass_config(H: int, F: int, pair: bool = False, loop: tuple = (0, 0, 0)
     up to 16 edges instead of 64 were slower everywhere (rechecked in
     benchmarks/results/archive/attention-forward_h100_2026-11-23_final.md). ``loop``: the loop table's
     (AHEAD, MAXNREG, ROWS[, HEADS]) for the kernel (_forward_loop); ROWS 0 keeps the rows above, HEADS
-    (0 or absent) the heads above."""
+    (0 or absent) the heads above (at most H, and only up to 256 columns)."""
     fb = next_power_of_2(F)
     columns = 64 if fb <= 16 else (128 if pair else 256)
     ahead, maxnreg, rows, heads = (*loop, 0)[:4]
-    hb = heads or max(1, min(next_power_of_2(H), columns // fb))
+    hb = max(1, min(next_power_of_2(H), columns // fb))
+    if heads and heads * fb <= 256:  # (the widest tile measured; wider heads keep the default)
+        hb = min(heads, next_power_of_2(H))
     seg = FORWARD_SPLIT_EDGES
     return dict(hb=hb, rows=rows or _one_pass_rows(hb, fb), warps=4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg),
                 ahead=ahead, maxnreg=maxnreg)

@@ -70,10 +70,13 @@ class GATNode(torch.autograd.Function):
         if need_src or need_dst:
             # [2H, H*C] products of every head's term gradient with every head's h; the attention
             # vectors' gradients are its diagonal blocks (a head's with its own): one split-K
-            # product rather than a batched one (cuBLAS splits only the former over the N rows)
-            g_terms = torch.stack((g_src, g_dst), 1).view(n, 2 * heads)
-            g_att = torch.mm(g_terms.t(), h.view(n, -1)).view(2, heads, heads, width).diagonal(0, 1, 2)  # [2, C, H]
-            g_att_src, g_att_dst = g_att.transpose(1, 2).unsqueeze(1).unbind(0)  # [1, H, C] each
+            # product rather than a batched one (cuBLAS splits only the former over the N rows),
+            # its diagonal blocks read as one strided view of the (fresh, contiguous) product:
+            # element (r, 0, h, c) at row r * H + h, column h * C + c
+            g_terms = torch.cat((g_src, g_dst), 1)  # [N, 2H], columns (role, head)
+            g_att = torch.mm(g_terms.t(), h.view(n, -1)).as_strided(
+                (2, 1, heads, width), (heads * heads * width, 0, heads * width + width, 1))
+            g_att_src, g_att_dst = g_att.unbind(0)  # [1, H, C] each
         return None, None, g_x, g_weight, g_att_src, g_att_dst, g_b
 
 

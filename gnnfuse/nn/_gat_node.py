@@ -32,6 +32,22 @@ from . import _recompute
 from ._projections import project
 
 
+def once_differentiable_eager(backward):
+    """``torch.autograd.function.once_differentiable(backward)``, without its ``torch.no_grad()``
+    around the call where grad mode is already off (every backward but a ``create_graph=True`` one):
+    there the context manager changes nothing and costs the host a few Python calls every step.
+    With grad mode on, torch's own wrapper runs (which makes double backward raise)."""
+    wrapped = once_differentiable(backward)
+
+    def run(ctx, *grads):
+        if torch.is_grad_enabled():
+            return wrapped(ctx, *grads)
+        return backward(ctx, *grads)
+
+    run.__name__, run.__doc__, run.__wrapped__ = backward.__name__, backward.__doc__, backward  # type: ignore[attr-defined]
+    return run
+
+
 class GATNode(torch.autograd.Function):
     """GATConv's projection + attention terms + fused attention (module doc): ``out [N, H, C]``, or
     with ``bias`` (given only for concatenated heads) ``out [N, H * C] + bias``, the bias's gradient
@@ -51,7 +67,7 @@ class GATNode(torch.autograd.Function):
         return out if bias is None else torch.add(out.view(x.shape[0], -1), bias)
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable_eager
     def backward(ctx, g_out: Tensor):
         x, weight, att_src, att_dst, h, a_src, a_dst, out, m, z = ctx.saved_tensors
         _, _, need_x, need_w, need_src, need_dst, need_b = ctx.needs_input_grad

@@ -16,12 +16,10 @@ two gradient accumulations) around this one; the output and every gradient are t
 GATv2Conv's bias (PyG's default: concatenated heads, no residual) joins it alike (``b_s`` without
 ``w_s``): the addition forward, its sum backward, in place of an addition's and a view's nodes.
 
-The backward's host work is what a small graph's step waits for, so it issues as few torch ops as
-the maths allows: where q's, k's (and v's) gradients are all wanted and of one shape, the kernels
-write them into slices of one [2 or 3, N, H, C] buffer, and the linears' weight gradients take
-their transposes from one op and the biases' gradients are one sum (``_shared_grads``); the weight
-products are each linear's own, as before. The bias gradients may differ from separate sums in
-the last bits (one reduction over the buffer's rows); everything else is bit for bit as before.
+(q's, k's and v's gradients are not made slices of one [3, N, H*C] buffer for one bias ``sum``:
+torch's sum of such a buffer over its rows allocated a temporary of twice its size, 15 MB on
+rfc-uniform at 8 x 8, and took as long as the three sums on an H100 (101 us in the profiler against
+3 x 32-58): benchmarks/results/attention-profile_h100_2026-11-24_hostcut.md.)
 
 Where (:func:`applies`): plain linears without hooks (nn/_projections.plain_linear), no edge
 features, GATv2Conv without shared weights, the Triton backend, the eager route's conditions
@@ -32,13 +30,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ..ops._library import resolve_backend
 from ..ops._opdef import eager_route_ok
 from ..ops._torch_private import function_apply
 from ..ops.attention import checked_graph
 from ..ops.pair_attention import BACKWARD, FORWARD
+from ._gat_node import once_differentiable_eager
 from ._projections import plain_linear
 
 
@@ -61,21 +59,11 @@ def _linear_grads(g: Tensor, x: Tensor, weight: Tensor, need_w: bool, need_b: bo
     return torch.mm(g.t(), x) if need_w else None, g.sum(0) if need_b else None
 
 
-def _shared_grads(buf: Tensor, xs: tuple, needs: tuple) -> list:
-    """The weights' and biases' gradients of the linears whose outputs' gradients are ``buf``'s slices
-    [count, N, H, C] (inputs ``xs``, ``needs`` (need_w, need_b) per linear), as (g_w, g_b) pairs: one
-    transpose for every slice and one sum for every bias (the products are each linear's own)."""
-    flat = buf.view(buf.shape[0], buf.shape[1], -1)
-    g_b = flat.sum(1).unbind(0) if any(need_b for _, need_b in needs) else [None] * len(xs)
-    g_t = flat.transpose(1, 2).unbind(0)
-    return [(torch.mm(g_t[i], x) if need_w else None, g_b[i] if need_b else None)
-            for i, (x, (need_w, need_b)) in enumerate(zip(xs, needs))]
-
-
 class PairNode(torch.autograd.Function):
     """``out [N_dst, H, C]`` of q = x_dst Wq^T + bq, k = x_src Wk^T + bk, v = x_src Wv^T + bv (GATv2:
     v is k, ``w_v`` None) and the pair attention; with ``w_s`` (TransformerConv's skip) ``out [N_dst,
-    H*C] + x_dst Ws^T + bs``; with ``b_s`` alone (GATv2Conv's bias) ``out [N_dst, H*C] + bs``. ``graph``: (rowptr, col, t_rowptr, t_col, t_pos); ``scalars``: the op's
+    H*C] + x_dst Ws^T + bs``; with ``b_s`` alone (GATv2Conv's bias) ``out [N_dst, H*C] + bs``.
+    ``graph``: (rowptr, col, t_rowptr, t_col, t_pos); ``scalars``: the op's
     (self_loops, gatv2, negative_slope, scale, dropout, seed)."""
 
     @staticmethod
@@ -89,19 +77,21 @@ class PairNode(torch.autograd.Function):
         att_ = None if att is None else att.view(heads, -1)
         rowptr, col, t_rowptr, t_col, t_pos = graph
         out, m, z = FORWARD.kernels["triton"](q, k, v, att_, None, rowptr, col, None, t_rowptr, t_col, t_pos, *scalars)
-        ctx.scalars, ctx.heads = scalars, heads
+        # (the graph's tensors as plain attributes, as GATNode's: the cached CSR, never modified in place
+        # and no output of this node; each saved tensor costs the host every step)
+        ctx.scalars, ctx.heads, ctx.graph = scalars, heads, graph
         kept = out if gatv2 else _empty(out)  # dot attention's Triton backward recomputes what it reads of out
-        ctx.save_for_backward(x_src, x_dst, w_q, w_k, w_v, q, k, v, att_, kept, m, z, w_s, *graph)
+        ctx.save_for_backward(x_src, x_dst, w_q, w_k, w_v, q, k, v, att_, kept, m, z, w_s)
         if w_s is None:  # (b_s alone: GATv2Conv's bias, PyG's out + bias)
             return out if b_s is None else torch.add(out.view(out.shape[0], -1), b_s)
         res = _linear(x_dst, w_s, b_s)  # PyG's out + lin_skip(x_dst) (the same sum: addition commutes)
         return res.add_(out.view(res.shape))
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable_eager
     def backward(ctx, g_out: Tensor):
-        x_src, x_dst, w_q, w_k, w_v, q, k, v, att, kept, m, z, w_s, rowptr, col, t_rowptr, t_col, t_pos = \
-            ctx.saved_tensors
+        x_src, x_dst, w_q, w_k, w_v, q, k, v, att, kept, m, z, w_s = ctx.saved_tensors
+        rowptr, col, t_rowptr, t_col, t_pos = ctx.graph
         _, _, _, n_xs, n_xd, n_wq, n_bq, n_wk, n_bk, n_wv, n_bv, n_att, n_ws, n_bs = ctx.needs_input_grad
         gatv2 = ctx.scalars[1]
         need_q, need_k, need_v = n_xd or n_wq or n_bq, n_xs or n_wk or n_bk, n_xs or n_wv or n_bv
@@ -110,30 +100,23 @@ class PairNode(torch.autograd.Function):
         else:
             needs = [need_q, need_k, need_v, False, False]
         g_out = g_out.contiguous()
-        args = (g_out.view(q.shape), kept, m, z, q, k, v, att, None, rowptr, col, None, t_rowptr, t_col, t_pos,
-                *ctx.scalars, needs)
-        # q's, k's (and v's) gradients as slices of one buffer where all are wanted and of one shape (the
-        # kernels write into them): one allocation, one transpose and one bias sum for all (_shared_grads)
-        count = 2 if gatv2 else 3
-        buf = q.new_empty(count, *q.shape) if all(needs[:count]) and q.shape == k.shape else None
-        if buf is not None:
-            args += ((*buf.unbind(0), None)[:3],)
-        g_q, g_k, g_v, g_att, _ = BACKWARD.kernels["triton"](*args)
-        g_xs = g_xd = g_ws = g_bs = None
-        lin_needs = ((n_wq, n_bq), (n_wk, n_bk), (n_wv, n_bv))
-        if buf is not None:
-            grads = _shared_grads(buf, (x_dst, x_src, x_src)[:count], lin_needs[:count])
-        else:
-            grads = [_linear_grads(g.view(g.shape[0], -1), x, w, *need) if wanted else (None, None) for g, x, w, need,
-                     wanted in zip((g_q, g_k, g_v), (x_dst, x_src, x_src), (w_q, w_k, w_v), lin_needs, needs)]
-        (g_wq, g_bq), (g_wk, g_bk) = grads[:2]
-        g_wv, g_bv = grads[2] if len(grads) > 2 else (None, None)
-        if n_xd:
-            g_xd = torch.mm(g_q.view(q.shape[0], -1), w_q)
-        if n_xs:
-            g_xs = torch.mm(g_k.view(k.shape[0], -1), w_k)
-            if needs[2]:
-                g_xs = torch.addmm(g_xs, g_v.view(v.shape[0], -1), w_v)
+        g_q, g_k, g_v, g_att, _ = BACKWARD.kernels["triton"](
+            g_out.view(q.shape), kept, m, z, q, k, v, att, None, rowptr, col, None, t_rowptr, t_col, t_pos,
+            *ctx.scalars, needs)
+        g_xs = g_xd = g_wq = g_bq = g_wk = g_bk = g_wv = g_bv = g_ws = g_bs = None
+        if need_q:
+            g_q = g_q.view(q.shape[0], -1)
+            g_wq, g_bq = _linear_grads(g_q, x_dst, w_q, n_wq, n_bq)
+            g_xd = torch.mm(g_q, w_q) if n_xd else None
+        if needs[1]:
+            g_k = g_k.view(k.shape[0], -1)
+            g_wk, g_bk = _linear_grads(g_k, x_src, w_k, n_wk, n_bk)
+            g_xs = torch.mm(g_k, w_k) if n_xs else None
+        if needs[2]:
+            g_v = g_v.view(v.shape[0], -1)
+            g_wv, g_bv = _linear_grads(g_v, x_src, w_v, n_wv, n_bv)
+            if n_xs:
+                g_xs = torch.mm(g_v, w_v) if g_xs is None else torch.addmm(g_xs, g_v, w_v)
         if w_s is not None:  # the skip: its output's gradient is the node's
             g_ws, g_bs = _linear_grads(g_out, x_dst, w_s, n_ws, n_bs)
             if n_xd:
@@ -174,6 +157,15 @@ def pair_node(layer, x_src: Tensor, x_dst: Tensor, edge_index, linears: tuple, a
     return _apply(graph, scalars, layer.heads, x_src, x_dst, lin_q.weight, lin_q.bias, lin_k.weight, lin_k.bias,
                   None if lin_v is None else lin_v.weight, None if lin_v is None else lin_v.bias, att,
                   None if skip is None else skip.weight, bias if skip is None else skip.bias)
+
+
+def node_bias(layer, x_dst: Tensor):
+    """GATv2Conv's bias where it may join PairNode (``b_s`` alone): PyG's default tail (concatenated
+    heads, no residual) with a bias on x_dst's dtype and device that may take the eager route, else None."""
+    bias = layer.bias if layer.concat and layer.res is None else None
+    if bias is None or bias.dtype != x_dst.dtype or bias.device != x_dst.device or not eager_route_ok((bias,)):
+        return None
+    return bias
 
 
 def node_skip(layer, x_dst: Tensor):

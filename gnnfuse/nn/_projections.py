@@ -80,5 +80,11 @@ def plain_linear(lin) -> bool:
     """Whether ``lin`` is a plain, initialised linear layer without hooks (its forward is
     ``F.linear(x, weight, bias)``, so GATProjection's product may stand in for it)."""
     weight = getattr(lin, "weight", None)
-    return (type(lin) in (PygLinear, torch.nn.Linear) and not lin._forward_hooks and not lin._forward_pre_hooks
-            and isinstance(weight, Tensor) and not isinstance(weight, torch.nn.parameter.UninitializedParameter))
+    if type(lin) not in (PygLinear, torch.nn.Linear) or lin._forward_hooks or lin._forward_pre_hooks:
+        return False
+    if type(weight) in _PLAIN_WEIGHTS:  # (the common case, without Parameter's metaclass isinstance)
+        return True
+    return isinstance(weight, Tensor) and not isinstance(weight, torch.nn.parameter.UninitializedParameter)
+
+
+_PLAIN_WEIGHTS = (torch.nn.Parameter, Tensor)

@@ -44,7 +44,8 @@ def once_differentiable_eager(backward):
             return wrapped(ctx, *grads)
         return backward(ctx, *grads)
 
-    run.__name__, run.__doc__, run.__wrapped__ = backward.__name__, backward.__doc__, backward  # type: ignore[attr-defined]
+    run.__name__, run.__doc__ = backward.__name__, backward.__doc__
+    run.__wrapped__ = backward  # type: ignore[attr-defined]
     return run
 
 

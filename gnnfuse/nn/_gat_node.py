@@ -32,6 +32,23 @@ from . import _recompute
 from ._projections import project
 
 
+def once_differentiable_eager(backward):
+    """``torch.autograd.function.once_differentiable(backward)``, without its ``torch.no_grad()``
+    around the call where grad mode is already off (every backward but a ``create_graph=True`` one):
+    there the context manager changes nothing and costs the host a few Python calls every step.
+    With grad mode on, torch's own wrapper runs (which makes double backward raise)."""
+    wrapped = once_differentiable(backward)
+
+    def run(ctx, *grads):
+        if torch.is_grad_enabled():
+            return wrapped(ctx, *grads)
+        return backward(ctx, *grads)
+
+    run.__name__, run.__doc__ = backward.__name__, backward.__doc__
+    run.__wrapped__ = backward  # type: ignore[attr-defined]
+    return run
+
+
 class GATNode(torch.autograd.Function):
     """GATConv's projection + attention terms + fused attention (module doc): ``out [N, H, C]``, or
     with ``bias`` (given only for concatenated heads) ``out [N, H * C] + bias``, the bias's gradient
@@ -51,7 +68,7 @@ class GATNode(torch.autograd.Function):
         return out if bias is None else torch.add(out.view(x.shape[0], -1), bias)
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable_eager
     def backward(ctx, g_out: Tensor):
         x, weight, att_src, att_dst, h, a_src, a_dst, out, m, z = ctx.saved_tensors
         _, _, need_x, need_w, need_src, need_dst, need_b = ctx.needs_input_grad
@@ -70,10 +87,13 @@ class GATNode(torch.autograd.Function):
         if need_src or need_dst:
             # [2H, H*C] products of every head's term gradient with every head's h; the attention
             # vectors' gradients are its diagonal blocks (a head's with its own): one split-K
-            # product rather than a batched one (cuBLAS splits only the former over the N rows)
-            g_terms = torch.stack((g_src, g_dst), 1).view(n, 2 * heads)
-            g_att = torch.mm(g_terms.t(), h.view(n, -1)).view(2, heads, heads, width).diagonal(0, 1, 2)  # [2, C, H]
-            g_att_src, g_att_dst = g_att.transpose(1, 2).unsqueeze(1).unbind(0)  # [1, H, C] each
+            # product rather than a batched one (cuBLAS splits only the former over the N rows),
+            # its diagonal blocks read as one strided view of the (fresh, contiguous) product:
+            # element (r, 0, h, c) at row r * H + h, column h * C + c
+            g_terms = torch.cat((g_src, g_dst), 1)  # [N, 2H], columns (role, head)
+            g_att = torch.mm(g_terms.t(), h.view(n, -1)).as_strided(
+                (2, 1, heads, width), (heads * heads * width, 0, heads * width + width, 1))
+            g_att_src, g_att_dst = g_att.unbind(0)  # [1, H, C] each
         return None, None, g_x, g_weight, g_att_src, g_att_dst, g_b
 
 

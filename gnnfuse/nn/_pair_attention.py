@@ -33,7 +33,7 @@ from ._attention import _warn_once, self_loop_attr, why_not_fused
 from ._layers import FUSED_CLASSES
 from ._mixin import csr_to_edge_index
 from ._pair_node import applies as node_applies
-from ._pair_node import node_skip, pair_node
+from ._pair_node import node_bias, node_skip, pair_node
 
 __all__ = ["GATv2Conv", "TransformerConv"]
 
@@ -71,9 +71,10 @@ class GATv2Conv(pyg_nn.GATv2Conv):
         dropout = self.dropout if self.training else 0.0
         linears = (self.lin_r, self.lin_l, None)  # query, key (= value)
         if not self.share_weights and edge_attr is None and node_applies(self, x_src, x_dst, linears, self.att):
+            bias = node_bias(self, x_dst)  # PyG's out + bias, inside the node where it may (_pair_node.py)
             out = pair_node(self, x_src, x_dst, edge_index, linears, self.att, True, self.negative_slope, 1.0, dropout,
-                            self.add_self_loops)  # one autograd node (_pair_node.py)
-            return self._finish(out, res)
+                            self.add_self_loops, bias=bias)  # one autograd node (_pair_node.py)
+            return out if bias is not None else self._finish(out, res)
         x_l = self.lin_l(x_src).view(-1, H, C)
         x_r = x_l if (self.share_weights and x_dst is x_src) else self.lin_r(x_dst).view(-1, H, C)
         edge = None

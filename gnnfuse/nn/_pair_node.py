@@ -13,9 +13,13 @@ TransformerConv's skip (PyG's default: ``root_weight``, ``concat``, no ``beta``,
 joins the node too (``skip``): its product and the addition forward, its weight's and bias's
 gradients backward, in place of the skip linear's own autograd nodes (product, transpose, addition,
 two gradient accumulations) around this one; the output and every gradient are the same numbers.
+GATv2Conv's bias (PyG's default: concatenated heads, no residual) joins it alike (``b_s`` without
+``w_s``): the addition forward, its sum backward, in place of an addition's and a view's nodes.
+
 (q's, k's and v's gradients are not made slices of one [3, N, H*C] buffer for one bias ``sum``:
 torch's sum of such a buffer over its rows allocated a temporary of twice its size, 15 MB on
-rfc-uniform at 8 x 8, for no measured gain of step time.)
+rfc-uniform at 8 x 8, and took as long as the three sums on an H100 (101 us in the profiler against
+3 x 32-58): benchmarks/results/attention-profile_h100_2026-11-24_hostcut.md.)
 
 Where (:func:`applies`): plain linears without hooks (nn/_projections.plain_linear), no edge
 features, GATv2Conv without shared weights, the Triton backend, the eager route's conditions
@@ -24,19 +28,30 @@ features, GATv2Conv without shared weights, the Triton backend, the eager route'
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ..ops._library import resolve_backend
 from ..ops._opdef import eager_route_ok
 from ..ops._torch_private import function_apply
 from ..ops.attention import checked_graph
 from ..ops.pair_attention import BACKWARD, FORWARD
+from ._gat_node import once_differentiable_eager
 from ._projections import plain_linear
 
 
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    return torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
+# (F.linear on 2-D inputs is torch's own mm(x, weight.T) / addmm(bias, x, weight.T), the same products,
+# with the transpose made in C++: one Python call less per linear)
+_linear = F.linear
+_EMPTY: dict = {}  # (device, dtype) -> an empty tensor: dot attention's "out not kept" marker
+
+
+def _empty(like: Tensor) -> Tensor:
+    key = (like.device, like.dtype)
+    empty = _EMPTY.get(key)
+    if empty is None:
+        empty = _EMPTY[key] = like.new_empty(0)
+    return empty
 
 
 def _linear_grads(g: Tensor, x: Tensor, weight: Tensor, need_w: bool, need_b: bool):
@@ -47,7 +62,8 @@ def _linear_grads(g: Tensor, x: Tensor, weight: Tensor, need_w: bool, need_b: bo
 class PairNode(torch.autograd.Function):
     """``out [N_dst, H, C]`` of q = x_dst Wq^T + bq, k = x_src Wk^T + bk, v = x_src Wv^T + bv (GATv2:
     v is k, ``w_v`` None) and the pair attention; with ``w_s`` (TransformerConv's skip) ``out [N_dst,
-    H*C] + x_dst Ws^T + bs``. ``graph``: (rowptr, col, t_rowptr, t_col, t_pos); ``scalars``: the op's
+    H*C] + x_dst Ws^T + bs``; with ``b_s`` alone (GATv2Conv's bias) ``out [N_dst, H*C] + bs``.
+    ``graph``: (rowptr, col, t_rowptr, t_col, t_pos); ``scalars``: the op's
     (self_loops, gatv2, negative_slope, scale, dropout, seed)."""
 
     @staticmethod
@@ -61,19 +77,21 @@ class PairNode(torch.autograd.Function):
         att_ = None if att is None else att.view(heads, -1)
         rowptr, col, t_rowptr, t_col, t_pos = graph
         out, m, z = FORWARD.kernels["triton"](q, k, v, att_, None, rowptr, col, None, t_rowptr, t_col, t_pos, *scalars)
-        ctx.scalars, ctx.heads = scalars, heads
-        kept = out if gatv2 else out.new_empty(0)  # dot attention's Triton backward recomputes what it reads of out
-        ctx.save_for_backward(x_src, x_dst, w_q, w_k, w_v, q, k, v, att_, kept, m, z, w_s, *graph)
-        if w_s is None:
-            return out
+        # (the graph's tensors as plain attributes, as GATNode's: the cached CSR, never modified in place
+        # and no output of this node; each saved tensor costs the host every step)
+        ctx.scalars, ctx.heads, ctx.graph = scalars, heads, graph
+        kept = out if gatv2 else _empty(out)  # dot attention's Triton backward recomputes what it reads of out
+        ctx.save_for_backward(x_src, x_dst, w_q, w_k, w_v, q, k, v, att_, kept, m, z, w_s)
+        if w_s is None:  # (b_s alone: GATv2Conv's bias, PyG's out + bias)
+            return out if b_s is None else torch.add(out.view(out.shape[0], -1), b_s)
         res = _linear(x_dst, w_s, b_s)  # PyG's out + lin_skip(x_dst) (the same sum: addition commutes)
         return res.add_(out.view(res.shape))
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable_eager
     def backward(ctx, g_out: Tensor):
-        x_src, x_dst, w_q, w_k, w_v, q, k, v, att, kept, m, z, w_s, rowptr, col, t_rowptr, t_col, t_pos = \
-            ctx.saved_tensors
+        x_src, x_dst, w_q, w_k, w_v, q, k, v, att, kept, m, z, w_s = ctx.saved_tensors
+        rowptr, col, t_rowptr, t_col, t_pos = ctx.graph
         _, _, _, n_xs, n_xd, n_wq, n_bq, n_wk, n_bk, n_wv, n_bv, n_att, n_ws, n_bs = ctx.needs_input_grad
         gatv2 = ctx.scalars[1]
         need_q, need_k, need_v = n_xd or n_wq or n_bq, n_xs or n_wk or n_bk, n_xs or n_wv or n_bv
@@ -103,6 +121,8 @@ class PairNode(torch.autograd.Function):
             g_ws, g_bs = _linear_grads(g_out, x_dst, w_s, n_ws, n_bs)
             if n_xd:
                 g_xd = torch.addmm(g_xd, g_out, w_s) if g_xd is not None else torch.mm(g_out, w_s)
+        elif n_bs:  # the output's bias alone (GATv2Conv's)
+            g_bs = g_out.sum(0)
         g_att = g_att.view(1, *att.shape) if n_att else None
         return None, None, None, g_xs, g_xd, g_wq, g_bq, g_wk, g_bk, g_wv, g_bv, g_att, g_ws, g_bs
 
@@ -123,9 +143,10 @@ def applies(layer, x_src: Tensor, x_dst: Tensor, linears: tuple, att: Tensor | N
 
 
 def pair_node(layer, x_src: Tensor, x_dst: Tensor, edge_index, linears: tuple, att: Tensor | None, gatv2: bool,
-              slope: float, scale: float, dropout: float, self_loops: bool, skip=None) -> Tensor:
+              slope: float, scale: float, dropout: float, self_loops: bool, skip=None, bias=None) -> Tensor:
     """The layer's ``out [N_dst, H, C]`` through PairNode (after the pair ops' checks of the graph);
-    with ``skip`` (a plain linear, see :func:`node_skip`) ``out [N_dst, H*C]`` plus the skip."""
+    with ``skip`` (a plain linear, see :func:`node_skip`) ``out [N_dst, H*C]`` plus the skip; with
+    ``bias`` (no skip) ``out [N_dst, H*C] + bias``."""
     csr, seed = checked_graph(x_src, x_dst.shape[0], edge_index, slope, dropout, None)
     if csr.col.device != x_src.device or x_dst.device != x_src.device:
         raise ValueError(f"all tensors must be on one device; got x on {x_src.device} and {x_dst.device}, "
@@ -135,7 +156,16 @@ def pair_node(layer, x_src: Tensor, x_dst: Tensor, edge_index, linears: tuple, a
     lin_q, lin_k, lin_v = linears
     return _apply(graph, scalars, layer.heads, x_src, x_dst, lin_q.weight, lin_q.bias, lin_k.weight, lin_k.bias,
                   None if lin_v is None else lin_v.weight, None if lin_v is None else lin_v.bias, att,
-                  None if skip is None else skip.weight, None if skip is None else skip.bias)
+                  None if skip is None else skip.weight, bias if skip is None else skip.bias)
+
+
+def node_bias(layer, x_dst: Tensor):
+    """GATv2Conv's bias where it may join PairNode (``b_s`` alone): PyG's default tail (concatenated
+    heads, no residual) with a bias on x_dst's dtype and device that may take the eager route, else None."""
+    bias = layer.bias if layer.concat and layer.res is None else None
+    if bias is None or bias.dtype != x_dst.dtype or bias.device != x_dst.device or not eager_route_ok((bias,)):
+        return None
+    return bias
 
 
 def node_skip(layer, x_dst: Tensor):

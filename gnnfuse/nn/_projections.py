@@ -39,14 +39,16 @@ class GATProjection(torch.autograd.Function):
         return project_backward(x, weight, att, w, g_h, g_src, g_dst, ctx.needs_input_grad)
 
 
-# (torch.mm, not F.linear or @: the same product, without the composite ops' dispatch around it, and
-# as few view ops as the shapes allow: on a small graph each op costs host time every step)
+# (F.linear: on 2-D inputs without a bias torch's own mm(x, weight.T), the same product, its transpose
+# made in C++; and as few Python-level ops as the shapes allow: on a small graph each costs host time
+# every step)
 def project(x: Tensor, weight: Tensor, att_src: Tensor, att_dst: Tensor):
     """GATProjection's forward: (h [N, H * C], a_src [N, H], a_dst [N, H], att [H, 2, C], w [H, 2, in])."""
     H, C = att_src.shape[-2], att_src.shape[-1]
     att = torch.stack((att_src, att_dst), -2).view(H, 2, C)
     w = torch.bmm(att, weight.view(H, C, -1))
-    return torch.mm(x, weight.t()), torch.mm(x, w[:, 0].t()), torch.mm(x, w[:, 1].t()), att, w
+    w_src, w_dst = w.unbind(1)
+    return F.linear(x, weight), F.linear(x, w_src), F.linear(x, w_dst), att, w
 
 
 def project_backward(x, weight, att, w, g_h: Tensor | None, g_src: Tensor | None, g_dst: Tensor | None, needs):
@@ -78,5 +80,11 @@ def plain_linear(lin) -> bool:
     """Whether ``lin`` is a plain, initialised linear layer without hooks (its forward is
     ``F.linear(x, weight, bias)``, so GATProjection's product may stand in for it)."""
     weight = getattr(lin, "weight", None)
-    return (type(lin) in (PygLinear, torch.nn.Linear) and not lin._forward_hooks and not lin._forward_pre_hooks
-            and isinstance(weight, Tensor) and not isinstance(weight, torch.nn.parameter.UninitializedParameter))
+    if type(lin) not in (PygLinear, torch.nn.Linear) or lin._forward_hooks or lin._forward_pre_hooks:
+        return False
+    if type(weight) in _PLAIN_WEIGHTS:  # (the common case, without Parameter's metaclass isinstance)
+        return True
+    return isinstance(weight, Tensor) and not isinstance(weight, torch.nn.parameter.UninitializedParameter)
+
+
+_PLAIN_WEIGHTS = (torch.nn.Parameter, Tensor)

@@ -260,8 +260,10 @@ def test_edge_features_compile_fullgraph():
         _, conv = make_pair(name, 6, dtype=torch.float32)
         conv.eval()
         x = torch.randn(N, 6, requires_grad=True)
-        ea = torch.randn(E, 3, requires_grad=True)
-        out, eager = torch.compile(conv, fullgraph=True)(x, csr, ea), conv(x, csr, ea)
-        torch.testing.assert_close(out, eager)
-        for g, r in zip(torch.autograd.grad(out.sum(), (x, ea)), torch.autograd.grad(eager.sum(), (x, ea))):
-            torch.testing.assert_close(g, r)
+        for ea_grad in (True, False):  # (eager: a constant edge_attr is passed in CSR order)
+            ea = torch.randn(E, 3, requires_grad=ea_grad)
+            out, eager = torch.compile(conv, fullgraph=True)(x, csr, ea), conv(x, csr, ea)
+            torch.testing.assert_close(out, eager)
+            leaves = (x, ea) if ea_grad else (x,)
+            for g, r in zip(torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(eager.sum(), leaves)):
+                torch.testing.assert_close(g, r)

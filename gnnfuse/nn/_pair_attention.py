@@ -11,10 +11,10 @@ drawn inside the kernel (counter-based, seeded from torch's generator): same dis
 Edge features (``edge_dim``): the projection ``lin_edge(edge_attr)`` [E, H * C] is computed as PyG
 computes it (for GATv2Conv over the edges and then the self loops' features, whose rows follow
 ``fill_value`` as PyG's ``add_self_loops``: the small [E + N, edge_dim] raw features are
-concatenated, not the projection), but over the raw features put in CSR order first
-(EDGES_IN_CSR_ORDER: the kernel then reads the projected rows in the order it walks the edges; a
-constant edge_attr is reordered once per graph); the kernel writes its gradient directly. No
-[E, H, C] message, key or value tensor exists.
+concatenated, not the projection); a constant edge_attr is put in CSR order first, once per graph
+(EDGES_IN_CSR_ORDER: the kernel then reads the projected rows in the order it walks the edges), one
+with a gradient stays in edge_index order and the kernel reads it through the CSR's permutation; the
+kernel writes the projection's gradient directly. No [E, H, C] message, key or value tensor exists.
 
 Falls back to PyG's own forward, with a one-time warning naming the reason, for
 ``return_attention_weights``, sparse adjacency tensors, ``x_dst=None``, explain mode, hooks and
@@ -42,18 +42,28 @@ from ._pair_node import node_skip, pair_node
 
 __all__ = ["GATv2Conv", "TransformerConv"]
 
-# Edge features in CSR order: the layers reorder the raw edge_attr [E, edge_dim] (lin_edge(a)[perm] ==
-# lin_edge(a[perm])) and the kernels then read the projected rows [E, H, C] in the order they walk the
-# edges, row k for CSR position k, instead of row perm[k] (a dependent load, then a scattered row).
-# A constant edge_attr (no gradient, eager mode) is reordered once per (tensor, graph) and cached.
+# Edge features in CSR order: for a constant edge_attr (no gradient, eager mode, not an inference
+# tensor) the layers reorder the raw features [E, edge_dim] once per (tensor, graph), cached
+# (lin_edge(a)[perm] == lin_edge(a[perm])), and the kernels then read the projected rows [E, H, C] in
+# the order they walk the edges, row k for CSR position k, instead of row perm[k] (a dependent load,
+# then a scattered row). H100, float32 forward kernels: 2-10% faster on 7 of 8 rows (GATv2 and the dot
+# product, arxiv-like and rfc-uniform, 8x8 and 4x64), 2.5% slower on one (dot, arxiv-like 8x8). A
+# reorder on every call (an edge_attr with a gradient) costs more than that (90 us on arxiv-like at
+# edge_dim 16 against 10-30 us saved), so such a tensor stays in edge_index order
+# (benchmarks/results/attention-edge-terms_h100_2026-11-24_edgefeat.md).
 EDGES_IN_CSR_ORDER = True
 
 
+def _csr_order_applies(edge_attr: Tensor) -> bool:
+    """Whether the layers pass ``edge_attr``'s projection in CSR order: a constant tensor whose
+    reorder the cache keeps (see EDGES_IN_CSR_ORDER)."""
+    return (EDGES_IN_CSR_ORDER and not torch.compiler.is_compiling() and not edge_attr.requires_grad
+            and not edge_attr.is_inference())  # (Dynamo cannot trace is_inference: compiling is asked first)
+
+
 def _raw_in_csr_order(edge_attr: Tensor, csr: CSR) -> Tensor:
-    """The raw edge features [E, edge_dim] in CSR order (cached for a constant tensor, as
-    ops.gather_scatter's edge weights)."""
-    if edge_attr.requires_grad or torch.compiler.is_compiling():
-        return in_csr_order(edge_attr, csr.perm)
+    """The constant raw edge features [E, edge_dim] in CSR order, cached per (tensor, graph) as
+    ops.gather_scatter's edge weights (the cache's stamp sees in-place changes)."""
     return cached("csr_order_edge_attr", (edge_attr, csr.perm), (), lambda: in_csr_order(edge_attr, csr.perm))
 
 
@@ -62,7 +72,7 @@ def _edge_terms(layer, edge_attr: Tensor, edge_index, like: Tensor, num_dst: int
     order): lin_edge of the raw features, the self loops' rows last (``loops`` of them, PyG's fill)."""
     edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
     graph, csr_order = edge_index, False
-    if EDGES_IN_CSR_ORDER:
+    if _csr_order_applies(edge_attr):
         graph = _as_csr(edge_index, like, num_dst)
         raw, csr_order = _raw_in_csr_order(edge_attr, graph), True
     else:

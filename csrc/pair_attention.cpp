@@ -658,8 +658,11 @@ std::vector<at::Tensor> pair_backward(const at::Tensor& grad_out, const at::Tens
   auto maybe = [&](bool need, const at::Tensor& like) { return need ? at::empty_like(like) : k.new_empty({0}); };
   const bool need_att = needs[3] && gatv2;
   const bool need_edge = needs[4] && edge.has_value();
+  // the edge gradient: every row written, but for the graph's own self loops that self loops skip (zeros)
+  const bool every_row = need_edge && !self_loops && edge->size(0) == P.num_edges;
   std::vector<at::Tensor> grads = {maybe(needs[0], q), maybe(needs[1], k), maybe(needs[2], v), k.new_empty({0}),
-                                   need_edge ? at::zeros_like(*edge) : k.new_empty({0})};  // skipped loops: 0
+                                   need_edge ? (every_row ? at::empty_like(*edge) : at::zeros_like(*edge))
+                                             : k.new_empty({0})};
   auto att_rows = need_att ? at::empty({P.num_dst, P.H * P.F}, m.options()) : m.new_empty({0});
   auto T = at::empty({P.num_dst, 3 * P.H}, m.options());  // per target: row max, 1 / row sum, D
   auto g = grad_out.contiguous();

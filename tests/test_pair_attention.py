@@ -263,3 +263,28 @@ def test_triton_backward_loads_and_tiles_agree(monkeypatch, mode):
     for grads in (first, runs.pop((True, None))[0]):
         for g, r in zip(grads, ref):
             torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", EDGE_MODES)
+def test_edge_gradient_rows_all_written(backend, mode):
+    """Without self loops the edge gradient comes from an uninitialised tensor (every row is written):
+    with torch filling new memory with NaN, no NaN may be left; with self loops the graph's own loops
+    (skipped) keep zero rows."""
+    ins = inputs(mode)
+    ei = torch.cat([graph(), torch.tensor([[2, 5], [2, 5]])], 1)  # two self loops of the graph's own
+    prev = torch.are_deterministic_algorithms_enabled(), torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        for loops in (False, True):
+            grads = run(mode, ins, ei, backend, add_self_loops=loops)[1]
+            g_edge = grads[-1][:ei.shape[1]]
+            assert not g_edge.isnan().any()
+            if loops:
+                csr = CSR.from_edge_index(ei, N)
+                own = (ei[0] == ei[1]).nonzero().flatten()
+                assert (g_edge[own] == 0).all() and csr.num_edges == ei.shape[1]
+    finally:
+        torch.use_deterministic_algorithms(prev[0])
+        torch.utils.deterministic.fill_uninitialized_memory = prev[1]

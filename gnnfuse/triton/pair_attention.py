@@ -126,7 +126,10 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
     else:
         g_q, g_k, g_v = (t if need else empty for t, need in zip(outs, (need_q, need_k, need_v)))
     g_att = empty
-    g_edge = torch.zeros_like(edge) if need_edge else empty  # rows of skipped self-loop edges stay 0
+    g_edge = empty
+    if need_edge:  # every edge's row is written, but for the graph's own self loops that self loops skip
+        every_row = not self_loops and edge.shape[0] == col.shape[0]
+        g_edge = torch.empty_like(edge) if every_row else torch.zeros_like(edge)
     D = torch.empty_like(m)
     d_given = bool(out.numel() == 0 and num_dst and H)  # the forward did not keep out: D from the saved statistics
     setup = _backward_setup(k, rowptr, t_rowptr, col, t_col, t_pos,

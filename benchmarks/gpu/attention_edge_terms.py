@@ -125,8 +125,9 @@ def main(argv=None):
     cases = [(g, w, l) for g in args.graphs.split(",") for w in args.widths.split(",") for l in args.layers.split(",")]
     if args.warm and not args.shard:
         t0 = time.time()
-        procs = [subprocess.Popen([sys.executable, __file__, "--graphs", args.graphs, "--widths", args.widths,
-                                   "--layers", args.layers, "--scale", str(args.scale), "--shard", f"{i}/{args.warm}"]) for i in range(args.warm)]
+        base = [sys.executable, __file__, "--graphs", args.graphs, "--widths", args.widths, "--layers", args.layers,
+                "--scale", str(args.scale)]
+        procs = [subprocess.Popen(base + ["--shard", f"{i}/{args.warm}"]) for i in range(args.warm)]
         print(f"warm: {[p.wait() for p in procs]} in {time.time() - t0:.0f}s", flush=True)
     if args.shard:
         i, n = map(int, args.shard.split("/"))

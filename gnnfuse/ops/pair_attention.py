@@ -47,9 +47,9 @@ from .attention import dropout_seed, reference_edges, reference_softmax_sum, sta
 from .gather_scatter import _as_csr
 
 # q [N_dst, H, F], k and v [N_src, H, F], att [H, F] (GATv2 only), edge [E (+ loops), H, F] with perm
-# (the CSR's; None: edge's rows in CSR order), contiguous, one dtype. Returns out [N_dst, H, F] and the softmax's row max and row sum
-# ([N_dst, H], stats_dtype). needs: which of (q, k, v, att, edge) want a gradient (the Triton backward
-# takes a sixth entry: v's gradient added into k's, see _kv_sum).
+# (the CSR's; None: edge's rows in CSR order), contiguous, one dtype. Returns out [N_dst, H, F] and the
+# softmax's row max and row sum ([N_dst, H], stats_dtype). needs: which of (q, k, v, att, edge) want a
+# gradient (the Triton backward takes a sixth entry: v's gradient added into k's, see _kv_sum).
 N_SCALARS = 6  # self_loops, gatv2, negative_slope, scale, dropout, seed
 
 

@@ -219,3 +219,51 @@ def test_one_node_route_matches_the_default_route(name, extra, x_grad, monkeypat
         torch.testing.assert_close(grads[0], ref_grads[0], atol=1e-13, rtol=1e-13)
         grads, ref_grads = grads[1:], ref_grads[1:]
     assert all(torch.equal(g, r) for g, r in zip(grads, ref_grads) if r is not None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["gatv2-edge", "gatv2-edge-fill-const", "transformer-edge"])
+def test_edge_features_in_csr_order_match_edge_order(name, backend, monkeypatch):
+    """The layers' edge features in CSR order (EDGES_IN_CSR_ORDER: the raw edge_attr reordered, cached
+    when constant) against the edge_index order: the same outputs and gradients; a constant edge_attr
+    changed in place after a call is picked up (the cache's stamp), as is another graph."""
+    from gnnfuse.nn import _pair_attention
+
+    dev = on(backend)
+    _, ours = make_pair(name, 6, dtype=torch.float32)
+    ours = ours.to(dev)
+    ours.gnnfuse_backend = backend
+    x = torch.randn(N, 6, device=dev, requires_grad=True)
+    ei = graph().to(dev)
+    results = {}
+    for csr_order in (False, True):
+        monkeypatch.setattr(_pair_attention, "EDGES_IN_CSR_ORDER", csr_order)
+        ea = torch.randn(E, 3, generator=torch.Generator().manual_seed(3)).to(dev)  # constant: cached
+        first = layer_run(ours, x, ei, ea)
+        with torch.no_grad():
+            ea.mul_(-0.5)  # an in-place change after the first call
+        changed = layer_run(ours, x, ei, ea)
+        flipped = layer_run(ours, x, ei.flip(1), ea.flip(0))  # same graph, other edge order
+        ea_grad = ea.clone().requires_grad_()
+        results[csr_order] = [first, changed, flipped, layer_run(ours, x, ei, ea_grad)]
+    for (out, grads), (ref, ref_grads) in zip(results[True], results[False]):
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        for g, r in zip(grads, ref_grads):
+            if r is not None:
+                torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(results[True][0][0], results[True][1][0])
+
+
+def test_edge_features_compile_fullgraph():
+    csr = CSR.from_edge_index(graph(), N)
+    for name in ("gatv2-edge", "transformer-edge"):
+        _, conv = make_pair(name, 6, dtype=torch.float32)
+        conv.eval()
+        x = torch.randn(N, 6, requires_grad=True)
+        for ea_grad in (True, False):  # (eager: a constant edge_attr is passed in CSR order)
+            ea = torch.randn(E, 3, requires_grad=ea_grad)
+            out, eager = torch.compile(conv, fullgraph=True)(x, csr, ea), conv(x, csr, ea)
+            torch.testing.assert_close(out, eager)
+            leaves = (x, ea) if ea_grad else (x,)
+            for g, r in zip(torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(eager.sum(), leaves)):
+                torch.testing.assert_close(g, r)

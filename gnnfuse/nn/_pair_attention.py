@@ -11,8 +11,10 @@ drawn inside the kernel (counter-based, seeded from torch's generator): same dis
 Edge features (``edge_dim``): the projection ``lin_edge(edge_attr)`` [E, H * C] is computed as PyG
 computes it (for GATv2Conv over the edges and then the self loops' features, whose rows follow
 ``fill_value`` as PyG's ``add_self_loops``: the small [E + N, edge_dim] raw features are
-concatenated, not the projection); the kernel reads it in edge order through the CSR's
-permutation and writes its gradient directly. No [E, H, C] message, key or value tensor exists.
+concatenated, not the projection); a constant edge_attr is put in CSR order first, once per graph
+(EDGES_IN_CSR_ORDER: the kernel then reads the projected rows in the order it walks the edges), one
+with a gradient stays in edge_index order and the kernel reads it through the CSR's permutation; the
+kernel writes the projection's gradient directly. No [E, H, C] message, key or value tensor exists.
 
 Falls back to PyG's own forward, with a one-time warning naming the reason, for
 ``return_attention_weights``, sparse adjacency tensors, ``x_dst=None``, explain mode, hooks and
@@ -27,8 +29,11 @@ import torch_geometric.nn as pyg_nn
 from torch_geometric.nn import MessagePassing
 from torch import Tensor
 
+from .._tensor_cache import cached
 from ..csr import CSR
-from ..ops.pair_attention import dot_attention, gatv2_attention
+from ..ops._edge_order import in_csr_order
+from ..ops.gather_scatter import _as_csr
+from ..ops.pair_attention import _run, dot_attention, gatv2_attention
 from ._attention import _warn_once, self_loop_attr, why_not_fused
 from ._layers import FUSED_CLASSES
 from ._mixin import csr_to_edge_index
@@ -36,6 +41,45 @@ from ._pair_node import applies as node_applies
 from ._pair_node import node_bias, node_skip, pair_node
 
 __all__ = ["GATv2Conv", "TransformerConv"]
+
+# Edge features in CSR order: for a constant edge_attr (no gradient, eager mode, not an inference
+# tensor) the layers reorder the raw features [E, edge_dim] once per (tensor, graph), cached
+# (lin_edge(a)[perm] == lin_edge(a[perm])), and the kernels then read the projected rows [E, H, C] in
+# the order they walk the edges, row k for CSR position k, instead of row perm[k] (a dependent load,
+# then a scattered row). H100, float32 forward kernels: 2-10% faster on 7 of 8 rows (GATv2 and the dot
+# product, arxiv-like and rfc-uniform, 8x8 and 4x64), 2.5% slower on one (dot, arxiv-like 8x8). A
+# reorder on every call (an edge_attr with a gradient) costs more than that (90 us on arxiv-like at
+# edge_dim 16 against 10-30 us saved), so such a tensor stays in edge_index order
+# (benchmarks/results/attention-edge-terms_h100_2026-11-24_edgefeat.md).
+EDGES_IN_CSR_ORDER = True
+
+
+def _csr_order_applies(edge_attr: Tensor) -> bool:
+    """Whether the layers pass ``edge_attr``'s projection in CSR order: a constant tensor whose
+    reorder the cache keeps (see EDGES_IN_CSR_ORDER)."""
+    return (EDGES_IN_CSR_ORDER and not torch.compiler.is_compiling() and not edge_attr.requires_grad
+            and not edge_attr.is_inference())  # (Dynamo cannot trace is_inference: compiling is asked first)
+
+
+def _raw_in_csr_order(edge_attr: Tensor, csr: CSR) -> Tensor:
+    """The constant raw edge features [E, edge_dim] in CSR order, cached per (tensor, graph) as
+    ops.gather_scatter's edge weights (the cache's stamp sees in-place changes)."""
+    return cached("csr_order_edge_attr", (edge_attr, csr.perm), (), lambda: in_csr_order(edge_attr, csr.perm))
+
+
+def _edge_terms(layer, edge_attr: Tensor, edge_index, like: Tensor, num_dst: int, loops: int):
+    """(projected edge features [E (+ loops), H, C], the graph to pass, whether the rows are in CSR
+    order): lin_edge of the raw features, the self loops' rows last (``loops`` of them, PyG's fill)."""
+    edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
+    graph, csr_order = edge_index, False
+    if _csr_order_applies(edge_attr):
+        graph = _as_csr(edge_index, like, num_dst)
+        raw, csr_order = _raw_in_csr_order(edge_attr, graph), True
+    else:
+        raw = edge_attr
+    if loops:  # PyG's add_self_loops: the loops' features last (made from the edge_index order's rows)
+        raw = torch.cat([raw, self_loop_attr(edge_attr, edge_index, loops, layer.fill_value)])
+    return layer.lin_edge(raw).view(-1, layer.heads, layer.out_channels), graph, csr_order
 
 
 def _fallback(base, layer, reason, x, edge_index, edge_attr, return_attention_weights):
@@ -77,15 +121,14 @@ class GATv2Conv(pyg_nn.GATv2Conv):
             return out if bias is not None else self._finish(out, res)
         x_l = self.lin_l(x_src).view(-1, H, C)
         x_r = x_l if (self.share_weights and x_dst is x_src) else self.lin_r(x_dst).view(-1, H, C)
-        edge = None
-        if edge_attr is not None:
-            edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
-            if self.add_self_loops:  # PyG's add_self_loops: the loops' features last
-                loops = min(x_l.shape[0], x_r.shape[0])
-                edge_attr = torch.cat([edge_attr, self_loop_attr(edge_attr, edge_index, loops, self.fill_value)])
-            edge = self.lin_edge(edge_attr).view(-1, H, C)
-        out = gatv2_attention(x_l, x_r, self.att, edge_index, edge_attr=edge, negative_slope=self.negative_slope,
-                              dropout=dropout, add_self_loops=self.add_self_loops, backend=self.gnnfuse_backend)
+        if edge_attr is None:
+            out = gatv2_attention(x_l, x_r, self.att, edge_index, negative_slope=self.negative_slope,
+                                  dropout=dropout, add_self_loops=self.add_self_loops, backend=self.gnnfuse_backend)
+            return self._finish(out, res)
+        loops = min(x_l.shape[0], x_r.shape[0]) if self.add_self_loops else 0
+        edge, graph, csr_order = _edge_terms(self, edge_attr, edge_index, x_l, x_r.shape[0], loops)
+        out = _run(x_r, x_l, x_l, self.att.reshape(H, C), edge, graph, True, self.negative_slope, 1.0, dropout, None,
+                   self.add_self_loops, self.gnnfuse_backend, csr_edges=csr_order)
         return self._finish(out, res)
 
     def _finish(self, out, res):
@@ -129,11 +172,13 @@ class TransformerConv(pyg_nn.TransformerConv):
             query = self.lin_query(x_dst).view(-1, H, C)
             key = self.lin_key(x_src).view(-1, H, C)
             value = self.lin_value(x_src).view(-1, H, C)
-            edge = None
-            if self.lin_edge is not None:
-                edge = self.lin_edge(edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr).view(-1, H, C)
-            out = dot_attention(query, key, value, edge_index, edge_attr=edge, scale=1.0 / math.sqrt(C),
-                                dropout=dropout, backend=self.gnnfuse_backend)
+            if self.lin_edge is None:
+                out = dot_attention(query, key, value, edge_index, scale=1.0 / math.sqrt(C), dropout=dropout,
+                                    backend=self.gnnfuse_backend)
+            else:
+                edge, graph, csr_order = _edge_terms(self, edge_attr, edge_index, key, query.shape[0], 0)
+                out = _run(query, key, value, None, edge, graph, False, 0.0, 1.0 / math.sqrt(C), dropout, None, False,
+                           self.gnnfuse_backend, csr_edges=csr_order)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
             x_r = self.lin_skip(x_dst)

@@ -10,8 +10,9 @@ For every target row i, head h, over the row's incoming edges k (source j):
 GATv2Conv: q = lin_r(x_dst), k = v = lin_l(x_src); TransformerConv: q = query, k = key, v = value.
 Optional edge features a [E (+ self loops), H, F] (the projected lin_edge(edge_attr), as PyG
 computes them; rows in edge_index order, then one per self loop): the kernels read row perm[k] of a
-for CSR position k (E + i for row i's virtual self loop), so a is never reordered or copied, and
-write its gradient row by row; no other [E, H, F] tensor exists.
+for CSR position k (E + i for row i's virtual self loop; with E rows alone a loop's edge term is zero,
+no row read), so a is never reordered or copied, and write its gradient row by row; no other
+[E, H, F] tensor exists. Internally (the layers) a may come in CSR order (row k, the op's perm None).
 One op, ``gnnfuse::pair_attention`` (declared with ``OpDef``), serves both (``gatv2`` picks the logit); it shares the GAT
 op's machinery: only the per-row softmax max and sum are saved ([N_dst, H]), the backward
 recomputes every logit, no [E, H] or [E, H, F] tensor is made; dropout comes from the same
@@ -46,9 +47,9 @@ from .attention import dropout_seed, reference_edges, reference_softmax_sum, sta
 from .gather_scatter import _as_csr
 
 # q [N_dst, H, F], k and v [N_src, H, F], att [H, F] (GATv2 only), edge [E (+ loops), H, F] with perm
-# (the CSR's), contiguous, one dtype. Returns out [N_dst, H, F] and the softmax's row max and row sum
-# ([N_dst, H], stats_dtype). needs: which of (q, k, v, att, edge) want a gradient (the Triton backward
-# takes a sixth entry: v's gradient added into k's, see _kv_sum).
+# (the CSR's; None: edge's rows in CSR order), contiguous, one dtype. Returns out [N_dst, H, F] and the
+# softmax's row max and row sum ([N_dst, H], stats_dtype). needs: which of (q, k, v, att, edge) want a
+# gradient (the Triton backward takes a sixth entry: v's gradient added into k's, see _kv_sum).
 N_SCALARS = 6  # self_loops, gatv2, negative_slope, scale, dropout, seed
 
 
@@ -130,17 +131,22 @@ BACKWARD = OpDef(  # its own derivative is not implemented: double backward rais
 
 
 def reference(q, k, v, att, edge, csr: CSR, self_loops: bool, gatv2: bool, slope: float, scale: float, p: float,
-              seed: int):
-    """The op's maths with plain torch ops and autograd (materialises [E, H, F]: tests, backend='reference')."""
+              seed: int, edge_perm: bool = True):
+    """The op's maths with plain torch ops and autograd (materialises [E, H, F]: tests, backend='reference').
+    edge_perm: the edge features' rows are in edge_index order (else in CSR order, see _run)."""
     row, col, ids, _ = reference_edges(csr, k.shape[0], self_loops)
     work = stats_dtype(q.dtype)
     qi, kj = q.to(work)[row], k.to(work)[col]
     ek = None
-    if edge is not None:  # edge-order row of each walked edge: perm[k] for CSR position k, E + i for a loop
+    if edge is not None:  # row of each walked edge: perm[k] (or k) for CSR position k, E + i for a loop
         real = ids < csr.num_edges
         erow = ids.clone()
-        erow[real] = csr.perm.long()[ids[real]]
-        ek = edge.to(work)[erow]
+        if edge_perm:
+            erow[real] = csr.perm.long()[ids[real]]
+        rows = edge.to(work)
+        if rows.shape[0] == csr.num_edges:  # no self loops' rows: their edge terms are zero
+            rows = torch.cat([rows, rows.new_zeros(csr.num_dst, *rows.shape[1:])])
+        ek = rows[erow]
     if gatv2:
         u = kj + qi if ek is None else kj + qi + ek
         e = (torch.nn.functional.leaky_relu(u, slope) * att.to(work)).sum(-1)
@@ -149,9 +155,12 @@ def reference(q, k, v, att, edge, csr: CSR, self_loops: bool, gatv2: bool, slope
     return reference_softmax_sum(e, row, col, ids, v, q.shape[0], p, seed, v.dtype, edge_values=ek)
 
 
-def _run(q, k, v, att, edge, graph, gatv2, slope, scale, dropout, seed, add_self_loops, backend):
+def _run(q, k, v, att, edge, graph, gatv2, slope, scale, dropout, seed, add_self_loops, backend, csr_edges=False):
     """Checks shared by both public functions (arguments named as the caller knows them), then the
-    op (or the reference)."""
+    op (or the reference). Edge features [E (+ loops), H, F]: rows in edge_index order, or with
+    ``csr_edges`` (the layers, nn/_pair_attention.py, when they reorder the raw edge_attr) in CSR
+    order (row k for CSR position k), the self loops' rows last either way; with E rows alone the
+    self loops' edge terms are zero (the kernels read and write no row for them)."""
     q_name, v_name = ("x_dst", "x_src") if gatv2 else ("query", "value")
     require_shape(v_name, v, "[N_src, H, F]", v.dim() == 3)
     n_src, heads, width = k.shape
@@ -178,13 +187,11 @@ def _run(q, k, v, att, edge, graph, gatv2, slope, scale, dropout, seed, add_self
     att = att.to(k.dtype).contiguous() if att is not None else None
     if edge is not None:
         edge = edge.to(k.dtype).contiguous()
-        if edge.shape[0] < csr.num_edges + num_loops:  # self loops without an edge term: zero rows
-            edge = torch.cat([edge, edge.new_zeros(num_loops, *edge.shape[1:])])
     if backend == "reference":
-        return reference(q, k, v, att, edge, csr, *scalars)
+        return reference(q, k, v, att, edge, csr, *scalars, edge_perm=not csr_edges)
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, att, edge))
     transpose = csr.transpose_parts() if wants_grad else (None, None, None)
-    perm = csr.perm if edge is not None else None
+    perm = csr.perm if edge is not None and not csr_edges else None  # no perm: rows in CSR order
     return FORWARD(q, k, v, att, edge, csr.rowptr, csr.col, perm, *transpose, *scalars, backend=backend)[0]
 
 

@@ -202,12 +202,13 @@ def _values(v, kv, ev, j, v2, heads, feats, fmask, H, F, HAS_EDGE: tl.constexpr,
 
 @triton.jit
 def _pair_loads(ks, ids, end, stop, node, heads, hmask, feats, fmask, k, v, edge, perm, col, N_EDGES, H, F,
-                SELF_LOOPS: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr, DENSE: tl.constexpr,
-                FB: tl.constexpr, ACC: tl.constexpr):
+                SELF_LOOPS: tl.constexpr, HAS_EDGE: tl.constexpr, EDGE_LOOPS: tl.constexpr, EDGE_PERM: tl.constexpr,
+                KV_SAME: tl.constexpr, DENSE: tl.constexpr, FB: tl.constexpr, ACC: tl.constexpr):
     """Every load of the pair forward's step at edges ks (endpoints ids): _pair_terms' and the values',
     as (valid, real, edge id, keys [R, HB, FB], edge features' tile, values)."""
     j, v2, _v3, real, kk, kv, _er, ev = _pair_terms(ks, end, stop, node, heads, hmask, feats, fmask, k, ids, col, edge,
-                                                    perm, N_EDGES, H, F, False, SELF_LOOPS, HAS_EDGE, ACC, DENSE, FB)
+                                                    perm, N_EDGES, H, F, False, SELF_LOOPS, HAS_EDGE, EDGE_LOOPS,
+                                                    EDGE_PERM, ACC, DENSE, FB)
     xv = _values(v, kv, ev, j, v2, heads, feats, fmask, H, F, HAS_EDGE, KV_SAME, DENSE, FB, ACC)
     return v2, real, kk, kv, ev, xv
 
@@ -217,8 +218,9 @@ def _pair_loads(ks, ids, end, stop, node, heads, hmask, feats, fmask, k, v, edge
 def _pair_forward_one_pass_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_out, z_out, rows_ptr, num_rows,
                                   task_ptr, seg_row, seg_ptr, slot, p_acc, p_m, p_z, NUM_LOOPS, N_EDGES, H, F, slope,
                                   qk_scale, seed, threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
-                                  GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
-                                  ACC: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, R: tl.constexpr,
+                                  GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, EDGE_LOOPS: tl.constexpr,
+                                  EDGE_PERM: tl.constexpr, KV_SAME: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
+                                  FB: tl.constexpr, R: tl.constexpr,
                                   SEG: tl.constexpr, DENSE: tl.constexpr, AHEAD: tl.constexpr,
                                   IDX: tl.constexpr):
     """GATv2's and dot-product attention's forward over every row in one launch (module docstring):
@@ -235,11 +237,11 @@ def _pair_forward_one_pass_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_
     ids = _endpoints(col, start, end)
     if AHEAD > 0:  # the first AHEAD steps' loads; each step then issues step t + AHEAD's loads before its maths
         nxt = _pair_loads(start, ids, end, stop, node, heads, hmask, feats, fmask, k, v, edge, perm, col, N_EDGES, H, F,
-                          SELF_LOOPS, HAS_EDGE, KV_SAME, DENSE, FB, ACC)
+                          SELF_LOOPS, HAS_EDGE, EDGE_LOOPS, EDGE_PERM, KV_SAME, DENSE, FB, ACC)
         ids = _endpoints(col, start + step, end)
         if AHEAD > 1:
             nxt2 = _pair_loads(start + step, ids, end, stop, node, heads, hmask, feats, fmask, k, v, edge, perm, col,
-                               N_EDGES, H, F, SELF_LOOPS, HAS_EDGE, KV_SAME, DENSE, FB, ACC)
+                               N_EDGES, H, F, SELF_LOOPS, HAS_EDGE, EDGE_LOOPS, EDGE_PERM, KV_SAME, DENSE, FB, ACC)
             ids = _endpoints(col, start + 2 * step, end)
     for t in range(0, steps):
         ks = start + t * step
@@ -248,7 +250,8 @@ def _pair_forward_one_pass_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_
             if AHEAD > 1:
                 nxt = nxt2
             nxt_ = _pair_loads(ks + AHEAD * step, ids, end, stop, node, heads, hmask, feats, fmask, k, v, edge, perm,
-                               col, N_EDGES, H, F, SELF_LOOPS, HAS_EDGE, KV_SAME, DENSE, FB, ACC)
+                               col, N_EDGES, H, F, SELF_LOOPS, HAS_EDGE, EDGE_LOOPS, EDGE_PERM, KV_SAME, DENSE, FB,
+                               ACC)
             if AHEAD > 1:
                 nxt2 = nxt_
             else:
@@ -263,7 +266,7 @@ def _pair_forward_one_pass_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_
             j, v2, _v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, k, ids_this,
                                                            col, qi, a, edge, perm, N_EDGES, H, F, slope, qk_scale,
                                                            seed, threshold, scale, False, SELF_LOOPS, DROPOUT, GATV2,
-                                                           HAS_EDGE, ACC, DENSE, FB)
+                                                           HAS_EDGE, EDGE_LOOPS, EDGE_PERM, ACC, DENSE, FB)
             xv = _values(v, kv, ev, j, v2, heads, feats, fmask, H, F, HAS_EDGE, KV_SAME, DENSE, FB, ACC)
         m, z, acc = _online_step(m, z, acc, e, keep, xv)
     _finish(group, code, node, used, seg_row, seg_ptr, slot, rowptr, out, m_out, z_out, p_acc, p_m, p_z, heads, hmask,

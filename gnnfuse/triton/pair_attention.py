@@ -37,10 +37,15 @@ BACKWARD_DENSE = True
 BACKWARD_EDGE_BLOCK = 4
 
 
-def _flags(k, v, self_loops, gatv2, p, edge) -> tuple:
-    """The kernels' flags shared by the forward and the backward, as (name, value) pairs."""
-    return (("SELF_LOOPS", bool(self_loops)), ("DROPOUT", p > 0), ("GATV2", bool(gatv2)),
-            ("HAS_EDGE", edge is not None), ("KV_SAME", _same(k, v)))
+def _flags(k, v, self_loops, gatv2, p, edge, perm, num_edges: int) -> tuple:
+    """The kernels' flags shared by the forward and the backward, as (name, value) pairs. Edge features
+    (ops/pair_attention.py): EDGE_LOOPS, the tensor has the self loops' rows (E + loops rows; E rows:
+    the loops' edge terms are zero, no row read or written); EDGE_PERM, its rows are in edge_index
+    order, read through perm (else in CSR order, row k for CSR position k)."""
+    has = edge is not None
+    return (("SELF_LOOPS", bool(self_loops)), ("DROPOUT", p > 0), ("GATV2", bool(gatv2)), ("HAS_EDGE", has),
+            ("EDGE_LOOPS", has and edge.shape[0] > num_edges), ("EDGE_PERM", has and perm is not None),
+            ("KV_SAME", _same(k, v)))
 
 
 def _same(k, v) -> bool:
@@ -57,7 +62,7 @@ def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_
     if not (num_dst and H):
         return out, m, z
     setup = gat.forward_setup("pair-forward", _pair_forward_one_pass_kernel, k, rowptr, col,
-                              _flags(k, v, self_loops, gatv2, p, edge), pair=True)
+                              _flags(k, v, self_loops, gatv2, p, edge, perm, col.shape[0]), pair=True)
     tensors = (q, k, v, att if att is not None else k, edge if edge is not None else k,
                perm if perm is not None else col, rowptr, col, out, m, z)
     fast = k.is_cuda and BoundLaunches.usable(*tensors[:8])
@@ -121,14 +126,19 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
     else:
         g_q, g_k, g_v = (t if need else empty for t, need in zip(outs, (need_q, need_k, need_v)))
     g_att = empty
-    g_edge = torch.zeros_like(edge) if need_edge else empty  # rows of skipped self-loop edges stay 0
+    g_edge = empty
+    if need_edge:  # every edge's row is written, but for the graph's own self loops that self loops skip
+        every_row = not self_loops and edge.shape[0] == col.shape[0]
+        g_edge = torch.empty_like(edge) if every_row else torch.zeros_like(edge)
     D = torch.empty_like(m)
     d_given = bool(out.numel() == 0 and num_dst and H)  # the forward did not keep out: D from the saved statistics
-    setup = _backward_setup(k, rowptr, t_rowptr, col, t_col, t_pos, _flags(k, v, self_loops, gatv2, p, edge),
+    setup = _backward_setup(k, rowptr, t_rowptr, col, t_col, t_pos,
+                            _flags(k, v, self_loops, gatv2, p, edge, perm, col.shape[0]),
                             (need_q, need_k, need_v, need_att, need_edge, kv_sum), d_given)
     scalars = _scalars(n_src, num_dst, col.shape[0], H, F, self_loops, slope, scale, p, seed)
     att_ = att if att is not None else k
-    edge_, perm_ = (edge, perm) if edge is not None else (k, col)
+    edge_ = edge if edge is not None else k
+    perm_ = perm if perm is not None else col
     fast = k.is_cuda and BoundLaunches.usable(grad_out, q, k, v, att_, edge_, perm_, rowptr, col, t_rowptr, t_col,
                                               t_pos)
     launch, wl = setup.launch, setup.rows

@@ -20,8 +20,8 @@ from .attention_kernels import NEG_INF, _dropout_scale, _endpoints, _gather, _he
 @triton.jit
 def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, pos, node_vec, att, edge, perm, N_EDGES,
                 H, F, slope, qk_scale, seed, threshold, scale, TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr,
-                DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr,
-                DENSE: tl.constexpr, FB: tl.constexpr):
+                DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, EDGE_LOOPS: tl.constexpr,
+                EDGE_PERM: tl.constexpr, ACC: tl.constexpr, DENSE: tl.constexpr, FB: tl.constexpr):
     """One block of a row's edges (the virtual self loop at position ``end`` when stop == end + 1),
     as GAT's _edge_block (``ids``: the other endpoints, ``node_vec``: the row's own vectors [1, HB, FB],
     [ROWS, HB, FB] in the row-group forward).
@@ -30,7 +30,7 @@ def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, po
     features' row [BE] and tile [BE, HB, FB] (zeros without HAS_EDGE)). DENSE: vector loads (see _gather)."""
     other, v2, v3, real, k, ov, erow, ev = _pair_terms(ks, end, stop, node, heads, hmask, feats, fmask, others, ids,
                                                        pos, edge, perm, N_EDGES, H, F, TRANSPOSED, SELF_LOOPS,
-                                                       HAS_EDGE, ACC, DENSE, FB)
+                                                       HAS_EDGE, EDGE_LOOPS, EDGE_PERM, ACC, DENSE, FB)
     e, keep = _pair_logit(ov, ev, node_vec, att, v2, real, k, node, heads, N_EDGES, H, slope, qk_scale, seed, threshold,
                           scale, TRANSPOSED, DROPOUT, GATV2, HAS_EDGE, ACC)
     return other, v2, v3, ov, e, keep, erow, ev
@@ -38,12 +38,16 @@ def _pair_edges(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, po
 
 @triton.jit
 def _pair_terms(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, pos, edge, perm, N_EDGES, H, F,
-                TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr,
-                DENSE: tl.constexpr, FB: tl.constexpr):
+                TRANSPOSED: tl.constexpr, SELF_LOOPS: tl.constexpr, HAS_EDGE: tl.constexpr,
+                EDGE_LOOPS: tl.constexpr, EDGE_PERM: tl.constexpr, ACC: tl.constexpr, DENSE: tl.constexpr,
+                FB: tl.constexpr):
     """_pair_edges' loads (apart from its maths, ``_pair_logit``, so that the forward can issue one
     step's loads before the previous step's maths): (other endpoint, valid [BE, HB], valid
     [BE, HB, FB], real edge (not the virtual loop) [BE], edge id [BE], the other endpoints' vectors,
-    the edge features' row and tile (zeros without HAS_EDGE))."""
+    the edge features' row and tile (zeros without HAS_EDGE)).
+    The edge features' rows: perm[k] for CSR position k (EDGE_PERM: rows in edge_index order) or k
+    itself (rows in CSR order), E + node for the row's virtual self loop where the tensor has those
+    rows (EDGE_LOOPS); without them a loop's edge term is zero (its load masked off)."""
     real = ks < end
     other = tl.where(real, ids.to(node.dtype), node)
     valid = ks < stop
@@ -57,9 +61,15 @@ def _pair_terms(ks, end, stop, node, heads, hmask, feats, fmask, others, ids, po
         k = tl.load(pos + ks, mask=real, other=0).to(tl.int64)
     else:
         k = ks
-    if HAS_EDGE:  # edge features: row perm[k] (edge order), the self loop's row E + node
-        erow = tl.where(real, tl.load(perm + k, mask=real, other=0).to(tl.int64), N_EDGES + node)
-        ev, _v3 = _gather(edge, erow, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
+    if HAS_EDGE:
+        if EDGE_PERM:
+            erow = tl.where(real, tl.load(perm + k, mask=real, other=0).to(tl.int64), N_EDGES + node)
+        else:
+            erow = tl.where(real, k.to(tl.int64), N_EDGES + node)
+        if EDGE_LOOPS:
+            ev, _v3 = _gather(edge, erow, v2, heads, feats, fmask, H, F, DENSE, FB, ACC)
+        else:
+            ev, _v3 = _gather(edge, erow, v2 & real[:, None], heads, feats, fmask, H, F, DENSE, FB, ACC)
     else:
         erow = k
         ev = tl.zeros(ov.shape, ACC)
@@ -109,8 +119,9 @@ def _att_tile(att, heads, feats, hf, F, GATV2: tl.constexpr, ACC: tl.constexpr, 
 def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, g_q, p_q, p_att, g_edge,
                                seg_row, seg_ptr, slot, NUM_PIECES, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
                                threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
-                               GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
-                               NEED_Q: tl.constexpr, NEED_ATT: tl.constexpr, NEED_EDGE: tl.constexpr,
+                               GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, EDGE_LOOPS: tl.constexpr,
+                               EDGE_PERM: tl.constexpr, KV_SAME: tl.constexpr, NEED_Q: tl.constexpr,
+                               NEED_ATT: tl.constexpr, NEED_EDGE: tl.constexpr,
                                D_GIVEN: tl.constexpr, D_INLINE: tl.constexpr, ACC: tl.constexpr,
                                BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr, SEG: tl.constexpr,
                                DENSE: tl.constexpr):
@@ -131,7 +142,7 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
         if D_INLINE:
             d = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask,
                           hf, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2,
-                          HAS_EDGE, KV_SAME, ACC, BE, FB, DENSE)
+                          HAS_EDGE, EDGE_LOOPS, EDGE_PERM, KV_SAME, ACC, BE, FB, DENSE)
             tl.store(D + i * H + heads, d, mask=hmask)
         elif D_GIVEN:
             d = tl.load(D + i * H + heads, mask=hmask, other=0)
@@ -150,8 +161,8 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
                 j, v2, v3, kv, e, keep, er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                              _endpoints(col, ks, end), col, qi[None, :, :], a, edge,
                                                              perm, N_EDGES, H, F, slope, qk_scale, seed, threshold,
-                                                             scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC,
-                                                             DENSE, FB)
+                                                             scale, False, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
+                                                             EDGE_LOOPS, EDGE_PERM, ACC, DENSE, FB)
                 p = tl.exp(e - mi[None, :]) / zi[None, :]
                 if KV_SAME:
                     xv = kv
@@ -174,9 +185,10 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
                     else:
                         acc_q += tl.sum(ds[:, :, None] * kv, 0) * qk_scale
                     t = ds[:, :, None] * qi[None, :, :] * qk_scale + (p * keep)[:, :, None] * gi[None, :, :]
-                if NEED_EDGE:
+                if NEED_EDGE:  # a virtual loop without an edge row (EDGE_LOOPS False) has no gradient to write
+                    w3 = v3 if EDGE_LOOPS else v3 & (ks < end)[:, None, None]
                     tl.store(g_edge + er[:, None, None] * H * F + heads[None, :, None] * F + feats[None, None, :],
-                             t.to(g_edge.dtype.element_ty), mask=v3)
+                             t.to(g_edge.dtype.element_ty), mask=w3)
             whole = part + 0 * heads < 0  # the row is one piece
             if NEED_Q:
                 tl.store(g_q + i * H * F + heads[:, None] * F + feats[None, :], acc_q.to(g_q.dtype.element_ty),
@@ -190,7 +202,8 @@ def _pair_backward_rows_kernel(g, out, m_in, z_in, q, k, v, att, edge, perm, row
 @triton.jit
 def _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
               N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS: tl.constexpr,
-              DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, KV_SAME: tl.constexpr,
+              DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, EDGE_LOOPS: tl.constexpr,
+              EDGE_PERM: tl.constexpr, KV_SAME: tl.constexpr,
               ACC: tl.constexpr, BE: tl.constexpr, FB: tl.constexpr, DENSE: tl.constexpr):
     """[HB]: sum over edges [start, stop) of row i of c_k g_i . v_k (values with the edge term),
     each c_k recomputed from the saved row max and sum: the whole row's D_i = g_i . out_i when
@@ -206,7 +219,8 @@ def _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, h
         j, v2, v3, kv, e, keep, _er, ev = _pair_edges(ks, end, stop, i, heads, hmask, feats, fmask, k,
                                                       _endpoints(col, ks, end), col, qi[None, :, :], a, edge, perm,
                                                       N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, False,
-                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, DENSE, FB)
+                                                      SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, EDGE_LOOPS, EDGE_PERM, ACC,
+                                                      DENSE, FB)
         if KV_SAME:
             xv = kv
         else:
@@ -223,7 +237,8 @@ def _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, h
 def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, D, p_d, seg_row, seg_ptr, slot,
                           NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
                           SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr, GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
-                          KV_SAME: tl.constexpr, ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr,
+                          EDGE_LOOPS: tl.constexpr, EDGE_PERM: tl.constexpr, KV_SAME: tl.constexpr, ACC: tl.constexpr,
+                          BE: tl.constexpr, HB: tl.constexpr,
                           FB: tl.constexpr, SEG: tl.constexpr, DENSE: tl.constexpr):
     """The row pass's per-row term without the op's output: D_i = g_i . out_i (``_row_term``), so
     the forward need not keep ``out`` for the backward. One program per (piece, head block); a
@@ -235,7 +250,7 @@ def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, 
     a = _att_tile(att, heads, feats, hf, F, GATV2, ACC, HB, FB)
     acc = _row_term(g, m_in, z_in, q, k, v, edge, perm, col, a, i, start, end, stop, heads, hmask, feats, fmask, hf,
                     N_EDGES, H, F, slope, qk_scale, seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE,
-                    KV_SAME, ACC, BE, FB, DENSE)
+                    EDGE_LOOPS, EDGE_PERM, KV_SAME, ACC, BE, FB, DENSE)
     whole = part + 0 * heads < 0  # the row is one piece
     tl.store(D + i * H + heads, acc, mask=hmask & whole)
     tl.store(p_d + part * H + heads, acc, mask=hmask & ~whole)
@@ -246,8 +261,9 @@ def _pair_row_term_kernel(g, m_in, z_in, q, k, v, att, edge, perm, rowptr, col, 
 def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_rowptr, t_col, t_pos, D, g_k, g_v, p_k,
                                   p_v, seg_row, seg_ptr, slot, NUM_LOOPS, N_EDGES, H, F, slope, qk_scale, seed,
                                   threshold, scale, SELF_LOOPS: tl.constexpr, DROPOUT: tl.constexpr,
-                                  GATV2: tl.constexpr, HAS_EDGE: tl.constexpr,
-                                  NEED_K: tl.constexpr, NEED_V: tl.constexpr, KV_SUM: tl.constexpr,
+                                  GATV2: tl.constexpr, HAS_EDGE: tl.constexpr, EDGE_LOOPS: tl.constexpr,
+                                  EDGE_PERM: tl.constexpr, NEED_K: tl.constexpr, NEED_V: tl.constexpr,
+                                  KV_SUM: tl.constexpr,
                                   ACC: tl.constexpr, BE: tl.constexpr, HB: tl.constexpr, FB: tl.constexpr,
                                   SEG: tl.constexpr, DENSE: tl.constexpr):
     """grad k[j] and grad v[j] over j's out-edges (the transpose's row; partials for split rows).
@@ -266,7 +282,8 @@ def _pair_backward_sources_kernel(g, m_in, z_in, q, k, v, att, edge, perm, t_row
         i, v2, v3, qv, e, keep, _er, ev = _pair_edges(qs, end, stop, j, heads, hmask, feats, fmask, q,
                                                       _endpoints(t_col, qs, end), t_pos, kj[None, :, :], a, edge,
                                                       perm, N_EDGES, H, F, slope, qk_scale, seed, threshold, scale,
-                                                      True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, ACC, DENSE, FB)
+                                                      True, SELF_LOOPS, DROPOUT, GATV2, HAS_EDGE, EDGE_LOOPS,
+                                                      EDGE_PERM, ACC, DENSE, FB)
         ih = i[:, None] * H + heads[None, :]
         mi = tl.load(m_in + ih, mask=v2, other=0)
         zi = tl.load(z_in + ih, mask=v2, other=1)

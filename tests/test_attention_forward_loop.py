@@ -79,10 +79,22 @@ def test_loop_table_reaches_the_launch():
                 tile_rows = rows or kernels._one_pass_rows(hb, width)  # (widths here: powers of two)
                 got = setup.meta["AHEAD"], setup.meta.get("maxnreg", 0), setup.meta["R"], setup.meta["HB"]
                 assert got == (ahead, cap, tile_rows, hb), (heads, width, logit, paths)
-            # edge terms and float64 keep the plain loop and the tile's rows
-            for features, more in ((x, (("HAS_EDGE", True), ("DROPOUT", False))), (x.double(), (("DROPOUT", False),))):
+            # the pair kernels' float32 edge features without dropout: their own entry
+            base = tuple((k, v) for k, v in setup_flags if k != "HAS_EDGE")
+            edge = (("HAS_EDGE", True),)
+            if is_pair:
+                setup = kernels.forward_setup(f"loop-table-{logit}", kernel, x, csr.rowptr, csr.col,
+                                              base + edge + (("DROPOUT", False),), is_pair)
+                ahead = kernels.FORWARD_LOOP.get((width <= 16, logit, "float32-edge"), (0,))[0]
+                assert setup.meta["AHEAD"] == ahead and "maxnreg" not in setup.meta, (heads, width, logit)
+            # GAT's edge terms, the other edge-feature paths and float64 keep the plain loop and the tile's rows
+            plain = [(x.double(), (("DROPOUT", False),)), (x, edge + (("DROPOUT", True),)),
+                     (x.bfloat16(), edge + (("DROPOUT", False),))]
+            if not is_pair:
+                plain.append((x, edge + (("DROPOUT", False),)))
+            for features, more in plain:
                 setup = kernels.forward_setup(f"loop-table-{logit}", kernel, features, csr.rowptr, csr.col,
-                                              tuple((k, v) for k, v in setup_flags if k != "HAS_EDGE") + more, is_pair)
+                                              base + more, is_pair)
                 assert setup.meta["AHEAD"] == 0 and "maxnreg" not in setup.meta
                 assert setup.meta["R"] == kernels._one_pass_config(heads, width, is_pair)["rows"]
 

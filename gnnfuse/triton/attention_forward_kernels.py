@@ -48,7 +48,12 @@ FORWARD_LOOP = {(True, "gat", "float32"): (0, 64, 0), (True, "gatv2", "float32")
                 (True, "gatv2", "half"): (1, 0, 0), (False, "gat", "half"): (0, 0, 16),
                 (False, "gatv2", "half"): (1, 64, 0),
                 (False, "gat", "half-dropout"): (0, 168, 32), (False, "gatv2", "half-dropout"): (1, 0, 8, 4),
-                (True, "gat", "float16"): (1, 0, 0)}
+                (True, "gat", "float16"): (1, 0, 0),
+                # [E, H, F] edge features, float32: AHEAD 1 3-30% faster for GATv2 and for the wide dot product,
+                # 2.5-10% slower for the narrow one (`.a1` rows of
+                # benchmarks/results/attention-edge-terms_h100_2026-11-24_edgefeat.md)
+                (True, "gatv2", "float32-edge"): (1, 0, 0), (False, "gatv2", "float32-edge"): (1, 0, 0),
+                (False, "dot", "float32-edge"): (1, 0, 0)}
 
 
 @triton.jit

@@ -36,7 +36,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention_forward import DEVICE, _iqr, device_timer, with_variant  # noqa: E402
+from attention_forward import DEVICE, _iqr, device_timer, emit, with_variant  # noqa: E402
 
 
 def case_fns(layer, h, att, edge_index, perm, edge, raw):
@@ -150,11 +150,7 @@ def main(argv=None):
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; argv: {' '.join(sys.argv[1:])}", "",
              "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(_fmt(r[k]) for k in keys) + " |" for r in rows]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

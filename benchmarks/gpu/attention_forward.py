@@ -254,10 +254,15 @@ def main(argv=None):
                 continue
             seen.add(key)
         lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    emit(lines, args.out)
+
+
+def emit(lines: list[str], out: str) -> None:
+    """Prints a results table's lines and writes them to ``out`` (if given)."""
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text)
 
 

@@ -153,7 +153,7 @@ GNNFUSE_ALWAYS_INLINE HeadVec<HH> gat_row_logits(const CsrRow<index_t> row, cons
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__GNUC__) && !defined(__clang__)  // DQ: _mm512_broadcast_f32x8
-// GAT's forward at 8 heads x 8 features without dropout, rows r0 .. r1 in one loop with nothing
+// GAT's forward at 8 heads x 8 features, rows r0 .. r1 in one loop with nothing
 // called per row: the row's logits (and the test for self loops to skip, in the same walk of its
 // edges, not a walk of its own), their max, and fused_row_8x8's softmax and weighted sum. Per row
 // the general path (csr_row, gat_row_logits, finish_row_tiles) reloaded its state through the lambda
@@ -161,10 +161,11 @@ GNNFUSE_ALWAYS_INLINE HeadVec<HH> gat_row_logits(const CsrRow<index_t> row, cons
 // weighted sum's lane indices and exp constants, and scanned the row for self loops in a loop of its
 // own (one more mispredicted loop exit per row). The same operations in the same order as that path:
 // the same bits. The max is kept on 16 lanes (the edge's 8 logits in both halves: the same
-// sequential max, and the exp's shift needs no shuffle). Returns the first row not done: r1, or a
+// sequential max, and the exp's shift needs no shuffle). Dropout (kKeep): a pair's 16 keep factors
+// hashed in the pair loop (dropout_keep's mask and fill_keep's factors, bit for bit). Returns the first row not done: r1, or a
 // row with an edge to itself to skip (with self_loops), which the caller takes on the general path
 // (no call in this loop: every vector live across a call is kept in memory).
-template <typename index_t, bool kEdge>
+template <typename index_t, bool kEdge, bool kKeep>
 GNNFUSE_ALWAYS_INLINE int64_t gat_rows_8x8(const Params& P, const float* __restrict x, const float* __restrict a_src,
                                         const float* __restrict a_dst, const float* __restrict a_edge,
                                         const float* __restrict a_loop, const index_t* __restrict rowptr,
@@ -175,6 +176,9 @@ GNNFUSE_ALWAYS_INLINE int64_t gat_rows_8x8(const Params& P, const float* __restr
   using HV = HeadVec<8>;
   const bool self_loops = P.self_loops;
   const int64_t num_loops = P.num_loops;
+  const uint32_t seed = P.seed, threshold = P.threshold;
+  const V kept = V{} + float(P.scale);
+  const UInt16Lanes head_lane{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
   const V slope = V{} + float(P.slope), ninf = V{} - std::numeric_limits<float>::infinity();
   __m512i idx[8];
   for (int v = 0; v < 4; ++v) {
@@ -226,8 +230,24 @@ GNNFUSE_ALWAYS_INLINE int64_t gat_rows_8x8(const Params& P, const float* __restr
     for (int64_t e = 0; e < count; e += 2) {
       const V p = exp_vec16(load_edge_pieces<8>(w + e * 8) - m);
       zz += p;
-      edge(p, e, 0);
-      if (e + 1 < count) edge(p, e + 1, 1);
+      V c = p;
+      if constexpr (kKeep) {  // counters id * 8 + h of edges e (lanes 0-7) and e + 1 (lanes 8-15)
+        const uint32_t id0 = uint32_t(e < n ? begin + e : P.num_edges + i) * 8u;
+        const uint32_t id1 = uint32_t(e + 1 < n ? begin + e + 1 : P.num_edges + i) * 8u;
+        UInt16Lanes h = (UInt16Lanes)_mm512_inserti32x8(_mm512_set1_epi32(int(id0)), _mm256_set1_epi32(int(id1)), 1) +
+                        head_lane;
+        for (int round = 0; round < 2; ++round) {  // fmix32(fmix32(counter) ^ seed)
+          h ^= h >> 16;
+          h *= 0x85ebca6bu;
+          h ^= h >> 13;
+          h *= 0xc2b2ae35u;
+          h ^= h >> 16;
+          if (round == 0) h ^= seed;
+        }
+        c = p * ((h >> 8) >= threshold ? kept : V{});
+      }
+      edge(c, e, 0);
+      if (e + 1 < count) edge(c, e + 1, 1);
     }
     const HV z = heads_part<8, 0>(zz, std::make_index_sequence<8>{}) +
                  heads_part<8, 1>(zz, std::make_index_sequence<8>{});
@@ -262,15 +282,20 @@ void forward_tiles(const Params& P, const float* x, const float* a_src, const fl
     };
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__GNUC__) && !defined(__clang__)  // DQ: _mm512_broadcast_f32x8
     if constexpr (HH == 8) {
-      if (F == 8 && !P.threshold) {
+      if (F == 8) {
         int64_t longest = 0;
         for (int64_t i = r0; i < r1; ++i) longest = std::max<int64_t>(longest, int64_t(rowptr[i + 1]) - rowptr[i]);
         std::vector<float> logits((longest + 2) * H);  // a row's logits (and the odd row's -inf edge)
         for (int64_t i = r0; i < r1;) {
-          i = a_edge ? gat_rows_8x8<index_t, true>(P, x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out,
-                                                   ahead, i, r1, stream_end, logits.data())
-                     : gat_rows_8x8<index_t, false>(P, x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out,
-                                                    ahead, i, r1, stream_end, logits.data());
+          auto rows = [&](auto edge_c, auto keep_c) {
+            return gat_rows_8x8<index_t, decltype(edge_c)::value, decltype(keep_c)::value>(
+                P, x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, ahead, i, r1, stream_end,
+                logits.data());
+          };
+          using yes = std::true_type;
+          using no = std::false_type;
+          if (P.threshold) i = a_edge ? rows(yes{}, yes{}) : rows(no{}, yes{});
+          else i = a_edge ? rows(yes{}, no{}) : rows(no{}, no{});
           if (i < r1) gat_row(i++);
         }
         return;

@@ -152,19 +152,20 @@ GNNFUSE_ALWAYS_INLINE HeadVec<HH> gat_row_logits(const CsrRow<index_t> row, cons
   return m;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__GNUC__) && !defined(__clang__)  // DQ: _mm512_broadcast_f32x8
-// GAT's forward at 8 heads x 8 features, rows r0 .. r1 in one loop with nothing
-// called per row: the row's logits (and the test for self loops to skip, in the same walk of its
-// edges, not a walk of its own), their max, and fused_row_8x8's softmax and weighted sum. Per row
-// the general path (csr_row, gat_row_logits, finish_row_tiles) reloaded its state through the lambda
-// captures and the stack (the row max was stored and reloaded twice before the exps), set up the
-// weighted sum's lane indices and exp constants, and scanned the row for self loops in a loop of its
-// own (one more mispredicted loop exit per row). The same operations in the same order as that path:
-// the same bits. The max is kept on 16 lanes (the edge's 8 logits in both halves: the same
-// sequential max, and the exp's shift needs no shuffle). Dropout (kKeep): a pair's 16 keep factors
-// hashed in the pair loop (dropout_keep's mask and fill_keep's factors, bit for bit). Returns the first row not done: r1, or a
-// row with an edge to itself to skip (with self_loops), which the caller takes on the general path
-// (no call in this loop: every vector live across a call is kept in memory).
+// (AVX512DQ: _mm512_broadcast_f32x8)
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__GNUC__) && !defined(__clang__)
+// GAT's forward at 8 heads x 8 features, rows r0 .. r1 in one loop with nothing called per row: the
+// row's logits (and the test for self loops to skip, in the same walk of its edges, not a walk of its
+// own), their max, and fused_row_8x8's softmax and weighted sum. Per row the general path (csr_row,
+// gat_row_logits, finish_row_tiles) reloaded its state through the lambda captures and the stack (the
+// row max was stored and reloaded twice before the exps), set up the weighted sum's lane indices and
+// exp constants, and scanned the row for self loops in a loop of its own (one more mispredicted loop
+// exit per row). The same operations in the same order as that path: the same bits. The max is kept
+// on 16 lanes (the edge's 8 logits in both halves: the same sequential max, and the exp's shift needs
+// no shuffle). Dropout (kKeep): a pair's 16 keep factors hashed in the pair loop (dropout_keep's mask
+// and fill_keep's factors, bit for bit). Returns the first row not done: r1, or a row with an edge to
+// itself to skip (with self_loops), which the caller takes on the general path (no call in this loop:
+// every vector live across a call is kept in memory).
 template <typename index_t, bool kEdge, bool kKeep>
 GNNFUSE_ALWAYS_INLINE int64_t gat_rows_8x8(const Params& P, const float* __restrict x, const float* __restrict a_src,
                                         const float* __restrict a_dst, const float* __restrict a_edge,
@@ -280,7 +281,7 @@ void forward_tiles(const Params& P, const float* x, const float* a_src, const fl
       const HV m = gat_row_logits<HH>(row, load_heads<HH>(a_dst + i * H), a_src, a_edge, a_loop, slope, w);
       finish_row_tiles<HH>(P, S, row, w, m, heads, x, out + i * HF, m_out + i * H, z_out + i * H);
     };
-#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__GNUC__) && !defined(__clang__)  // DQ: _mm512_broadcast_f32x8
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__GNUC__) && !defined(__clang__)
     if constexpr (HH == 8) {
       if (F == 8) {
         int64_t longest = 0;

@@ -152,6 +152,116 @@ GNNFUSE_ALWAYS_INLINE HeadVec<HH> gat_row_logits(const CsrRow<index_t> row, cons
   return m;
 }
 
+// (AVX512DQ: _mm512_broadcast_f32x8)
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__GNUC__) && !defined(__clang__)
+// GAT's forward at 8 heads x 8 features, rows r0 .. r1 in one loop with nothing called per row: the
+// row's logits (and the test for self loops to skip, in the same walk of its edges, not a walk of its
+// own), their max, and fused_row_8x8's softmax and weighted sum. Per row the general path (csr_row,
+// gat_row_logits, finish_row_tiles) reloaded its state through the lambda captures and the stack (the
+// row max was stored and reloaded twice before the exps), set up the weighted sum's lane indices and
+// exp constants, and scanned the row for self loops in a loop of its own (one more mispredicted loop
+// exit per row). The same operations in the same order as that path: the same bits. The max is kept
+// on 16 lanes (the edge's 8 logits in both halves: the same sequential max, and the exp's shift needs
+// no shuffle). Dropout (kKeep): a pair's 16 keep factors hashed in the pair loop (dropout_keep's mask
+// and fill_keep's factors, bit for bit). Returns the first row not done: r1, or a row with an edge to
+// itself to skip (with self_loops), which the caller takes on the general path (no call in this loop:
+// every vector live across a call is kept in memory).
+template <typename index_t, bool kEdge, bool kKeep>
+GNNFUSE_ALWAYS_INLINE int64_t gat_rows_8x8(const Params& P, const float* __restrict x, const float* __restrict a_src,
+                                        const float* __restrict a_dst, const float* __restrict a_edge,
+                                        const float* __restrict a_loop, const index_t* __restrict rowptr,
+                                        const index_t* __restrict col, float* out, float* m_out, float* z_out,
+                                        int64_t ahead, int64_t r0, int64_t r1, int64_t stream_end,
+                                        float* __restrict w) {
+  using V = Vec64<float>;
+  using HV = HeadVec<8>;
+  const bool self_loops = P.self_loops;
+  const int64_t num_loops = P.num_loops;
+  const uint32_t seed = P.seed, threshold = P.threshold;
+  const V kept = V{} + float(P.scale);
+  const UInt16Lanes head_lane{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+  const V slope = V{} + float(P.slope), ninf = V{} - std::numeric_limits<float>::infinity();
+  __m512i idx[8];
+  for (int v = 0; v < 4; ++v) {
+    idx[v] = _mm512_setr_epi32(2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v + 1, 2 * v + 1, 2 * v + 1,
+                               2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1);
+    idx[4 + v] = _mm512_add_epi32(idx[v], _mm512_set1_epi32(8));
+  }
+  auto twice = [](const float* p) { return (V)_mm512_broadcast_f32x8(_mm256_loadu_ps(p)); };
+  auto lower = [](const V& v) { return (HV)_mm512_castps512_ps256((__m512)v); };
+  for (int64_t i = r0; i < r1; ++i) {
+    const int64_t begin = rowptr[i], n = int64_t(rowptr[i + 1]) - begin;
+    const index_t* nbr = col + begin;
+    const V ad = twice(a_dst + i * 8);
+    V m = ninf;
+    bool self = false;
+    for (int64_t e = 0; e < n; ++e) {
+      const int64_t q = begin + e + ahead;
+      if (q < stream_end) prefetch_lines<1>(a_src + int64_t(col[q]) * 8);
+      const int64_t j = nbr[e];
+      self |= j == i;
+      V s = ad + twice(a_src + j * 8);
+      if constexpr (kEdge) s += twice(a_edge + (begin + e) * 8);
+      const V a = s > V{} ? s : s * slope;
+      store_heads<8>(w + e * 8, lower(a));
+      m = a > m ? a : m;
+    }
+    if (self_loops && self) [[unlikely]]
+      return i;
+    int64_t count = n;
+    if (i < num_loops) {  // the virtual self loop
+      V s = ad + twice(a_src + i * 8);
+      if (a_loop) s += twice(a_loop + i * 8);
+      const V a = s > V{} ? s : s * slope;
+      store_heads<8>(w + n * 8, lower(a));
+      m = a > m ? a : m;
+      count = n + 1;
+    }
+    if (count & 1) store_heads<8>(w + count * 8, lower(ninf));
+    V a[4] = {}, zz = {};
+    auto edge = [&](const V& c, int64_t e, int half) {
+      const int64_t q = begin + e + ahead;
+      if (q < stream_end) prefetch_lines<kPrefetchLines>(x + int64_t(col[q]) * 64);
+      const float* xr = x + (e < n ? int64_t(nbr[e]) : i) * 64;
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v)
+        a[v] = (V)_mm512_fmadd_ps(_mm512_permutexvar_ps(idx[4 * half + v], (__m512)c), (__m512)load_vec(xr + 16 * v),
+                                  (__m512)a[v]);
+    };
+    for (int64_t e = 0; e < count; e += 2) {
+      const V p = exp_vec16(load_edge_pieces<8>(w + e * 8) - m);
+      zz += p;
+      V c = p;
+      if constexpr (kKeep) {  // counters id * 8 + h of edges e (lanes 0-7) and e + 1 (lanes 8-15)
+        const uint32_t id0 = uint32_t(e < n ? begin + e : P.num_edges + i) * 8u;
+        const uint32_t id1 = uint32_t(e + 1 < n ? begin + e + 1 : P.num_edges + i) * 8u;
+        UInt16Lanes h = (UInt16Lanes)_mm512_inserti32x8(_mm512_set1_epi32(int(id0)), _mm256_set1_epi32(int(id1)), 1) +
+                        head_lane;
+        for (int round = 0; round < 2; ++round) {  // fmix32(fmix32(counter) ^ seed)
+          h ^= h >> 16;
+          h *= 0x85ebca6bu;
+          h ^= h >> 13;
+          h *= 0xc2b2ae35u;
+          h ^= h >> 16;
+          if (round == 0) h ^= seed;
+        }
+        c = p * ((h >> 8) >= threshold ? kept : V{});
+      }
+      edge(c, e, 0);
+      if (e + 1 < count) edge(c, e + 1, 1);
+    }
+    const HV z = heads_part<8, 0>(zz, std::make_index_sequence<8>{}) +
+                 heads_part<8, 1>(zz, std::make_index_sequence<8>{});
+    store_heads<8>(m_out + i * 8, z > HV{} ? lower(m) : HV{});
+    store_heads<8>(z_out + i * 8, z);
+    const HV inv = z > HV{} ? (HV{} + 1.0f) / z : HV{};
+    const __m512 iv = _mm512_castps256_ps512((__m256)inv);
+    for (int v = 0; v < 4; ++v) store_vec(out + i * 64 + 16 * v, a[v] * (V)_mm512_permutexvar_ps(idx[v], iv));
+  }
+  return r1;
+}
+#endif
+
 template <typename index_t, int HH>
 void forward_tiles(const Params& P, const float* x, const float* a_src, const float* a_dst, const float* a_edge,
                    const float* a_loop, const index_t* rowptr, const index_t* col, float* out, float* m_out,
@@ -165,12 +275,35 @@ void forward_tiles(const Params& P, const float* x, const float* a_src, const fl
     Scratch<float> S;
     RowCopy<index_t> copy;
     const int64_t stream_end = rowptr[r1];
-    for (int64_t i = r0; i < r1; ++i) {
+    auto gat_row = [&](int64_t i) {
       const CsrRow<index_t> row = csr_row(P, rowptr, col, i, stream_end, ahead, copy);
       float* w = row_buffer(S.w, row.count * H);
       const HV m = gat_row_logits<HH>(row, load_heads<HH>(a_dst + i * H), a_src, a_edge, a_loop, slope, w);
       finish_row_tiles<HH>(P, S, row, w, m, heads, x, out + i * HF, m_out + i * H, z_out + i * H);
+    };
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__GNUC__) && !defined(__clang__)
+    if constexpr (HH == 8) {
+      if (F == 8) {
+        int64_t longest = 0;
+        for (int64_t i = r0; i < r1; ++i) longest = std::max<int64_t>(longest, int64_t(rowptr[i + 1]) - rowptr[i]);
+        std::vector<float> logits((longest + 2) * H);  // a row's logits (and the odd row's -inf edge)
+        for (int64_t i = r0; i < r1;) {
+          auto rows = [&](auto edge_c, auto keep_c) {
+            return gat_rows_8x8<index_t, decltype(edge_c)::value, decltype(keep_c)::value>(
+                P, x, a_src, a_dst, a_edge, a_loop, rowptr, col, out, m_out, z_out, ahead, i, r1, stream_end,
+                logits.data());
+          };
+          using yes = std::true_type;
+          using no = std::false_type;
+          if (P.threshold) i = a_edge ? rows(yes{}, yes{}) : rows(no{}, yes{});
+          else i = a_edge ? rows(yes{}, no{}) : rows(no{}, no{});
+          if (i < r1) gat_row(i++);
+        }
+        return;
+      }
     }
+#endif
+    for (int64_t i = r0; i < r1; ++i) gat_row(i);
   });
 }
 

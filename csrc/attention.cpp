@@ -237,14 +237,7 @@ GNNFUSE_ALWAYS_INLINE int64_t gat_rows_8x8(const Params& P, const float* __restr
         const uint32_t id1 = uint32_t(e + 1 < n ? begin + e + 1 : P.num_edges + i) * 8u;
         UInt16Lanes h = (UInt16Lanes)_mm512_inserti32x8(_mm512_set1_epi32(int(id0)), _mm256_set1_epi32(int(id1)), 1) +
                         head_lane;
-        for (int round = 0; round < 2; ++round) {  // fmix32(fmix32(counter) ^ seed)
-          h ^= h >> 16;
-          h *= 0x85ebca6bu;
-          h ^= h >> 13;
-          h *= 0xc2b2ae35u;
-          h ^= h >> 16;
-          if (round == 0) h ^= seed;
-        }
+        h = fmix32_lanes(fmix32_lanes(h) ^ seed);  // dropout_keep's hash on 16 lanes
         c = p * ((h >> 8) >= threshold ? kept : V{});
       }
       edge(c, e, 0);

@@ -10,7 +10,9 @@
 
 namespace gnnfuse {
 
-inline uint32_t fmix32(uint32_t h) {
+// murmur3's finaliser on uint32 or on vector lanes of uint32 (GCC vector extensions): the same steps
+template <typename U>
+inline U fmix32_lanes(U h) {
   h ^= h >> 16;
   h *= 0x85ebca6bu;
   h ^= h >> 13;
@@ -18,6 +20,8 @@ inline uint32_t fmix32(uint32_t h) {
   h ^= h >> 16;
   return h;
 }
+
+inline uint32_t fmix32(uint32_t h) { return fmix32_lanes(h); }
 
 inline uint32_t dropout_threshold(double p) { return uint32_t(std::llround(p * double(1u << 24))); }
 

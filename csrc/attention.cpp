@@ -182,11 +182,7 @@ GNNFUSE_ALWAYS_INLINE int64_t gat_rows_8x8(const Params& P, const float* __restr
   const UInt16Lanes head_lane{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
   const V slope = V{} + float(P.slope), ninf = V{} - std::numeric_limits<float>::infinity();
   __m512i idx[8];
-  for (int v = 0; v < 4; ++v) {
-    idx[v] = _mm512_setr_epi32(2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v + 1, 2 * v + 1, 2 * v + 1,
-                               2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1);
-    idx[4 + v] = _mm512_add_epi32(idx[v], _mm512_set1_epi32(8));
-  }
+  head_indices_8x8(idx);
   auto twice = [](const float* p) { return (V)_mm512_broadcast_f32x8(_mm256_loadu_ps(p)); };
   auto lower = [](const V& v) { return (HV)_mm512_castps512_ps256((__m512)v); };
   for (int64_t i = r0; i < r1; ++i) {
@@ -243,13 +239,7 @@ GNNFUSE_ALWAYS_INLINE int64_t gat_rows_8x8(const Params& P, const float* __restr
       edge(c, e, 0);
       if (e + 1 < count) edge(c, e + 1, 1);
     }
-    const HV z = heads_part<8, 0>(zz, std::make_index_sequence<8>{}) +
-                 heads_part<8, 1>(zz, std::make_index_sequence<8>{});
-    store_heads<8>(m_out + i * 8, z > HV{} ? lower(m) : HV{});
-    store_heads<8>(z_out + i * 8, z);
-    const HV inv = z > HV{} ? (HV{} + 1.0f) / z : HV{};
-    const __m512 iv = _mm512_castps256_ps512((__m256)inv);
-    for (int v = 0; v < 4; ++v) store_vec(out + i * 64 + 16 * v, a[v] * (V)_mm512_permutexvar_ps(idx[v], iv));
+    end_row_8x8(zz, a, idx, lower(m), out + i * 64, m_out + i * 8, z_out + i * 8);
   }
   return r1;
 }

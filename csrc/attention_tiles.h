@@ -378,6 +378,31 @@ inline HeadVec<HH> softmax_weights(float* w, int64_t n, const HeadVec<HH>& m) {
 
 #if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
 constexpr bool kFusedRows8x8 = true;
+// An 8 x 8 row's weighted sum keeps 4 vectors of 2 heads each: lane l of vector v takes head 2v + l / 8
+// of a pair's first edge (idx[v]) or of its second (idx[4 + v]).
+GNNFUSE_ALWAYS_INLINE void head_indices_8x8(__m512i idx[8]) {
+  for (int v = 0; v < 4; ++v) {
+    idx[v] = _mm512_setr_epi32(2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v + 1, 2 * v + 1, 2 * v + 1,
+                               2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1);
+    idx[4 + v] = _mm512_add_epi32(idx[v], _mm512_set1_epi32(8));
+  }
+}
+
+// An 8 x 8 row's end: z from the two halves of the exp sums zz (the pairs' first and second edges,
+// added in that order), the saved statistics m_row, z_row (zeros for a row without edges) and out_row,
+// the weighted sums a times 1 / z. Returns z.
+GNNFUSE_ALWAYS_INLINE HeadVec<8> end_row_8x8(const Vec64<float>& zz, const Vec64<float> a[4], const __m512i idx[8],
+                                             const HeadVec<8> m, float* out_row, float* m_row, float* z_row) {
+  const HeadVec<8> z = heads_part<8, 0>(zz, std::make_index_sequence<8>{}) +
+                       heads_part<8, 1>(zz, std::make_index_sequence<8>{});
+  store_heads<8>(m_row, z > HeadVec<8>{} ? m : HeadVec<8>{});
+  store_heads<8>(z_row, z);
+  const HeadVec<8> inv = z > HeadVec<8>{} ? (HeadVec<8>{} + 1.0f) / z : HeadVec<8>{};
+  const __m512 iv = _mm512_castps256_ps512((__m256)inv);
+  for (int v = 0; v < 4; ++v) store_vec(out_row + 16 * v, a[v] * (Vec64<float>)_mm512_permutexvar_ps(idx[v], iv));
+  return z;
+}
+
 // finish_row_tiles at 8 heads x 8 features (a row of 4 vectors, each holding 2 heads): the softmax
 // weights of two edges (one exp vector) go straight into the weighted sum, no pass storing and
 // reloading them; z adds the even edges and the odd edges apart, then the two (a fixed order).
@@ -396,13 +421,8 @@ GNNFUSE_ALWAYS_INLINE HeadVec<8> fused_row_8x8(const Params& P, Scratch<float>& 
     S.keep.resize(n * 8 + 8);  // the odd row's last vector reads 8 past (its weights there are 0)
     keep = S.keep.data();
   }
-  // lane l of vector v takes head 2v + l / 8 of edge e (idx[v]) or of edge e + 1 (idx[4 + v])
   __m512i idx[8];
-  for (int v = 0; v < 4; ++v) {
-    idx[v] = _mm512_setr_epi32(2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v, 2 * v + 1, 2 * v + 1, 2 * v + 1,
-                               2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1, 2 * v + 1);
-    idx[4 + v] = _mm512_add_epi32(idx[v], _mm512_set1_epi32(8));
-  }
+  head_indices_8x8(idx);
   const V mm = repeat_heads<8>(m, std::make_index_sequence<16>{});
   V a[4] = {}, zz = {};
   // Edge e's weighted row (half 0: the pair's first edge, 1: its second) into the sums, lanes k only.
@@ -427,14 +447,7 @@ GNNFUSE_ALWAYS_INLINE HeadVec<8> fused_row_8x8(const Params& P, Scratch<float>& 
     if constexpr (kWholeVectors) edge(c, e + 1, second ? e + 1 : e, 1, __mmask16(second ? 0xffff : 0));
     else if (second) edge(c, e + 1, e + 1, 1, 0xffff);
   }
-  const HeadVec<8> z = heads_part<8, 0>(zz, std::make_index_sequence<8>{}) +
-                       heads_part<8, 1>(zz, std::make_index_sequence<8>{});
-  store_heads<8>(m_row, z > HeadVec<8>{} ? m : HeadVec<8>{});
-  store_heads<8>(z_row, z);
-  const HeadVec<8> inv = z > HeadVec<8>{} ? (HeadVec<8>{} + 1.0f) / z : HeadVec<8>{};
-  const __m512 iv = _mm512_castps256_ps512((__m256)inv);
-  for (int v = 0; v < 4; ++v) store_vec(out_row + 16 * v, a[v] * (V)_mm512_permutexvar_ps(idx[v], iv));
-  return z;
+  return end_row_8x8(zz, a, idx, m, out_row, m_row, z_row);
 }
 #else
 constexpr bool kFusedRows8x8 = false;

@@ -21,7 +21,8 @@ into an FMA (float32 GATv2 at 3 x 16 differed in the last bit), so the order is 
 not promised. A split row's lanes fold in another order (R lanes over threads, not warps), so its sums round
 differently (about 1% of arxiv-like's long rows, by one unit in the last place). Same bits run to run.
 Only SPLIT 2 (the in-thread step that matches the butterfly's first), 16-byte loads (DENSE) and rows
-filling the program's threads (R >= 32 * num_warps / (T * HB)); the kernel checks the first two.
+filling the program's threads (R >= 32 * num_warps / (T * HB)); the kernel checks the first two. Loads
+one step ahead or not (AHEAD 0 or 1; a larger AHEAD, e.g. attention.FORWARD_AHEAD = 2, runs as 1).
 """
 from __future__ import annotations
 

@@ -6,10 +6,11 @@ Per call, for every variant, interleaved in rotating order over ``--rounds`` rou
     with CUDA events (no host time in it: what the kernels cost);
   * ``wall_us``: one call, synchronised before and after (host and launch included: what
     benchmarks/bench_attention.py's ``fwd/sum`` measures).
-Variants: ``default`` (the shipped forward) and one-pass tiles written ``hb8.r16.w8.s1024.g64.a1.m72``
+Variants: ``default`` (the shipped forward) and one-pass tiles written ``hb8.r16.w8.s1024.g64.a1.m72.sp2``
 (heads per program, rows/lanes per program, warps, longest piece, longest row in row groups, the
 loop's load order and register cap: attention_forward_kernels.FORWARD_LOOP's AHEAD and MAXNREG, m0 no
-cap; any subset, the rest as the default, FORWARD_LOOP's entry for the path, chooses; ``a0.m0`` is the
+cap, and the pair loop's SPLIT, sp1 the 3D loop (pair_forward_split.py); any subset, the rest as the default,
+FORWARD_LOOP's entry for the path, chooses; ``a0.m0`` is the
 loop and registers of the forward before either knob). Each variant's output is compared with the first
 one's (``max_diff``) and with its own output on a second call (``rerun_same``: the same bits). The
 features are random; GATv2 and dot use the same tensor for keys and values (as bench_attention's fused
@@ -35,14 +36,15 @@ import time
 
 import torch
 
-KEYS = {"hb": "hb", "r": "rows", "w": "warps", "s": "seg", "g": "short_max", "a": "ahead", "m": "maxnreg"}
+KEYS = {"hb": "hb", "sp": "split", "r": "rows", "w": "warps", "s": "seg", "g": "short_max", "a": "ahead",
+        "m": "maxnreg"}
 
 
 def parse_variant(name: str) -> dict | None:
     """The one-pass config overrides of a variant name (None: the default)."""
     if name == "default":
         return None
-    return {KEYS[k]: int(v) for k, v in re.findall(r"(hb|r|w|s|g|a|m)(\d+)", name)}
+    return {KEYS[k]: int(v) for k, v in re.findall(r"(hb|sp|r|w|s|g|a|m)(\d+)", name)}
 
 
 def with_variant(name: str, fn):

@@ -34,6 +34,7 @@ from ..constants import HALF_DTYPES, INT32_MAX
 from ..reductions import SUM
 from ._grid import cdiv, next_power_of_2
 from .attention_forward_kernels import FORWARD_LOOP, _forward_one_pass_kernel
+from .pair_forward_split import split_for
 from .attention_kernels import (
     NEG_INF,
     _backward_rows_kernel,
@@ -141,6 +142,7 @@ class OnePass(NamedTuple):
     warps: int
     ahead: int  # the loop's (AHEAD, MAXNREG): FORWARD_LOOP's (see _forward_loop) unless a configuration set them
     maxnreg: int
+    split: int = 1  # the pair loop's SPLIT (FORWARD_LOOP's 5th element; pair_forward_split.py)
 
 
 def _one_pass_config(H: int, F: int, pair: bool = False, loop: tuple = (0, 0, 0)) -> dict:
@@ -155,17 +157,18 @@ def _one_pass_config(H: int, F: int, pair: bool = False, loop: tuple = (0, 0, 0)
     GATv2 631 / 562 / 725, dot 519 / 473 / 523; pieces of 256 edges instead of 1024 and row groups
     up to 16 edges instead of 64 were slower everywhere (rechecked in
     benchmarks/results/archive/attention-forward_h100_2026-11-23_final.md). ``loop``: the loop table's
-    (AHEAD, MAXNREG, ROWS[, HEADS]) for the kernel (_forward_loop); ROWS 0 keeps the rows above, HEADS
-    (0 or absent) the heads above (at most H, and only up to 256 columns)."""
+    (AHEAD, MAXNREG, ROWS[, HEADS[, SPLIT]]) for the kernel (_forward_loop); ROWS 0 keeps the rows above, HEADS
+    (0 or absent) the heads above (at most H, and only up to 256 columns); SPLIT (0 or absent: 1) the pair loop's
+    vectors a thread holds of one head (pair_forward_split.split_for says where it applies)."""
     fb = next_power_of_2(F)
     columns = 64 if fb <= 16 else (128 if pair else 256)
-    ahead, maxnreg, rows, heads = (*loop, 0)[:4]
+    ahead, maxnreg, rows, heads, split = (*loop, 0, 0)[:5]
     hb = max(1, min(next_power_of_2(H), columns // fb))
     if heads and heads * fb <= 256:  # (the widest tile measured; wider heads keep the default)
         hb = min(heads, next_power_of_2(H))
     seg = FORWARD_SPLIT_EDGES
     return dict(hb=hb, rows=rows or _one_pass_rows(hb, fb), warps=4, seg=seg, short_max=min(GROUP_MAX_DEGREE, seg),
-                ahead=ahead, maxnreg=maxnreg)
+                ahead=ahead, maxnreg=maxnreg, split=split or 1)
 
 
 def _one_pass_rows(hb: int, fb: int) -> int:
@@ -187,7 +190,7 @@ def _one_pass_plan(rowptr, col, num_src, H, F, itemsize, pair=False, loop=(0, 0,
         short = short_rows(rowptr, short_max, window)
         tasks = task_list(rowptr, short, wl, rows, seg, short_max, window)
         return OnePass(wl, short, tasks, rows, cfg["hb"], next_power_of_2(F), seg, cfg["warps"], cfg["ahead"],
-                       cfg["maxnreg"])
+                       cfg["maxnreg"], cfg.get("split", 1))
 
     return cached("attention-one-pass", (rowptr,), (num_src, H, F, itemsize, tuple(sorted(cfg.items()))), build)
 
@@ -247,6 +250,8 @@ def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: 
                     num_warps=plan.warps)
         if maxnreg:
             meta["maxnreg"] = maxnreg
+        if pair:
+            meta["SPLIT"] = split_for(plan.split, F, plan.fb, plan.hb, plan.rows, plan.warps, dtype.itemsize, flags)
         return ForwardSetup(kernel, plan.wl, plan.short, plan.tasks, cdiv(H, plan.hb), meta,
                             dict(ACC=meta["ACC"], BK=32, HB=plan.hb, FB=plan.fb))
 

@@ -20,18 +20,24 @@ from ._launch import fast_kernel
 from .attention_kernels import (NEG_INF, _edge_block, _edge_logit, _edge_terms, _endpoints, _gather, _head_block,
                                 _merge_lanes, _online_step, _piece_at)
 from .pair_attention_kernels import _att_tile, _pair_edges, _pair_logit, _pair_terms
+from .pair_forward_split import _pair_split_loop
 
 # The forward loop per (narrow heads (FB <= 16), logit: "gat", "gatv2" or "dot", path: "float32", "float32-dropout",
 # "half" (bfloat16 / float16) or "half-dropout", or "float16" / "float16-dropout" where float16 has an entry of its
-# own): (AHEAD, MAXNREG, ROWS[, HEADS]), read by attention._forward_loop (other kernels, edge terms and float64 among
-# them, get (0, 0, 0)). AHEAD 0 loads a step's logit terms, works them, then gathers its values; 1 issues every load
-# of step t + 1 before step t's maths (the loops below). MAXNREG caps a thread's registers (0: the compiler's choice)
-# so that more programs share an SM; each cap here keeps the loop free of spills (ptxas for sm_90, Triton 3.6:
-# benchmarks/gpu/compile_attention.py). ROWS (0: the tile's, attention._one_pass_rows) sets the rows of a row group
-# and the lanes of a piece: more rows share a step's fixed work (the loop, the edge positions) and put more loads in
-# flight per thread; it changes how a split row's edges are dealt to the lanes, so those rows' sums round differently
-# from ROWS 0 (same bits run to run). HEADS (0 or absent: the tile's) sets the heads a program takes. Chosen on an
-# H100 (kernel time against our sum of the same dtype, arxiv-like and rfc-uniform): float32 in
+# own): (AHEAD, MAXNREG, ROWS[, HEADS[, SPLIT]]), read by attention._forward_loop (other kernels, edge terms and
+# float64 among them, get (0, 0, 0)). AHEAD 0 loads a step's logit terms, works them, then gathers its values; 1
+# issues every load of step t + 1 before step t's maths (the loops below). MAXNREG caps a thread's registers (0: the
+# compiler's choice) so that more programs share an SM; each cap here keeps the loop free of spills (ptxas for sm_90,
+# Triton 3.6: benchmarks/gpu/compile_attention.py). ROWS (0: the tile's, attention._one_pass_rows) sets the rows of a
+# row group and the lanes of a piece: more rows share a step's fixed work (the loop, the edge positions) and put more
+# loads in flight per thread; it changes how a split row's edges are dealt to the lanes, so those rows' sums round
+# differently from ROWS 0 (same bits run to run). HEADS (0 or absent: the tile's) sets the heads a program takes.
+# SPLIT (pair kernels; 0, 1 or absent: the 3D loop) 2 runs pair_forward_split.py's loop, where a thread holds 2
+# vectors of one (row, head) pair instead of one vector of 2 pairs (half the per-pair work a thread; where it applies:
+# pair_forward_split.split_for; wide GATv2 in half types with dropout, 4 heads x 8 rows, loads not ahead and a
+# 96-register cap (spill-free, 5 programs an SM):
+# benchmarks/results/attention-forward-paths_h100_2026-11-24_gpugatv2.md). Chosen on an H100 (kernel time against our
+# sum of the same dtype, arxiv-like and rfc-uniform): float32 in
 # benchmarks/results/attention-forward_h100_2026-11-23_gpukern.md, the other paths in
 # benchmarks/results/attention-forward-paths_h100_2026-11-24_gpudrop.md (half types measured in bfloat16; float16
 # takes the same entries) and, for wide GAT / GATv2 in half types with dropout and narrow GAT in float16,
@@ -47,7 +53,7 @@ FORWARD_LOOP = {(True, "gat", "float32"): (0, 64, 0), (True, "gatv2", "float32")
                 (False, "gat", "float32-dropout"): (1, 0, 8),
                 (True, "gatv2", "half"): (1, 0, 0), (False, "gat", "half"): (0, 0, 16),
                 (False, "gatv2", "half"): (1, 64, 0),
-                (False, "gat", "half-dropout"): (0, 168, 32), (False, "gatv2", "half-dropout"): (1, 0, 8, 4),
+                (False, "gat", "half-dropout"): (0, 168, 32), (False, "gatv2", "half-dropout"): (0, 96, 8, 4, 2),
                 (True, "gat", "float16"): (1, 0, 0),
                 # [E, H, F] edge features, float32: AHEAD 1 3-30% faster for GATv2 and for the wide dot product,
                 # 2.5-10% slower for the narrow one (`.a1` rows of
@@ -227,12 +233,18 @@ def _pair_forward_one_pass_kernel(q, k, v, att, edge, perm, rowptr, col, out, m_
                                   EDGE_PERM: tl.constexpr, KV_SAME: tl.constexpr, ACC: tl.constexpr, HB: tl.constexpr,
                                   FB: tl.constexpr, R: tl.constexpr,
                                   SEG: tl.constexpr, DENSE: tl.constexpr, AHEAD: tl.constexpr,
-                                  IDX: tl.constexpr):
+                                  IDX: tl.constexpr, SPLIT: tl.constexpr):
     """GATv2's and dot-product attention's forward over every row in one launch (module docstring):
     logits from the two endpoints' head vectors (``_pair_edges``); KV_SAME: the values are the
     gathered keys (GATv2's source features), one gather for both."""
     group, code, node, used, start, end, stop, step, steps = _task_lanes(task_ptr, rows_ptr, num_rows, seg_row,
                                                                          seg_ptr, slot, rowptr, NUM_LOOPS, R, SEG, IDX)
+    if SPLIT > 1:  # each thread holds SPLIT vectors of one (row, head) pair (pair_forward_split.py)
+        _pair_split_loop(q, k, v, att, rowptr, col, out, m_out, z_out, seg_row, seg_ptr, slot, p_acc, p_m, p_z, group,
+                         code, node, used, start, end, stop, step, steps, NUM_LOOPS, N_EDGES, H, slope, qk_scale,
+                         seed, threshold, scale, SELF_LOOPS, DROPOUT, GATV2, KV_SAME, ACC, HB, FB, R, SEG, DENSE,
+                         AHEAD, SPLIT)
+        return
     heads, hmask, feats, fmask = _head_block(H, F, HB, FB)
     qi, _mask = _gather(q, node, used[:, None] & hmask[None, :], heads, feats, fmask, H, F, DENSE, FB, ACC)
     a = _att_tile(att, heads, feats, hmask[:, None] & fmask[None, :], F, GATV2, ACC, HB, FB)

@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ..ops._library import resolve_backend
-from ..ops._opdef import eager_route_ok
+from ..ops._opdef import _scan
 from ..ops._torch_private import function_apply
 from ..ops._library import triton_module
 from ..ops.attention import checked_graph
@@ -109,13 +109,19 @@ def _heads_rows(att: Tensor, heads: int, width: int) -> Tensor:
     return att if att.is_contiguous() else att.reshape(heads, width)
 
 
+def _wants_grad(tensors) -> bool:
+    """``eager_route_ok(tensors)`` and one of them requires grad, in the gate's one pass (ops/_opdef.py)."""
+    ok, grad_positions = _scan(tensors)
+    return ok and bool(grad_positions)
+
+
 def applies(layer, x: Tensor, weight: Tensor) -> bool:
     """Whether GATConv's call may take the one-node route (see the module doc); the caller has
     checked that the layer is PyG's default one (shared bias-free linear, one input, no edge term)."""
     bias = param(layer, "bias")
     tensors = (x, weight, param(layer, "att_src"), param(layer, "att_dst")) if bias is None else \
         (x, weight, param(layer, "att_src"), param(layer, "att_dst"), bias)
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and eager_route_ok(tensors)):
+    if not (torch.is_grad_enabled() and _wants_grad(tensors)):
         return False
     if x.shape[0] * weight.shape[0] * x.element_size() >= _recompute.MIN_BYTES:
         return False

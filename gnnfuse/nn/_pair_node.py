@@ -36,7 +36,7 @@ from ..ops._opdef import eager_route_ok
 from ..ops._torch_private import function_apply
 from ..ops._library import triton_module
 from ..ops.attention import checked_graph
-from ._gat_node import node_memo, once_differentiable_eager
+from ._gat_node import _wants_grad, node_memo, once_differentiable_eager
 from ._projections import linear_params, submodule
 
 
@@ -143,7 +143,7 @@ def applies(layer, x_src: Tensor, x_dst: Tensor, linears: tuple, att: Tensor | N
             tensors.append(p[0])
             if p[1] is not None:
                 tensors.append(p[1])
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and eager_route_ok(tensors)):
+    if not (torch.is_grad_enabled() and _wants_grad(tensors)):
         return None
     return params if resolve_backend(layer.gnnfuse_backend, x_src.device) == "triton" else None
 

@@ -341,11 +341,14 @@ def sweep(name, heads, width, lines):
 
 
 _BREAKDOWN = [("pre-node (checks, graph lookup)", "s0", "nodefwd>"), ("  of it checked_graph", "checked>", "checked<"),
-              ("node forward", "nodefwd>", "nodefwd<"), ("  of it the Triton host call", "tfwd>", "tfwd<"),
+              ("node forward", "nodefwd>", "nodefwd<"), ("  of it the Triton forward's host call", "tfwd>", "tfwd<"),
               ("node exit -> layer output", "nodefwd<", "s1"), ("loss", "s1", "s2"),
               ("loss -> node backward (engine, loss backward, hand-over)", "s2", "nodebwd>"),
-              ("node backward", "nodebwd>", "nodebwd<"), ("  of it the Triton host call", "tbwd>", "tbwd<"),
+              ("node backward", "nodebwd>", "nodebwd<"), ("  of it the Triton backward's host call", "tbwd>", "tbwd<"),
               ("node backward exit -> grad returns", "nodebwd<", "s3")]
+
+
+assert len({label for label, _, _ in _BREAKDOWN}) == len(_BREAKDOWN)  # (rows are keyed by label)
 
 
 def breakdown(name, heads, width, lines, steps=300):

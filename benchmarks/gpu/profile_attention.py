@@ -416,7 +416,8 @@ def breakdown(name, heads, width, lines, steps=300):
             for k, _, _ in _BREAKDOWN:
                 if rows[k]:
                     emit(lines, f"    {k:58s} {statistics.median(rows[k]):7.1f}")
-            tmod = importlib.import_module("gnnfuse.triton." + ("attention" if layer == "GATConv" else "pair_attention"))
+            kind = "attention" if layer == "GATConv" else "pair_attention"
+            tmod = importlib.import_module(f"gnnfuse.triton.{kind}")
             forward, backward, first = tmod.forward, tmod.backward, {}
 
             def fixed(fn, tag):
@@ -427,7 +428,8 @@ def breakdown(name, heads, width, lines, steps=300):
                 results["pyg"].append(back_to_back(make_step(stock, x, edge_index), 50)[1])
                 tmod.forward, tmod.backward = fixed(forward, "f"), fixed(backward, "b")
                 try:
-                    results["ours, Triton host calls stubbed"].append(back_to_back(make_step(ours, x, edge_index), 50)[1])
+                    stubbed = back_to_back(make_step(ours, x, edge_index), 50)[1]
+                    results["ours, Triton host calls stubbed"].append(stubbed)
                 finally:
                     tmod.forward, tmod.backward = forward, backward
             med = {k: statistics.median(v) for k, v in results.items()}

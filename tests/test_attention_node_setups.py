@@ -116,6 +116,19 @@ def test_direct_bound_and_plain_launches_agree_bitwise(name, monkeypatch):
         _assert_same(run, runs[0])
 
 
+def test_direct_launch_is_fenced_inside_the_fast_launch():
+    """The direct C-launcher call (private launcher ABI) is fenced to its own checked Tritons, inside the
+    fast launch's fence, and is off wherever the fast launch is."""
+    from gnnfuse.triton import _launch
+
+    low, high = _launch.DIRECT_TRITON
+    assert _launch.TESTED_TRITON[0] <= low <= high <= _launch.TESTED_TRITON[1]
+    assert _launch.tested_triton(f"{low[0]}.{low[1]}.0", _launch.DIRECT_TRITON)
+    assert not _launch.tested_triton(f"{low[0]}.{low[1] - 1}.0", _launch.DIRECT_TRITON)
+    assert not _launch.tested_triton(f"{high[0]}.{high[1] + 1}.0", _launch.DIRECT_TRITON)
+    assert not _launch._DIRECT or _launch._ENABLED
+
+
 def test_direct_launch_only_for_what_it_knows():
     """Anything but a compiled kernel of the checked Triton's CUDA launcher gets no direct call."""
     from types import SimpleNamespace

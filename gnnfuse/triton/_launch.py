@@ -28,7 +28,12 @@ a Triton outside ``TESTED_TRITON``: the fast path reads Triton internals (the JI
 its C launcher), which change between releases. Widen the range only after
 tests/test_triton_gather_scatter.py's test_fast_launch_matches_the_jit_launch (one kernel) and
 test_fast_and_plain_launch_paths_agree_bitwise (forward and backward of every reduction) pass on a
-GPU with that Triton: both compare the two paths bitwise.
+GPU with that Triton: both compare the two paths bitwise. A bound launch on the Tritons of
+``DIRECT_TRITON`` (inside that range) calls the C launcher itself, without the launcher object's
+Python ``__call__`` (``_direct_launch``: only a CUDA launcher without scratch buffers); widen that range
+only after tests/test_attention_node_setups.py's test_direct_bound_and_plain_launches_agree_bitwise
+passes on a GPU with that Triton (it asserts that the direct call was taken and compares its bits
+with compiled.run's and Triton's plain launch).
 """
 from __future__ import annotations
 

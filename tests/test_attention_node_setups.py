@@ -159,3 +159,20 @@ def test_misaligned_inputs_take_the_plain_launch_with_the_same_bits(kind):
                 out = gnnfuse.dot_attention(t, t, t, ei)
             results.append(out)
     assert all(torch.equal(r, results[0]) for r in results[1:])
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_without_a_memo_the_routes_give_the_same_bits(name, monkeypatch):
+    """Where a CSR holds no stamps of its tensors (inference tensors on CUDA), node_memo gives None and the
+    routes look their setups up in the setup cache, q / k / v and h still as [N, H*C]: the same results,
+    and nothing kept on the CSR."""
+    from gnnfuse.nn import _gat_node, _pair_node
+
+    layer = _layer(name)
+    x = torch.randn(N, 6, dtype=torch.float64, device=DEV)
+    ref = _run(layer, x, CSR.from_edge_index(graph().to(DEV), N))
+    monkeypatch.setattr(_gat_node, "node_memo", lambda csr: None)
+    monkeypatch.setattr(_pair_node, "node_memo", lambda csr: None)
+    csr = CSR.from_edge_index(graph().to(DEV), N)
+    _assert_same(_run(layer, x, csr), ref)
+    assert not _node_setups(csr)

@@ -143,5 +143,6 @@ def node_memo(csr) -> dict | None:
     """Where the one-node routes' kernels keep their launch setups for this graph (triton/attention_launches.py
     node_setup): the CSR's dict of derived state, which the CSR clears whenever it finds its tensors
     changed (csr_checks.checked, run by transpose_parts above) and keeps only while it holds stamps of
-    them (none for inference tensors: then None, and the setups are looked up in their own cache)."""
+    them (a CSR without stamps, e.g. of CUDA inference tensors: None, and the setups are looked up in
+    their own cache)."""
     return csr._derived if csr._stamps is not None else None

@@ -16,7 +16,14 @@ For each graph (suite names, default arxiv-like and rfc-uniform) at heads x F (d
   caller does not see): each top-level op or autograd node with its start and duration, the node's
   own ops under it, and the gaps between them (Python); plus a cProfile of the one-node route's
   backward taken on the thread that runs it;
-* ``--sweep``: the one-pass forward's device time with rows per group and piece / warps forced.
+* ``--sweep``: the one-pass forward's device time with rows per group and piece / warps forced;
+* ``--breakdown GRAPHS``: where one training step's host time goes without a profiler's overhead (its
+  timeline inflates every op): timestamps (perf_counter_ns) taken by thin wrappers around the layer's
+  parts, median of 300 steps each started on an idle GPU (pre-node checks and the graph lookup, the
+  one-node route's forward and its Triton host call, the loss, autograd up to the node's backward, the
+  backward and its Triton host call, the rest), and the back-to-back step of ours, PyG's, and ours with
+  the Triton host calls replaced by returning the first call's outputs (what all of that host work costs
+  in the step, launches included).
 
     PYTHONPATH=. python benchmarks/gpu/profile_attention.py --out "$OUT" [--graphs arxiv-like] [--sweep]
 """
@@ -333,6 +340,106 @@ def sweep(name, heads, width, lines):
             kernels._one_pass_rows, kernels._one_pass_config = rows0, cfg0
 
 
+_BREAKDOWN = [("pre-node (checks, graph lookup)", "s0", "nodefwd>"), ("  of it checked_graph", "checked>", "checked<"),
+              ("node forward", "nodefwd>", "nodefwd<"), ("  of it the Triton forward's host call", "tfwd>", "tfwd<"),
+              ("node exit -> layer output", "nodefwd<", "s1"), ("loss", "s1", "s2"),
+              ("loss -> node backward (engine, loss backward, hand-over)", "s2", "nodebwd>"),
+              ("node backward", "nodebwd>", "nodebwd<"), ("  of it the Triton backward's host call", "tbwd>", "tbwd<"),
+              ("node backward exit -> grad returns", "nodebwd<", "s3")]
+
+
+assert len({label for label, _, _ in _BREAKDOWN}) == len(_BREAKDOWN)  # (rows are keyed by label)
+
+
+def breakdown(name, heads, width, lines, steps=300):
+    """--breakdown (module doc). Wraps, for the run, the one-node routes' autograd nodes, their graph
+    check and the Triton host modules' forward / backward (looked up by module on each call)."""
+    import importlib
+    import statistics
+
+    import torch_geometric.nn as pyg_nn
+
+    from gnnfuse.nn import _gat_node, _pair_node
+
+    dev = torch.device("cuda")
+    edge_index, nodes = suite_graph(name, device=dev)
+    torch.manual_seed(0)
+    x = torch.randn(nodes, 64, device=dev)
+    marks = {}
+    clock = time.perf_counter_ns
+
+    def timed(fn, tag):
+        def run(*a, **k):
+            marks[tag + ">"] = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                marks[tag + "<"] = clock()
+        return run
+
+    saved = []
+    for mod, node, kernels in ((_gat_node, _gat_node.GATNode, "attention"),
+                               (_pair_node, _pair_node.PairNode, "pair_attention")):
+        tmod = importlib.import_module(f"gnnfuse.triton.{kernels}")
+        for owner, attr, tag in ((node, "forward", "nodefwd"), (node, "backward", "nodebwd"),
+                                 (mod, "checked_graph", "checked"), (tmod, "forward", "tfwd"),
+                                 (tmod, "backward", "tbwd")):
+            original = vars(owner)[attr]
+            saved.append((owner, attr, original))
+            fn = original.__func__ if isinstance(original, staticmethod) else original
+            setattr(owner, attr, staticmethod(timed(fn, tag)) if isinstance(original, staticmethod) else timed(fn, tag))
+    emit(lines, f"\n## breakdown {name}: {nodes} nodes, {edge_index.shape[1]} edges, {heads}x{width} (us, median)")
+    try:
+        for layer in LAYERS:
+            torch.manual_seed(0)
+            stock = getattr(pyg_nn, layer)(64, width, heads=heads, dropout=0.6).to(dev).train()
+            ours = getattr(G, layer)(64, width, heads=heads, dropout=0.6).to(dev).train()
+            ours.load_state_dict(stock.state_dict())
+            params = list(ours.parameters())
+            rows, total = {k: [] for k, _, _ in _BREAKDOWN}, []
+            for i in range(steps + 20):
+                torch.cuda.synchronize()
+                marks.clear()
+                marks["s0"] = clock()
+                out = ours(x, edge_index)
+                marks["s1"] = clock()
+                loss = out.square().mean()
+                marks["s2"] = clock()
+                torch.autograd.grad(loss, params)
+                marks["s3"] = clock()
+                if i >= 20:
+                    total.append((marks["s3"] - marks["s0"]) / 1e3)
+                    for k, a, b in _BREAKDOWN:
+                        if a in marks and b in marks:
+                            rows[k].append((marks[b] - marks[a]) / 1e3)
+            emit(lines, f"### {layer} ours: step started on an idle GPU {statistics.median(total):.0f}")
+            for k, _, _ in _BREAKDOWN:
+                if rows[k]:
+                    emit(lines, f"    {k:58s} {statistics.median(rows[k]):7.1f}")
+            kind = "attention" if layer == "GATConv" else "pair_attention"
+            tmod = importlib.import_module(f"gnnfuse.triton.{kind}")
+            forward, backward, first = tmod.forward, tmod.backward, {}
+
+            def fixed(fn, tag):
+                return lambda *a: first[tag] if tag in first else first.setdefault(tag, fn(*a))
+            results = {"ours": [], "pyg": [], "ours, Triton host calls stubbed": []}
+            for _ in range(5):
+                results["ours"].append(back_to_back(make_step(ours, x, edge_index), 50)[1])
+                results["pyg"].append(back_to_back(make_step(stock, x, edge_index), 50)[1])
+                tmod.forward, tmod.backward = fixed(forward, "f"), fixed(backward, "b")
+                try:
+                    stubbed = back_to_back(make_step(ours, x, edge_index), 50)[1]
+                    results["ours, Triton host calls stubbed"].append(stubbed)
+                finally:
+                    tmod.forward, tmod.backward = forward, backward
+            med = {k: statistics.median(v) for k, v in results.items()}
+            emit(lines, "    back to back, us/step: " + ", ".join(f"{k} {v:.0f}" for k, v in med.items())
+                 + f" (PyG / ours {med['pyg'] / med['ours']:.2f})")
+    finally:
+        for owner, attr, original in saved:
+            setattr(owner, attr, original)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graphs", default="arxiv-like,rfc-uniform")
@@ -347,12 +454,16 @@ def main():
     parser.add_argument("--timeline", action="store_true", help="one step's host timeline per thread and a "
                         "cProfile of the one-node backward (profiled graphs, ours)")
     parser.add_argument("--sweep", default="", help="graphs to sweep the row-group kernel on")
+    parser.add_argument("--breakdown", default="", help="graphs whose step's host time is split by timestamps")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     heads, width = (int(v) for v in args.shape.split("x"))
     lines = [f"# attention profile, {torch.cuda.get_device_name()}, torch {torch.__version__}"]
     for name in [g for g in args.sweep.split(",") if g]:
         sweep(name, heads, width, lines)
+    for name in [g for g in args.breakdown.split(",") if g]:
+        for shape in (args.shapes or args.shape).split(","):
+            breakdown(name, *(int(v) for v in shape.split("x")), lines)
     for name in [g for g in args.graphs.split(",") if g]:
         for shape in (args.shapes or args.shape).split(","):
             heads, width = (int(v) for v in shape.split("x"))

@@ -39,7 +39,7 @@ from ._layers import FUSED_CLASSES
 from ._mixin import _HOOK_DICTS, csr_to_edge_index, edge_endpoints
 from ._gat_node import applies as node_applies
 from ._gat_node import gat_node
-from ._projections import GATProjection, plain_linear
+from ._projections import GATProjection, linear_params, param, submodule
 from ._recompute import recompute
 
 __all__ = ["GATConv"]
@@ -76,14 +76,16 @@ class GATConv(pyg_nn.GATConv):
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         res = self.res(x_dst) if self.res is not None else None
-        lin_src, lin_dst = (self.lin, self.lin) if self.lin is not None else (self.lin_src, self.lin_dst)
-        default = (self.gnnfuse_fused_projections and lin_src is lin_dst and x_src is x_dst and plain_linear(lin_src)
-                   and lin_src.bias is None)  # PyG's default layer
+        lin = submodule(self, "lin")
+        lin_src, lin_dst = (lin, lin) if lin is not None else (self.lin_src, self.lin_dst)
+        params = self.gnnfuse_fused_projections and lin_src is lin_dst and x_src is x_dst and linear_params(lin_src)
+        default = bool(params) and params[1] is None  # PyG's default layer (one bias-free linear)
         dropout = self.dropout if self.training else 0.0
-        if default and (edge_attr is None or self.lin_edge is None) and node_applies(self, x_src, lin_src.weight):
-            if self.concat and res is None and self.bias is not None:  # the bias added in the node too
-                return gat_node(self, x_src, edge_index, lin_src.weight, dropout, self.bias)
-            out = gat_node(self, x_src, edge_index, lin_src.weight, dropout)  # one autograd node (_gat_node.py)
+        if default and (edge_attr is None or self.lin_edge is None) and node_applies(self, x_src, params[0]):
+            bias = param(self, "bias")
+            if self.concat and res is None and bias is not None:  # the bias added in the node too
+                return gat_node(self, x_src, edge_index, params[0], dropout, bias)
+            out = gat_node(self, x_src, edge_index, params[0], dropout)  # one autograd node (_gat_node.py)
         else:
             out = self._attention(x_src, x_dst, edge_index, edge_attr, lin_src, lin_dst, default, dropout)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)

@@ -39,6 +39,7 @@ from ._layers import FUSED_CLASSES
 from ._mixin import csr_to_edge_index
 from ._pair_node import applies as node_applies
 from ._pair_node import node_bias, node_skip, pair_node
+from ._projections import submodule
 
 __all__ = ["GATv2Conv", "TransformerConv"]
 
@@ -113,10 +114,11 @@ class GATv2Conv(pyg_nn.GATv2Conv):
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         res = self.res(x_dst) if self.res is not None else None
         dropout = self.dropout if self.training else 0.0
-        linears = (self.lin_r, self.lin_l, None)  # query, key (= value)
-        if not self.share_weights and edge_attr is None and node_applies(self, x_src, x_dst, linears, self.att):
+        linears = (submodule(self, "lin_r"), submodule(self, "lin_l"), None)  # query, key (= value)
+        if not self.share_weights and edge_attr is None and (
+                params := node_applies(self, x_src, x_dst, linears, self.att)):
             bias = node_bias(self, x_dst)  # PyG's out + bias, inside the node where it may (_pair_node.py)
-            out = pair_node(self, x_src, x_dst, edge_index, linears, self.att, True, self.negative_slope, 1.0, dropout,
+            out = pair_node(self, x_src, x_dst, edge_index, params, self.att, True, self.negative_slope, 1.0, dropout,
                             self.add_self_loops, bias=bias)  # one autograd node (_pair_node.py)
             return out if bias is not None else self._finish(out, res)
         x_l = self.lin_l(x_src).view(-1, H, C)
@@ -154,17 +156,18 @@ class TransformerConv(pyg_nn.TransformerConv):
 
     def forward(self, x, edge_index, edge_attr=None, return_attention_weights=None):
         reason = why_not_fused(self, x, edge_index, None, return_attention_weights)
-        if reason is None and self.lin_edge is not None and edge_attr is None:
+        lin_edge = submodule(self, "lin_edge")
+        if reason is None and lin_edge is not None and edge_attr is None:
             reason = "edge_dim is set but no edge_attr is given"  # PyG's own forward decides what that means
         if reason is not None:
             return _fallback(pyg_nn.TransformerConv, self, reason, x, edge_index, edge_attr, return_attention_weights)
         H, C = self.heads, self.out_channels
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         dropout = self.dropout if self.training else 0.0
-        linears = (self.lin_query, self.lin_key, self.lin_value)
-        if self.lin_edge is None and node_applies(self, x_src, x_dst, linears, None):  # one node (_pair_node.py)
+        linears = (submodule(self, "lin_query"), submodule(self, "lin_key"), submodule(self, "lin_value"))
+        if lin_edge is None and (params := node_applies(self, x_src, x_dst, linears, None)):  # one node (_pair_node.py)
             skip = node_skip(self, x_dst)
-            out = pair_node(self, x_src, x_dst, edge_index, linears, None, False, 0.0, 1.0 / math.sqrt(C), dropout,
+            out = pair_node(self, x_src, x_dst, edge_index, params, None, False, 0.0, 1.0 / math.sqrt(C), dropout,
                             False, skip)
             if skip is not None:  # the skip was added inside the node
                 return out

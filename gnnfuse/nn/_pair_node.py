@@ -34,15 +34,16 @@ from torch import Tensor
 from ..ops._library import resolve_backend
 from ..ops._opdef import eager_route_ok
 from ..ops._torch_private import function_apply
+from ..ops._library import triton_module
 from ..ops.attention import checked_graph
-from ..ops.pair_attention import BACKWARD, FORWARD
-from ._gat_node import once_differentiable_eager
-from ._projections import plain_linear
+from ._gat_node import _wants_grad, node_memo, once_differentiable_eager
+from ._projections import linear_params, submodule
 
 
 # (F.linear on 2-D inputs is torch's own mm(x, weight.T) / addmm(bias, x, weight.T), the same products,
 # with the transpose made in C++: one Python call less per linear)
 _linear = F.linear
+_kernels = triton_module("pair_attention")  # gnnfuse.triton.pair_attention, imported on the first call
 _EMPTY: dict = {}  # (device, dtype) -> an empty tensor: dot attention's "out not kept" marker
 
 
@@ -64,22 +65,24 @@ class PairNode(torch.autograd.Function):
     v is k, ``w_v`` None) and the pair attention; with ``w_s`` (TransformerConv's skip) ``out [N_dst,
     H*C] + x_dst Ws^T + bs``; with ``b_s`` alone (GATv2Conv's bias) ``out [N_dst, H*C] + bs``.
     ``graph``: (rowptr, col, t_rowptr, t_col, t_pos); ``scalars``: the op's
-    (self_loops, gatv2, negative_slope, scale, dropout, seed)."""
+    (self_loops, gatv2, negative_slope, scale, dropout, seed); ``memo``: as GATNode's."""
 
     @staticmethod
-    def forward(ctx, graph: tuple, scalars: tuple, heads: int, x_src: Tensor, x_dst: Tensor, w_q: Tensor,
-                b_q: Tensor | None, w_k: Tensor, b_k: Tensor | None, w_v: Tensor | None, b_v: Tensor | None,
-                att: Tensor | None, w_s: Tensor | None = None, b_s: Tensor | None = None):
+    def forward(ctx, graph: tuple, scalars: tuple, memo: dict | None, heads: int, x_src: Tensor, x_dst: Tensor,
+                w_q: Tensor, b_q: Tensor | None, w_k: Tensor, b_k: Tensor | None, w_v: Tensor | None,
+                b_v: Tensor | None, att: Tensor | None, w_s: Tensor | None = None, b_s: Tensor | None = None):
         gatv2 = scalars[1]
-        q = _linear(x_dst, w_q, b_q).view(x_dst.shape[0], heads, -1)
-        k = _linear(x_src, w_k, b_k).view(x_src.shape[0], heads, -1)
-        v = k if w_v is None else _linear(x_src, w_v, b_v).view(x_src.shape[0], heads, -1)
+        # (q, k and v stay [N, H * C]: the kernels take them so, given the heads; no view ops forward or backward)
+        q = _linear(x_dst, w_q, b_q)
+        k = _linear(x_src, w_k, b_k)
+        v = k if w_v is None else _linear(x_src, w_v, b_v)
         att_ = None if att is None else att.view(heads, -1)
         rowptr, col, t_rowptr, t_col, t_pos = graph
-        out, m, z = FORWARD.kernels["triton"](q, k, v, att_, None, rowptr, col, None, t_rowptr, t_col, t_pos, *scalars)
+        out, m, z = _kernels().forward(q, k, v, att_, None, rowptr, col, None, t_rowptr, t_col, t_pos, *scalars, memo,
+                                       heads)
         # (the graph's tensors as plain attributes, as GATNode's: the cached CSR, never modified in place
         # and no output of this node; each saved tensor costs the host every step)
-        ctx.scalars, ctx.heads, ctx.graph = scalars, heads, graph
+        ctx.scalars, ctx.heads, ctx.graph, ctx.memo = scalars, heads, graph, memo
         kept = out if gatv2 else _empty(out)  # dot attention's Triton backward recomputes what it reads of out
         ctx.save_for_backward(x_src, x_dst, w_q, w_k, w_v, q, k, v, att_, kept, m, z, w_s)
         if w_s is None:  # (b_s alone: GATv2Conv's bias, PyG's out + bias)
@@ -92,7 +95,7 @@ class PairNode(torch.autograd.Function):
     def backward(ctx, g_out: Tensor):
         x_src, x_dst, w_q, w_k, w_v, q, k, v, att, kept, m, z, w_s = ctx.saved_tensors
         rowptr, col, t_rowptr, t_col, t_pos = ctx.graph
-        _, _, _, n_xs, n_xd, n_wq, n_bq, n_wk, n_bk, n_wv, n_bv, n_att, n_ws, n_bs = ctx.needs_input_grad
+        _, _, _, _, n_xs, n_xd, n_wq, n_bq, n_wk, n_bk, n_wv, n_bv, n_att, n_ws, n_bs = ctx.needs_input_grad
         gatv2 = ctx.scalars[1]
         need_q, need_k, need_v = n_xd or n_wq or n_bq, n_xs or n_wk or n_bk, n_xs or n_wv or n_bv
         if gatv2:  # v is k: the kernel adds v's gradient into k's (ops/pair_attention.py _kv_sum)
@@ -100,20 +103,17 @@ class PairNode(torch.autograd.Function):
         else:
             needs = [need_q, need_k, need_v, False, False]
         g_out = g_out.contiguous()
-        g_q, g_k, g_v, g_att, _ = BACKWARD.kernels["triton"](
-            g_out.view(q.shape), kept, m, z, q, k, v, att, None, rowptr, col, None, t_rowptr, t_col, t_pos,
-            *ctx.scalars, needs)
+        g_q, g_k, g_v, g_att, _ = _kernels().backward(  # (g_out: [N, H, C] or [N, H * C], contiguous)
+            g_out, kept, m, z, q, k, v, att, None, rowptr, col, None, t_rowptr, t_col, t_pos, *ctx.scalars, needs,
+            None, ctx.memo, ctx.heads)
         g_xs = g_xd = g_wq = g_bq = g_wk = g_bk = g_wv = g_bv = g_ws = g_bs = None
-        if need_q:
-            g_q = g_q.view(q.shape[0], -1)
+        if need_q:  # (q's, k's and v's gradients come as [N, H * C], as q, k and v)
             g_wq, g_bq = _linear_grads(g_q, x_dst, w_q, n_wq, n_bq)
             g_xd = torch.mm(g_q, w_q) if n_xd else None
         if needs[1]:
-            g_k = g_k.view(k.shape[0], -1)
             g_wk, g_bk = _linear_grads(g_k, x_src, w_k, n_wk, n_bk)
             g_xs = torch.mm(g_k, w_k) if n_xs else None
         if needs[2]:
-            g_v = g_v.view(v.shape[0], -1)
             g_wv, g_bv = _linear_grads(g_v, x_src, w_v, n_wv, n_bv)
             if n_xs:
                 g_xs = torch.mm(g_v, w_v) if g_xs is None else torch.addmm(g_xs, g_v, w_v)
@@ -124,39 +124,47 @@ class PairNode(torch.autograd.Function):
         elif n_bs:  # the output's bias alone (GATv2Conv's)
             g_bs = g_out.sum(0)
         g_att = g_att.view(1, *att.shape) if n_att else None
-        return None, None, None, g_xs, g_xd, g_wq, g_bq, g_wk, g_bk, g_wv, g_bv, g_att, g_ws, g_bs
+        return None, None, None, None, g_xs, g_xd, g_wq, g_bq, g_wk, g_bk, g_wv, g_bv, g_att, g_ws, g_bs
 
 
 _apply = function_apply(PairNode)  # (the C apply: callers checked eager_route_ok)
 
 
-def applies(layer, x_src: Tensor, x_dst: Tensor, linears: tuple, att: Tensor | None) -> bool:
-    """Whether the layer's call may take the one-node route (module doc); ``linears``: the query's,
-    key's and value's (GATv2: lin_r, lin_l, None). The caller has checked: no edge features."""
-    if not all(lin is None or plain_linear(lin) for lin in linears):
-        return False
-    tensors = [x_src, x_dst, att] + [t for lin in linears if lin is not None for t in (lin.weight, lin.bias)]
-    tensors = [t for t in tensors if t is not None]
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and eager_route_ok(tensors)):
-        return False
-    return resolve_backend(layer.gnnfuse_backend, x_src.device) == "triton"
+def applies(layer, x_src: Tensor, x_dst: Tensor, linears: tuple, att: Tensor | None) -> tuple | None:
+    """Whether the layer's call may take the one-node route (module doc): the query's, key's and value's
+    (weight, bias) where it may (GATv2: the value's None), else None; ``linears``: the query's, key's and
+    value's (GATv2: lin_r, lin_l, None). The caller has checked: no edge features."""
+    params = tuple(None if lin is None else linear_params(lin) for lin in linears)
+    if any(p is None for p, lin in zip(params, linears) if lin is not None):
+        return None
+    tensors = [x_src, x_dst] if att is None else [x_src, x_dst, att]
+    for p in params:
+        if p is not None:
+            tensors.append(p[0])
+            if p[1] is not None:
+                tensors.append(p[1])
+    if not (torch.is_grad_enabled() and _wants_grad(tensors)):
+        return None
+    return params if resolve_backend(layer.gnnfuse_backend, x_src.device) == "triton" else None
 
 
-def pair_node(layer, x_src: Tensor, x_dst: Tensor, edge_index, linears: tuple, att: Tensor | None, gatv2: bool,
+def pair_node(layer, x_src: Tensor, x_dst: Tensor, edge_index, params: tuple, att: Tensor | None, gatv2: bool,
               slope: float, scale: float, dropout: float, self_loops: bool, skip=None, bias=None) -> Tensor:
     """The layer's ``out [N_dst, H, C]`` through PairNode (after the pair ops' checks of the graph);
-    with ``skip`` (a plain linear, see :func:`node_skip`) ``out [N_dst, H*C]`` plus the skip; with
-    ``bias`` (no skip) ``out [N_dst, H*C] + bias``."""
+    ``params``: :func:`applies`' answer; with ``skip`` (the skip linear's (weight, bias), see
+    :func:`node_skip`) ``out [N_dst, H*C]`` plus the skip; with ``bias`` (no skip) ``out [N_dst, H*C] + bias``."""
     csr, seed = checked_graph(x_src, x_dst.shape[0], edge_index, slope, dropout, None)
-    if csr.col.device != x_src.device or x_dst.device != x_src.device:
+    device = x_src.get_device()  # (CPU or CUDA tensors: applies checked; an int, no device object)
+    if csr.col.get_device() != device or x_dst.get_device() != device:
         raise ValueError(f"all tensors must be on one device; got x on {x_src.device} and {x_dst.device}, "
                          f"edge_index on {csr.col.device}")
     graph = (csr.rowptr, csr.col, *csr.transpose_parts())
     scalars = (bool(self_loops), bool(gatv2), float(slope), float(scale), float(dropout), seed)
-    lin_q, lin_k, lin_v = linears
-    return _apply(graph, scalars, layer.heads, x_src, x_dst, lin_q.weight, lin_q.bias, lin_k.weight, lin_k.bias,
-                  None if lin_v is None else lin_v.weight, None if lin_v is None else lin_v.bias, att,
-                  None if skip is None else skip.weight, bias if skip is None else skip.bias)
+    (w_q, b_q), (w_k, b_k), value = params
+    w_v, b_v = (None, None) if value is None else value
+    w_s, b_s = (None, bias) if skip is None else skip
+    return _apply(graph, scalars, node_memo(csr), layer.heads, x_src, x_dst, w_q, b_q, w_k, b_k, w_v, b_v, att,
+                  w_s, b_s)
 
 
 def node_bias(layer, x_dst: Tensor):
@@ -169,13 +177,19 @@ def node_bias(layer, x_dst: Tensor):
 
 
 def node_skip(layer, x_dst: Tensor):
-    """TransformerConv's ``lin_skip`` where it may join PairNode (module doc), else None: PyG's default
-    tail (concat, root weight, no beta) with a plain lin_skip whose tensors may take the eager route,
-    on x_dst's dtype and device. (PairNode's own conditions: :func:`applies`, checked by the caller.)"""
-    skip = layer.lin_skip if layer.root_weight and layer.concat and layer.lin_beta is None else None
-    if skip is None or not plain_linear(skip):
+    """TransformerConv's ``lin_skip`` (weight, bias) where it may join PairNode (module doc), else None:
+    PyG's default tail (concat, root weight, no beta) with a plain lin_skip whose tensors may take the
+    eager route, on x_dst's dtype and device. (PairNode's own conditions: :func:`applies`, checked by
+    the caller.)"""
+    skip = submodule(layer, "lin_skip") if layer.root_weight and layer.concat and submodule(layer, "lin_beta") is None \
+        else None
+    params = None if skip is None else linear_params(skip)
+    if params is None:
         return None
-    tensors = [skip.weight] if skip.bias is None else [skip.weight, skip.bias]
-    if any(t.dtype != x_dst.dtype or t.device != x_dst.device for t in tensors) or not eager_route_ok(tensors):
+    tensors = [params[0]] if params[1] is None else list(params)
+    if not eager_route_ok(tensors):  # (CPU or CUDA tensors: their devices compare as ints)
         return None
-    return skip
+    dtype, device = x_dst.dtype, x_dst.get_device()
+    if any(t.dtype != dtype or t.get_device() != device for t in tensors):
+        return None
+    return params

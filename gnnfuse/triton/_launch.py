@@ -28,7 +28,12 @@ a Triton outside ``TESTED_TRITON``: the fast path reads Triton internals (the JI
 its C launcher), which change between releases. Widen the range only after
 tests/test_triton_gather_scatter.py's test_fast_launch_matches_the_jit_launch (one kernel) and
 test_fast_and_plain_launch_paths_agree_bitwise (forward and backward of every reduction) pass on a
-GPU with that Triton: both compare the two paths bitwise.
+GPU with that Triton: both compare the two paths bitwise. A bound launch on the Tritons of
+``DIRECT_TRITON`` (inside that range) calls the C launcher itself, without the launcher object's
+Python ``__call__`` (``_direct_launch``: only a CUDA launcher without scratch buffers); widen that range
+only after tests/test_attention_node_setups.py's test_direct_bound_and_plain_launches_agree_bitwise
+passes on a GPU with that Triton (it asserts that the direct call was taken and compares its bits
+with compiled.run's and Triton's plain launch).
 """
 from __future__ import annotations
 
@@ -39,18 +44,24 @@ from .. import config
 from ..ops._torch_private import current_cuda_device  # (the public torch.cuda.current_device off the tested torch)
 
 TESTED_TRITON = ((3, 6), (3, 6))  # inclusive (major, minor) range the fast path was tested on
+# A bound launch calls the compiled kernel's C launcher itself (skipping the Python ``__call__`` of
+# Triton's CudaLauncher: two scratch allocations of size 0, a closure) on these Tritons only: that
+# call's argument list is Triton's private launcher ABI (3.6: grid, stream, function, cooperative
+# and PDL flags, global and profile scratch, then metadata, hooks and the kernel's arguments).
+DIRECT_TRITON = ((3, 6), (3, 6))
 
 
-def tested_triton(version: str = triton.__version__) -> bool:
-    """Whether ``version`` lies in TESTED_TRITON (else every launch takes Triton's own path)."""
+def tested_triton(version: str = triton.__version__, tested: tuple = TESTED_TRITON) -> bool:
+    """Whether ``version`` lies in ``tested`` (TESTED_TRITON: else every launch takes Triton's own path)."""
     try:
         major_minor = tuple(int(part) for part in version.split(".")[:2])
     except ValueError:
         return False
-    return TESTED_TRITON[0] <= major_minor <= TESTED_TRITON[1]
+    return tested[0] <= major_minor <= tested[1]
 
 
 _ENABLED = config.enabled("GNNFUSE_TRITON_FAST_LAUNCH") and tested_triton()
+_DIRECT = _ENABLED and tested_triton(tested=DIRECT_TRITON)
 
 
 def _spec(a: object) -> object:
@@ -158,16 +169,60 @@ def _run_compiled(compiled, grid3: tuple[int, int, int], device: int, args: tupl
                  None, None, None, *args, *constexprs)
 
 
+def _direct_launch(compiled) -> tuple | None:
+    """(C launcher, its leading arguments after the stream) of a compiled kernel where the bound launch
+    may call it directly (DIRECT_TRITON, module doc): Triton's CudaLauncher with no global or profile
+    scratch (its ``__call__`` then passes None for both) and the plain C launch (no tensor-descriptor
+    wrapper). None elsewhere: the launch goes through ``compiled.run``."""
+    if not _DIRECT:
+        return None
+    try:
+        run = compiled.run
+        if type(run).__name__ != "CudaLauncher" or run.global_scratch_size or run.profile_scratch_size:
+            return None
+        launch = run.launch
+        if type(launch).__name__ != "builtin_function_or_method":
+            return None
+        return launch, (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                        compiled.packed_metadata, None, None, None)
+    except AttributeError:
+        return None
+
+
 class _Bound:
     """One compiled kernel with its grid and constexprs fixed."""
 
-    __slots__ = ("compiled", "constexprs", "grid", "device")
+    __slots__ = ("compiled", "constexprs", "grid", "device", "direct")
 
     def __init__(self, compiled, constexprs: tuple, grid: tuple, device: int):
         self.compiled, self.constexprs, self.grid, self.device = compiled, constexprs, _grid3(grid), device
+        self.direct = _direct_launch(compiled)
 
     def launch(self, args: tuple) -> None:
-        _run_compiled(self.compiled, self.grid, self.device, addresses(args), self.constexprs)
+        self._run(addresses(args))
+
+    def launch_aligned(self, args: tuple) -> bool:
+        """Launches unless a tensor among ``args`` is not 16-byte aligned (returns False, nothing
+        launched): the alignment check of BoundLaunches.usable in the same pass as the addresses."""
+        values, bits = [], 0
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                a = a.data_ptr()
+                bits |= a
+            values.append(a)
+        if bits & 15:
+            return False
+        self._run(values)
+        return True
+
+    def _run(self, values: list) -> None:
+        direct = self.direct
+        if direct is None:
+            _run_compiled(self.compiled, self.grid, self.device, values, self.constexprs)
+            return
+        grid = self.grid
+        direct[0](grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(self.device), *direct[1],
+                  *values, *self.constexprs)
 
 
 def addresses(args: tuple) -> list:
@@ -199,10 +254,18 @@ class BoundLaunches:
                 return False
         return True
 
+    @staticmethod
+    def enabled() -> bool:
+        """``usable()`` without the alignment check: pass ``ALIGN`` as ``fast`` where this holds, and
+        each bound launch checks every tensor's alignment while it takes the addresses (one pass),
+        falling back to the plain launch for a misaligned one."""
+        return _ENABLED and not _hooks_set()
+
     def __call__(self, step: str, kernel: FastKernel, grid: tuple, args: tuple, meta: dict, fast: bool) -> None:
         """Launches step ``step``: ``kernel[grid](*args, **meta)`` on the GPU of ``args[0]``, through
         the step's bound launch when ``fast`` (the first call binds it), else through FastKernel
-        (whose own device guard and version fence apply)."""
+        (whose own device guard and version fence apply). ``fast`` is usable()'s answer, or ALIGN
+        where enabled() holds: then the launch checks every tensor's alignment itself."""
         if not fast:
             kernel[grid](*args, **meta)
             return
@@ -212,10 +275,26 @@ class BoundLaunches:
             return
         bound = self._bound.get(step)
         if bound is None:
+            if fast is ALIGN and not _aligned(args):
+                kernel[grid](*args, **meta)
+                return
             bound = kernel.bind(grid, args, meta)  # launches
             if bound is not None:
                 self._bound[step] = bound
-        elif bound.device == device:
-            bound.launch(args)
-        else:  # bound on another GPU (not expected: a setup belongs to one GPU's graph)
+        elif bound.device != device:  # bound on another GPU (not expected: a setup belongs to one GPU's graph)
             kernel[grid](*args, **meta)
+        elif fast is not ALIGN:
+            bound.launch(args)
+        elif not bound.launch_aligned(args):
+            kernel[grid](*args, **meta)
+
+
+ALIGN = "align"  # BoundLaunches' ``fast``: enabled(), every tensor's alignment checked at the launch
+
+
+def _aligned(args: tuple) -> bool:
+    bits = 0
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            bits |= a.data_ptr()
+    return not bits & 15

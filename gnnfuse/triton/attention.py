@@ -40,8 +40,8 @@ from .attention_kernels import (
     _backward_rows_kernel,
     _backward_sources_kernel,
 )
-from ._launch import BoundLaunches
-from .attention_launches import BackwardSetup, ForwardSetup
+from ._launch import ALIGN, BoundLaunches
+from .attention_launches import BackwardSetup, ForwardSetup, node_setup, shared_empty
 from .gather_scatter import work_list
 from .gather_scatter_fwd_kernels import _COMBINE_K, _combine_kernel
 from .schedule import choose_window, short_rows, task_list
@@ -259,8 +259,11 @@ def forward_setup(kind: str, kernel, features, rowptr, col, flags: tuple, pair: 
     return cached(kind, (rowptr,), key, build)
 
 
-def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops, slope, p, seed):
-    n_src, H, F = x.shape
+def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops, slope, p, seed,
+            memo=None, heads=None):
+    """The op's forward; ``memo``: a one-node route's (attention_launches.node_setup), where its setup is kept;
+    ``heads``: x comes as contiguous [N, heads * F] (the route's product, no view to heads made)."""
+    n_src, H, F = x.shape if heads is None else (x.shape[0], heads, x.shape[1] // heads)
     num_dst = rowptr.shape[0] - 1
     out = x.new_empty(num_dst, H, F)
     m = x.new_empty(num_dst, H, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
@@ -268,12 +271,22 @@ def forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos
     if not (num_dst and H):
         return out, m, z
     has_edge, has_loop = a_edge is not None, a_loop is not None
-    flags = (("HAS_EDGE", has_edge), ("HAS_LOOP_TERM", has_loop), ("SELF_LOOPS", bool(self_loops)), ("DROPOUT", p > 0))
-    setup = forward_setup("attention-forward", _forward_one_pass_kernel, x, rowptr, col, flags)
+    if memo is not None and not (has_edge or has_loop):  # (the one-node route's calls)
+        setup = node_setup(memo, ("attention-forward", n_src, H, F, x.dtype, bool(self_loops), p > 0),
+                           _forward_knobs(), lambda: _forward_setup(x.view(n_src, H, F), rowptr, col, False, False,
+                                                                    self_loops, p))
+    else:
+        setup = _forward_setup(x if heads is None else x.view(n_src, H, F), rowptr, col, has_edge, has_loop,
+                               self_loops, p)
     tensors = (x, a_src, a_dst, a_edge if has_edge else x, a_loop if has_loop else x, rowptr, col, out, m, z)
-    fast = x.is_cuda and BoundLaunches.usable(*tensors[:7])
+    fast = x.is_cuda and BoundLaunches.enabled() and ALIGN
     setup.run(tensors, _scalars(n_src, num_dst, col.shape[0], H, F, self_loops, slope, p, seed), fast)
     return out, m, z
+
+
+def _forward_setup(x, rowptr, col, has_edge: bool, has_loop: bool, self_loops, p) -> ForwardSetup:
+    flags = (("HAS_EDGE", has_edge), ("HAS_LOOP_TERM", has_loop), ("SELF_LOOPS", bool(self_loops)), ("DROPOUT", p > 0))
+    return forward_setup("attention-forward", _forward_one_pass_kernel, x, rowptr, col, flags)
 
 
 def _fold(part, out, wl, width):
@@ -309,18 +322,21 @@ def _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs:
 
 
 def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, t_rowptr, t_col, t_pos, self_loops,
-             slope, p, seed, needs, fold_att=None):
+             slope, p, seed, needs, fold_att=None, memo=None, heads=None):
     """The op's backward. ``fold_att``: optional (att_src, att_dst) [H, F], contiguous, where x is a
     projection h whose terms are a_src = h . att_src and a_dst = h . att_dst over one node set (a
     layer's one-node route; the registered op passes none): the x gradient returned is then h's
     whole gradient, the terms' parts folded in by the transpose pass (_backward_sources_kernel),
-    and needs must ask for x's, a_src's and a_dst's."""
-    n_src, H, F = x.shape
+    and needs must ask for x's, a_src's and a_dst's. ``memo``: as forward's (the gradients not asked for
+    are then one shared empty tensor, which that route drops); ``heads``: as forward's (grad_out
+    contiguous, any shape of its size; x's gradient then [N, heads * F])."""
+    n_src, H, F = x.shape if heads is None else (x.shape[0], heads, x.shape[1] // heads)
     need_x, need_src, need_dst = bool(needs[0]), bool(needs[1]), bool(needs[2])
     need_edge, need_loop = bool(needs[3]) and a_edge is not None, bool(needs[4]) and a_loop is not None
     if fold_att is not None and not (need_x and need_src and need_dst and n_src == rowptr.shape[0] - 1):
         raise ValueError("fold_att needs x's, a_src's and a_dst's gradients and one node set for both roles")
-    empty = x.new_empty(0)
+    node = memo is not None and a_edge is None and a_loop is None  # (the one-node route's calls)
+    empty = shared_empty(x) if node else x.new_empty(0)
     g_x = torch.empty_like(x) if need_x else empty
     g_src = torch.empty_like(a_src) if need_src else empty
     g_dst = torch.empty_like(a_dst) if need_dst else empty
@@ -329,13 +345,18 @@ def backward(grad_out, out, m, z, x, a_src, a_dst, a_edge, a_loop, rowptr, col, 
     D = torch.empty_like(m)
     flags = (("HAS_EDGE", a_edge is not None), ("HAS_LOOP_TERM", a_loop is not None), ("SELF_LOOPS", bool(self_loops)),
              ("DROPOUT", p > 0))
-    setup = _backward_setup(x, rowptr, t_rowptr, col, t_col, t_pos, flags,
-                            (need_x, need_src, need_dst, need_edge, need_loop), fold_att is not None)
+    needs_ = (need_x, need_src, need_dst, need_edge, need_loop)
+    if node:
+        setup = node_setup(memo, ("attention-backward", n_src, H, F, x.dtype, flags, needs_, fold_att is not None),
+                           _knobs(), lambda: _backward_setup(x.view(n_src, H, F), rowptr, t_rowptr, col, t_col, t_pos,
+                                                             flags, needs_, fold_att is not None))
+    else:
+        setup = _backward_setup(x if heads is None else x.view(n_src, H, F), rowptr, t_rowptr, col, t_col, t_pos,
+                                flags, needs_, fold_att is not None)
     att_s, att_d = fold_att if fold_att is not None else (x, x)
     scalars = _scalars(n_src, rowptr.shape[0] - 1, col.shape[0], H, F, self_loops, slope, p, seed)
     a_edge_, a_loop_ = (a_edge if a_edge is not None else x), (a_loop if a_loop is not None else x)
-    fast = x.is_cuda and BoundLaunches.usable(grad_out, x, a_src, a_dst, a_edge_, a_loop_, rowptr, col, t_rowptr,
-                                              t_col, t_pos, att_s, att_d)
+    fast = x.is_cuda and BoundLaunches.enabled() and ALIGN
     launch, wl = setup.launch, setup.rows
     if wl is not None:
         p_dst = m.new_empty(wl.num_partials, H) if need_dst and wl.num_partials else m

@@ -76,3 +76,28 @@ class BackwardSetup(Launches):
         self.rows, self.rows_launch = rows, rows_launch
         self.sources, self.sources_launch = sources, sources_launch
         self.extra = extra
+
+
+def node_setup(memo: dict, key: tuple, knobs: tuple, build):
+    """A one-node route's setup (nn/_gat_node.py, nn/_pair_node.py) kept in ``memo``, the CSR's own dict
+    of derived state (``CSR._derived``: cleared whenever the CSR's tensors are found changed, and never
+    kept for tensors without stamps), by a key of the call's shapes, dtype and flags: found again without
+    the setup cache's stamp check of rowptr and its longer key. ``knobs``: the module settings the setup
+    was made with (the setup cache's key has them too); a setup made with others is made again."""
+    hit = memo.get(key)
+    if hit is None or hit[0] != knobs:
+        hit = memo[key] = (knobs, build())
+    return hit[1]
+
+
+_EMPTY: dict = {}  # (device, dtype) -> an empty tensor (shared_empty)
+
+
+def shared_empty(like: torch.Tensor) -> torch.Tensor:
+    """One empty tensor of ``like``'s device and dtype, shared: the one-node routes' marker for the
+    gradients they did not ask for (they drop them), one allocation less per backward."""
+    key = (like.device, like.dtype)
+    empty = _EMPTY.get(key)
+    if empty is None:
+        empty = _EMPTY[key] = like.new_empty(0)
+    return empty

@@ -11,9 +11,9 @@ import torch
 from . import attention as gat
 from .._tensor_cache import cached
 from ._grid import cdiv
-from ._launch import BoundLaunches
+from ._launch import ALIGN, BoundLaunches
 from .attention_forward_kernels import _pair_forward_one_pass_kernel
-from .attention_launches import BackwardSetup
+from .attention_launches import BackwardSetup, node_setup, shared_empty
 from .pair_attention_kernels import _pair_backward_rows_kernel, _pair_backward_sources_kernel, _pair_row_term_kernel
 
 
@@ -53,21 +53,38 @@ def _same(k, v) -> bool:
     return v.data_ptr() == k.data_ptr() and v.shape == k.shape and v.stride() == k.stride()
 
 
-def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed):
-    n_src, H, F = k.shape
+def forward(q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2, slope, scale, p, seed,
+            memo=None, heads=None):
+    """The op's forward. ``memo``: optional dict of the graph's (a CSR's ``_derived``, dropped with it
+    when its tensors change) where a one-node route keeps this call's setup, found again by a small
+    key instead of the setup cache's lookup (attention_launches.node_setup). ``heads``: q, k and v
+    come as contiguous [N, heads * F] (a one-node route's products, no view to heads made)."""
+    n_src, H, F = k.shape if heads is None else (k.shape[0], heads, k.shape[1] // heads)
     num_dst = q.shape[0]
     out = k.new_empty(num_dst, H, F)
     m = k.new_empty(num_dst, H, dtype=torch.float64 if k.dtype == torch.float64 else torch.float32)
     z = torch.empty_like(m)
     if not (num_dst and H):
         return out, m, z
-    setup = gat.forward_setup("pair-forward", _pair_forward_one_pass_kernel, k, rowptr, col,
-                              _flags(k, v, self_loops, gatv2, p, edge, perm, col.shape[0]), pair=True)
+    if memo is not None and edge is None and perm is None:  # (the one-node routes' calls)
+        kv = v is k or _same(k, v)
+        setup = node_setup(memo, ("pair-forward", n_src, H, F, k.dtype, bool(self_loops), bool(gatv2), p > 0, kv),
+                               gat._forward_knobs(), lambda: _forward_setup(k.view(n_src, H, F), v.view(n_src, H, F),
+                                                                            rowptr, col, self_loops, gatv2, p, None,
+                                                                            None))
+    else:
+        k3, v3 = (k, v) if heads is None else (k.view(n_src, H, F), v.view(v.shape[0], H, F))
+        setup = _forward_setup(k3, v3, rowptr, col, self_loops, gatv2, p, edge, perm)
     tensors = (q, k, v, att if att is not None else k, edge if edge is not None else k,
                perm if perm is not None else col, rowptr, col, out, m, z)
-    fast = k.is_cuda and BoundLaunches.usable(*tensors[:8])
+    fast = k.is_cuda and BoundLaunches.enabled() and ALIGN
     setup.run(tensors, _scalars(n_src, num_dst, col.shape[0], H, F, self_loops, slope, scale, p, seed), fast)
     return out, m, z
+
+
+def _forward_setup(k, v, rowptr, col, self_loops, gatv2, p, edge, perm):
+    return gat.forward_setup("pair-forward", _pair_forward_one_pass_kernel, k, rowptr, col,
+                             _flags(k, v, self_loops, gatv2, p, edge, perm, col.shape[0]), pair=True)
 
 
 def _scalars(n_src, num_dst, num_edges, H, F, self_loops, slope, scale, p, seed) -> tuple:
@@ -110,15 +127,19 @@ def _backward_setup(k, rowptr, t_rowptr, col, t_col, t_pos, flags: tuple, needs:
 
 
 def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowptr, t_col, t_pos, self_loops, gatv2,
-             slope, scale, p, seed, needs, outs=None):
+             slope, scale, p, seed, needs, outs=None, memo=None, heads=None):
     """The op's backward; ``outs``: optional (g_q, g_k, g_v) buffers of q's, k's and v's shape, contiguous,
-    to write those gradients into (a caller's slices of one tensor; the registered op passes none)."""
-    n_src, H, F = k.shape
+    to write those gradients into (a caller's slices of one tensor; the registered op passes none);
+    ``memo``: as forward's (a one-node route's; the gradients not asked for are then one shared empty
+    tensor, which that route drops); ``heads``: as forward's (grad_out contiguous, any shape of its size;
+    q's, k's and v's gradients then come as [N, heads * F])."""
+    n_src, H, F = k.shape if heads is None else (k.shape[0], heads, k.shape[1] // heads)
     num_dst = q.shape[0]
     need_q, need_k, need_v, need_att = bool(needs[0]), bool(needs[1]), bool(needs[2]), bool(needs[3]) and bool(gatv2)
     kv_sum = len(needs) > 5 and bool(needs[5]) and need_k and not need_v and _same(k, v)  # (ops/pair_attention.py)
     need_edge = bool(needs[4]) and edge is not None
-    empty = k.new_empty(0)
+    node = memo is not None and edge is None and perm is None  # (the one-node routes' calls)
+    empty = shared_empty(k) if node else k.new_empty(0)
     if outs is None:
         g_q = torch.empty_like(q) if need_q else empty
         g_k = torch.empty_like(k) if need_k else empty
@@ -132,15 +153,22 @@ def backward(grad_out, out, m, z, q, k, v, att, edge, rowptr, col, perm, t_rowpt
         g_edge = torch.empty_like(edge) if every_row else torch.zeros_like(edge)
     D = torch.empty_like(m)
     d_given = bool(out.numel() == 0 and num_dst and H)  # the forward did not keep out: D from the saved statistics
-    setup = _backward_setup(k, rowptr, t_rowptr, col, t_col, t_pos,
-                            _flags(k, v, self_loops, gatv2, p, edge, perm, col.shape[0]),
-                            (need_q, need_k, need_v, need_att, need_edge, kv_sum), d_given)
+    needs_ = (need_q, need_k, need_v, need_att, need_edge, kv_sum)
+    if node:
+        kv = v is k or _same(k, v)
+        setup = node_setup(memo, ("pair-backward", n_src, H, F, k.dtype, bool(self_loops), bool(gatv2), p > 0, kv,
+                                      needs_, d_given), (gat._knobs(), BACKWARD_DENSE, BACKWARD_EDGE_BLOCK),
+                               lambda: _backward_setup(k.view(n_src, H, F), rowptr, t_rowptr, col, t_col, t_pos,
+                                                       _flags(k, v, self_loops, gatv2, p, None, None, col.shape[0]),
+                                                       needs_, d_given))
+    else:
+        setup = _backward_setup(k if heads is None else k.view(n_src, H, F), rowptr, t_rowptr, col, t_col, t_pos,
+                                _flags(k, v, self_loops, gatv2, p, edge, perm, col.shape[0]), needs_, d_given)
     scalars = _scalars(n_src, num_dst, col.shape[0], H, F, self_loops, slope, scale, p, seed)
     att_ = att if att is not None else k
     edge_ = edge if edge is not None else k
     perm_ = perm if perm is not None else col
-    fast = k.is_cuda and BoundLaunches.usable(grad_out, q, k, v, att_, edge_, perm_, rowptr, col, t_rowptr, t_col,
-                                              t_pos)
+    fast = k.is_cuda and BoundLaunches.enabled() and ALIGN
     launch, wl = setup.launch, setup.rows
     if wl is not None:
         term = setup.extra["row_term"]

@@ -376,7 +376,7 @@ inline __m512i pair_order_8x8() { return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9,
 // att's, at) and the two other endpoints' rows x0, x1: each edge's 64 terms (LeakyAttOp's or MulOp's)
 // folded twice (128-bit lane c holding heads c and c + 4, two partial sums each), then the two edges
 // together once (fold_by_one) and put in order.
-template <bool kGatv2>
+template <bool kGatv2, bool kOrdered = true>
 GNNFUSE_ALWAYS_INLINE __m512 pair_sums_8x8(const Vec64<float> fx[4], const Vec64<float> at[4], float slope,
                                            __m512i order, const float* x0, const float* x1) {
   using V = Vec64<float>;
@@ -395,6 +395,7 @@ GNNFUSE_ALWAYS_INLINE __m512 pair_sums_8x8(const Vec64<float> fx[4], const Vec64
     return fold_by_two(fold_chunks(p[0], p[1]), fold_chunks(p[2], p[3]));
   };
   const __m512 a = half_folded(x0), b = half_folded(x1);
+  if constexpr (!kOrdered) return fold_by_one(a, b);  // lane 4c + 2j + i: edge j's head c + 4i
   return _mm512_permutexvar_ps(order, fold_by_one(a, b));
 }
 
@@ -452,14 +453,26 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
   const int64_t value_end = v == k ? 0 : stream_end;  // GATv2's values are its keys: just read (and prefetched)
   const uint32_t seed = P.seed, threshold = P.threshold;
   const V kept = V{} + float(P.scale);
-  const UInt16Lanes head_lane{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+  // the logits stay in fold_by_one's lanes (no permute to edge-major order): lane 4c + 2j + i holds
+  // edge j's (the pair's first or second) head c + 4i; kSecond: the second edge's lanes
+  constexpr __mmask16 kSecond = 0xcccc;
+  const UInt16Lanes head_lane{0, 4, 0, 4, 1, 5, 1, 5, 2, 6, 2, 6, 3, 7, 3, 7};
+  const __m512i heads_in_order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 4, 8, 12, 1, 5, 9, 13);
   const float slope = float(P.slope);
   const __m512 scale = _mm512_set1_ps(float(A.qk_scale)), ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512i order = pair_order_8x8();
   V at[4];
   for (int c = 0; c < 4; ++c) at[c] = kGatv2 ? load_vec(att + 16 * c) : V{};
-  __m512i idx[8];
-  head_indices_8x8(idx);
+  __m512i idx[8], inv_idx[4];  // lane l of vector v: head h = 2v + l / 8 of edge j (idx[4j + v]), or its 1 / z
+  for (int v4 = 0; v4 < 4; ++v4) {
+    alignas(64) int32_t lanes[3][16];
+    for (int l = 0; l < 16; ++l) {
+      const int h = 2 * v4 + l / 8;
+      lanes[0][l] = 4 * (h % 4) + h / 4, lanes[1][l] = lanes[0][l] + 2, lanes[2][l] = lanes[0][l];
+    }
+    idx[v4] = _mm512_load_si512(lanes[0]), idx[4 + v4] = _mm512_load_si512(lanes[1]);
+    inv_idx[v4] = _mm512_load_si512(lanes[2]);
+  }
   for (int64_t i = r0; i < r1; ++i) {
     // the query row two rows on (the keys' and values' reads in between hide it from the hardware prefetcher)
     if (i + 2 < r1) prefetch_lines<kPrefetchLines>(q + (i + 2) * 64);
@@ -478,16 +491,17 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
       const int64_t j0 = e < n ? int64_t(nbr[e]) : i, j1 = e1 < n ? int64_t(nbr[e1]) : i;
       self |= (j0 == i) & (e < n);
       self |= (j1 == i) & (e1 < n);
-      __m512 sv = pair_sums_8x8<kGatv2>(fx, at, slope, order, k + j0 * 64, k + j1 * 64);
+      __m512 sv = pair_sums_8x8<kGatv2, false>(fx, at, slope, order, k + j0 * 64, k + j1 * 64);
       if constexpr (!kGatv2) sv = _mm512_mul_ps(sv, scale);
-      sv = _mm512_mask_mov_ps(sv, __mmask16(e1 == e ? 0xff00 : 0), ninf);
+      sv = _mm512_mask_mov_ps(sv, __mmask16(e1 == e ? kSecond : 0), ninf);
       _mm512_storeu_ps(w + e * 8, sv);
       m = _mm512_max_ps(sv, m);
     }
     if (self_loops && self) [[unlikely]]
       return i;
-    const HeadVec<8> m8 = (HeadVec<8>)_mm256_max_ps(_mm512_extractf32x8_ps(m, 1), _mm512_castps512_ps256(m));
-    const V mm = repeat_heads<8>(m8, std::make_index_sequence<16>{});
+    // the head's max over both edges' lanes: max(second's, first's), as _mm256_max_ps(hi, lo) in edge-major order
+    const __m512 m_other = _mm512_permute_ps(m, _MM_SHUFFLE(1, 0, 3, 2));
+    const V mm = (V)_mm512_mask_max_ps(_mm512_max_ps(m_other, m), kSecond, m, m_other);
     V a[4] = {}, zz = {};
     for (int64_t e = 0; e < count; e += 2) {
       const V p = exp_vec16(load_vec(w + e * 8) - mm);
@@ -496,7 +510,7 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
       if constexpr (kKeep) {  // counters id * 8 + h of edges e (lanes 0-7) and e + 1 (lanes 8-15)
         const uint32_t id0 = uint32_t(e < n ? begin + e : num_edges + i) * 8u;
         const uint32_t id1 = uint32_t(e + 1 < n ? begin + e + 1 : num_edges + i) * 8u;
-        UInt16Lanes h = (UInt16Lanes)_mm512_inserti32x8(_mm512_set1_epi32(int(id0)), _mm256_set1_epi32(int(id1)), 1) +
+        UInt16Lanes h = (UInt16Lanes)_mm512_mask_blend_epi32(kSecond, _mm512_set1_epi32(int(id0)), _mm512_set1_epi32(int(id1))) +
                         head_lane;
         h = fmix32_lanes(fmix32_lanes(h) ^ seed);  // dropout_keep's hash on 16 lanes
         c = p * ((h >> 8) >= threshold ? kept : V{});
@@ -517,7 +531,16 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
         a[c4] = (V)_mm512_mask3_fmadd_ps(_mm512_permutexvar_ps(idx[4 + c4], (__m512)c),
                                          (__m512)load_vec(x1 + 16 * c4), (__m512)a[c4], k1);
     }
-    end_row_8x8(zz, a, idx, m8, out + i * 64, m_out + i * 8, z_out + i * 8);
+    // end_row_8x8 in these lanes: z = first + second (either order: the same bits), m and z stored in head order
+    const __m512 z = _mm512_add_ps((__m512)zz, _mm512_permute_ps((__m512)zz, _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 z8 = _mm512_permutexvar_ps(heads_in_order, z);
+    const __mmask16 pos = _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_GT_OQ),
+                    pos8 = _mm512_cmp_ps_mask(z8, _mm512_setzero_ps(), _CMP_GT_OQ);
+    _mm256_storeu_ps(m_out + i * 8, _mm512_castps512_ps256(_mm512_maskz_permutexvar_ps(pos8, heads_in_order, (__m512)mm)));
+    _mm256_storeu_ps(z_out + i * 8, _mm512_castps512_ps256(z8));
+    const __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), z);
+    for (int c4 = 0; c4 < 4; ++c4)
+      store_vec(out + i * 64 + 16 * c4, a[c4] * (V)_mm512_permutexvar_ps(inv_idx[c4], inv));
   }
   return r1;
 }

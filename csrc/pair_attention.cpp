@@ -445,7 +445,7 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
                                             const float* __restrict v, const float* __restrict att,
                                             const index_t* __restrict rowptr, const index_t* __restrict col,
                                             float* out, float* m_out, float* z_out, int64_t ahead, int64_t r0,
-                                            int64_t r1, int64_t stream_end, float* __restrict w) {
+                                            int64_t r1, int64_t stream_end, float* __restrict w, float* __restrict w2) {
   using V = Vec64<float>;
   const Params& P = A.P;
   const bool self_loops = P.self_loops;
@@ -473,7 +473,12 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
     idx[v4] = _mm512_load_si512(lanes[0]), idx[4 + v4] = _mm512_load_si512(lanes[1]);
     inv_idx[v4] = _mm512_load_si512(lanes[2]);
   }
-  for (int64_t i = r0; i < r1; ++i) {
+  // Row i's logits into wr (returns their max on the lanes, mm, and whether the row has an edge to itself)
+  struct Logits {
+    V mm;
+    bool self;
+  };
+  auto row_logits = [&](int64_t i, float* __restrict wr) __attribute__((always_inline)) {
     // the query row two rows on (the keys' and values' reads in between hide it from the hardware prefetcher)
     if (i + 2 < r1) prefetch_lines<kPrefetchLines>(q + (i + 2) * 64);
     const int64_t begin = rowptr[i], n = int64_t(rowptr[i + 1]) - begin;
@@ -494,20 +499,24 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
       __m512 sv = pair_sums_8x8<kGatv2, false>(fx, at, slope, order, k + j0 * 64, k + j1 * 64);
       if constexpr (!kGatv2) sv = _mm512_mul_ps(sv, scale);
       sv = _mm512_mask_mov_ps(sv, __mmask16(e1 == e ? kSecond : 0), ninf);
-      _mm512_storeu_ps(w + e * 8, sv);
+      _mm512_storeu_ps(wr + e * 8, sv);
       m = _mm512_max_ps(sv, m);
     }
-    if (self_loops && self) [[unlikely]]
-      return i;
     // the head's max over both edges' lanes: max(second's, first's), as _mm256_max_ps(hi, lo) in edge-major order
     const __m512 m_other = _mm512_permute_ps(m, _MM_SHUFFLE(1, 0, 3, 2));
-    const V mm = (V)_mm512_mask_max_ps(_mm512_max_ps(m_other, m), kSecond, m, m_other);
+    return Logits{(V)_mm512_mask_max_ps(_mm512_max_ps(m_other, m), kSecond, m, m_other), self};
+  };
+  // Row i's softmax weights from its logits wr and max mm, the weighted sum of its value rows, its row end.
+  auto row_sums = [&](int64_t i, const float* __restrict wr, const V mm) __attribute__((always_inline)) {
+    const int64_t begin = rowptr[i], n = int64_t(rowptr[i + 1]) - begin;
+    const index_t* nbr = col + begin;
+    const int64_t count = n + (i < num_loops ? 1 : 0);
     V a[4] = {}, zz = {};
     for (int64_t e = 0; e < count; e += 2) {
-      const V p = exp_vec16(load_vec(w + e * 8) - mm);
+      const V p = exp_vec16(load_vec(wr + e * 8) - mm);
       zz += p;
       V c = p;
-      if constexpr (kKeep) {  // counters id * 8 + h of edges e (lanes 0-7) and e + 1 (lanes 8-15)
+      if constexpr (kKeep) {  // counters id * 8 + h of edges e (lanes of the first) and e + 1 (kSecond)
         const uint32_t id0 = uint32_t(e < n ? begin + e : num_edges + i) * 8u;
         const uint32_t id1 = uint32_t(e + 1 < n ? begin + e + 1 : num_edges + i) * 8u;
         UInt16Lanes h = (UInt16Lanes)_mm512_mask_blend_epi32(kSecond, _mm512_set1_epi32(int(id0)), _mm512_set1_epi32(int(id1))) +
@@ -541,6 +550,24 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
     const __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), z);
     for (int c4 = 0; c4 < 4; ++c4)
       store_vec(out + i * 64 + 16 * c4, a[c4] * (V)_mm512_permutexvar_ps(inv_idx[c4], inv));
+  };
+  // Software-pipelined by rows: row i + 1's logits come before row i's sums in program order, so the
+  // sums (whose exps wait on nothing: the max is known) and the next logits are ready together and a
+  // row's chains (logits -> max -> exps, z -> 1 / z -> stores) overlap the next row's work.
+  if (r0 >= r1) return r1;
+  Logits cur = row_logits(r0, w);
+  if (self_loops && cur.self) [[unlikely]]
+    return r0;
+  float* wc = w;
+  float* wn = w2;
+  for (int64_t i = r0; i < r1; ++i) {
+    Logits next{V{}, false};
+    if (i + 1 < r1) next = row_logits(i + 1, wn);
+    row_sums(i, wc, cur.mm);
+    if (self_loops && next.self) [[unlikely]]
+      return i + 1;
+    cur = next;
+    std::swap(wc, wn);
   }
   return r1;
 }
@@ -552,7 +579,7 @@ HeadVec<8> pair_logits_8x8(const Row&, const float*, const float*, const float*,
 }
 template <typename index_t, bool kGatv2, bool kKeep>
 int64_t pair_rows_8x8(const Pair&, const float*, const float*, const float*, const float*, const index_t*,
-                      const index_t*, float*, float*, float*, int64_t, int64_t, int64_t r1, int64_t, float*) {
+                      const index_t*, float*, float*, float*, int64_t, int64_t, int64_t r1, int64_t, float*, float*) {
   return r1;  // never called
 }
 #endif
@@ -611,11 +638,13 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
     if constexpr (kPairs8x8) {  // the rows in one loop (pair_rows_8x8), a row with an edge to itself here
       int64_t longest = 0;
       for (int64_t i = r0; i < r1; ++i) longest = std::max<int64_t>(longest, int64_t(rowptr[i + 1]) - rowptr[i]);
-      std::vector<float> logits((longest + 2) * H + kWeightPad);  // a row's logits (and the odd row's -inf edge)
+      const int64_t row_floats = (longest + 2) * H + kWeightPad;  // a row's logits (and the odd row's -inf edge)
+      std::vector<float> logits(2 * row_floats);  // two rows' (pair_rows_8x8 works on two rows at a time)
       for (int64_t i = r0; i < r1;) {
         auto rows = [&](auto gatv2_c, auto keep_c) {
           return pair_rows_8x8<index_t, decltype(gatv2_c)::value, decltype(keep_c)::value>(
-              A, q, k, v, att, rowptr, col, out, m_out, z_out, ahead, i, r1, stream_end, logits.data());
+              A, q, k, v, att, rowptr, col, out, m_out, z_out, ahead, i, r1, stream_end, logits.data(),
+              logits.data() + row_floats);
         };
         using yes = std::true_type;
         using no = std::false_type;

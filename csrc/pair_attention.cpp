@@ -571,11 +571,148 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
   }
   return r1;
 }
+
+// The pair forward at 4 heads x 64 features in the form of pair_rows_8x8 (one loop over a thread's
+// rows, pipelined by rows, a row with an edge to itself to skip left to the general path): a row's
+// logits in one walk of its keys (all four heads of an edge at once: the query's and att's vectors
+// read from memory, not in registers), the exps 4 edges a vector, then one walk of its values with
+// the 16 vectors of the weighted sum in registers. The general path walks a row's keys and values
+// in four tiles each (a loop, its exit and its prefetch stream per head), and the exps in a pass of
+// their own with the dropout factors filled per row. The same operations in the same order as
+// head_dot_tile<4, -2>, scale_row_logits, softmax_weights and weighted_tile: the same bits.
+template <typename index_t, bool kGatv2, bool kKeep>
+GNNFUSE_ALWAYS_INLINE int64_t pair_rows_4x64(const Pair& A, const float* __restrict q, const float* __restrict k,
+                                             const float* __restrict v, const float* __restrict att,
+                                             const index_t* __restrict rowptr, const index_t* __restrict col,
+                                             float* out, float* m_out, float* z_out, int64_t ahead, int64_t r0,
+                                             int64_t r1, int64_t stream_end, float* __restrict w,
+                                             float* __restrict w2) {
+  using V = Vec64<float>;
+  using HV = HeadVec<4>;
+  constexpr int64_t HF = 256;
+  const Params& P = A.P;
+  // whole rows (16 lines) prefetched per edge: the whole-row distance (tile_prefetch_ahead's for tiles of
+  // 4 lines put 32 KB in flight where the rows come from memory)
+  ahead = prefetch_ahead(HF * int64_t(sizeof(float)));
+  const bool self_loops = P.self_loops;
+  const int64_t num_loops = P.num_loops, num_edges = P.num_edges;
+  const int64_t value_end = v == k ? 0 : stream_end;  // GATv2's values are its keys: just read (and prefetched)
+  const uint32_t seed = P.seed, threshold = P.threshold;
+  const V kept = V{} + float(P.scale);
+  const UInt16Lanes head_lane{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+  const Int16Lanes edge_lane{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  const float slope = float(P.slope), scale = A.gatv2 ? 1.0f : float(A.qk_scale);
+  const HV ninf = HV{} - std::numeric_limits<float>::infinity();
+  struct Logits {
+    HV m;
+    bool self;
+  };
+  auto row_logits = [&](int64_t i, float* __restrict wr) __attribute__((always_inline)) {
+    if (i + 2 < r1) prefetch_bytes(q + (i + 2) * HF, HF * int64_t(sizeof(float)));
+    const int64_t begin = rowptr[i], n = int64_t(rowptr[i + 1]) - begin;
+    const index_t* nbr = col + begin;
+    const int64_t count = n + (i < num_loops ? 1 : 0);  // edge n: the virtual self loop
+    const float* qi = q + i * HF;
+    HV m = ninf;
+    bool self = false;
+    for (int64_t e = 0; e < count; ++e) {
+      if (begin + e + ahead < stream_end) prefetch_lines<16>(k + int64_t(col[begin + e + ahead]) * HF);
+      const int64_t j = e < n ? int64_t(nbr[e]) : i;
+      self |= (j == i) & (e < n);
+      const float* x = k + j * HF;
+      HV s;
+#pragma GCC unroll 4
+      for (int h = 0; h < 4; ++h) {
+        V p[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const int64_t f = 64 * h + 16 * c;
+          if constexpr (kGatv2) {
+            const V u = load_vec(qi + f) + load_vec(x + f);
+            p[c] = load_vec(att + f) * (u > V{} ? u : u * slope);
+          } else {
+            p[c] = load_vec(qi + f) * load_vec(x + f);
+          }
+        }
+        s[h] = 0.0f + lane_sum((p[0] + p[1]) + (p[2] + p[3]));  // head_dots: a zero-filled entry += the sum
+      }
+      s = s * scale;
+      store_heads<4>(wr + e * 4, s);
+      m = s > m ? s : m;
+    }
+    return Logits{m, self};
+  };
+  auto row_sums = [&](int64_t i, float* __restrict wr, const HV m) __attribute__((always_inline)) {
+    const int64_t begin = rowptr[i], n = int64_t(rowptr[i + 1]) - begin;
+    const index_t* nbr = col + begin;
+    const int64_t count = n + (i < num_loops ? 1 : 0);
+    const V mm = repeat_heads<4>(m, std::make_index_sequence<16>{});
+    const int64_t total = count * 4;
+    for (int64_t t = total; t < (total + 15) / 16 * 16; t += 4) store_heads<4>(wr + t, ninf);
+    HV z = HV{};
+    for (int64_t t = 0; t < total; t += 16) {  // 4 edges a vector
+      const V p = exp_vec16(load_vec(wr + t) - mm);
+      V c = p;
+      if constexpr (kKeep) {  // counters id * 4 + h, lane 4g + h: edge t / 4 + g (the loop's id for edge n)
+        const Int16Lanes e = edge_lane + int32_t(t / 4);
+        const UInt16Lanes id = e < int32_t(n) ? (UInt16Lanes)e + uint32_t(begin) : UInt16Lanes{} + uint32_t(num_edges + i);
+        UInt16Lanes h = id * 4u + head_lane;
+        h = fmix32_lanes(fmix32_lanes(h) ^ seed);  // dropout_keep's hash on 16 lanes
+        c = p * ((h >> 8) >= threshold ? kept : V{});
+      }
+      store_vec(wr + t, c);
+      add_parts<4>(z, p, std::make_index_sequence<4>{});
+    }
+    V a[16];
+    for (int c = 0; c < 16; ++c) a[c] = V{};
+    for (int64_t e = 0; e < count; ++e) {
+      if (begin + e + ahead < value_end) prefetch_lines<16>(v + int64_t(col[begin + e + ahead]) * HF);
+      const int64_t j = e < n ? int64_t(nbr[e]) : i;
+      const float* x = v + j * HF;
+#pragma GCC unroll 4
+      for (int h = 0; h < 4; ++h) {
+        const V cv = V{} + wr[e * 4 + h];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) a[4 * h + c] += cv * load_vec(x + 64 * h + 16 * c);
+      }
+    }
+    store_heads<4>(m_out + i * 4, z > HV{} ? m : HV{});
+    store_heads<4>(z_out + i * 4, z);
+    const HV inv = z > HV{} ? (HV{} + 1.0f) / z : HV{};
+#pragma GCC unroll 4
+    for (int h = 0; h < 4; ++h) {
+      const V iv = V{} + inv[h];
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) store_vec(out + i * HF + 64 * h + 16 * c, a[4 * h + c] * iv);
+    }
+  };
+  if (r0 >= r1) return r1;
+  Logits cur = row_logits(r0, w);
+  if (self_loops && cur.self) [[unlikely]]
+    return r0;
+  float* wc = w;
+  float* wn = w2;
+  for (int64_t i = r0; i < r1; ++i) {
+    Logits next{HV{}, false};
+    if (i + 1 < r1) next = row_logits(i + 1, wn);
+    row_sums(i, wc, cur.m);
+    if (self_loops && next.self) [[unlikely]]
+      return i + 1;
+    cur = next;
+    std::swap(wc, wn);
+  }
+  return r1;
+}
 #else
 constexpr bool kPairLogits = false;
 template <bool kGatv2, typename Row>
 HeadVec<8> pair_logits_8x8(const Row&, const float*, const float*, const float*, float, float, float*) {
   return HeadVec<8>{};  // never called
+}
+template <typename index_t, bool kGatv2, bool kKeep>
+int64_t pair_rows_4x64(const Pair&, const float*, const float*, const float*, const float*, const index_t*,
+                       const index_t*, float*, float*, float*, int64_t, int64_t, int64_t r1, int64_t, float*, float*) {
+  return r1;  // never called
 }
 template <typename index_t, bool kGatv2, bool kKeep>
 int64_t pair_rows_8x8(const Pair&, const float*, const float*, const float*, const float*, const index_t*,
@@ -635,16 +772,24 @@ void forward_tiles(const Pair& A, const float* q, const float* k, const float* v
         finish_row_tiles<HH>(P, S, row, w, m, heads, v, out + i * HF, m_out + i * H, z_out + i * H);
       }
     };
-    if constexpr (kPairs8x8) {  // the rows in one loop (pair_rows_8x8), a row with an edge to itself here
+    constexpr bool kRows4x64 = HH == 4 && kPairLogits;
+    if (kPairs8x8 || (kRows4x64 && F == 64)) {  // the rows in one loop (pair_rows_*), a row with an edge to itself here
       int64_t longest = 0;
       for (int64_t i = r0; i < r1; ++i) longest = std::max<int64_t>(longest, int64_t(rowptr[i + 1]) - rowptr[i]);
       const int64_t row_floats = (longest + 2) * H + kWeightPad;  // a row's logits (and the odd row's -inf edge)
       std::vector<float> logits(2 * row_floats);  // two rows' (pair_rows_8x8 works on two rows at a time)
       for (int64_t i = r0; i < r1;) {
         auto rows = [&](auto gatv2_c, auto keep_c) {
-          return pair_rows_8x8<index_t, decltype(gatv2_c)::value, decltype(keep_c)::value>(
-              A, q, k, v, att, rowptr, col, out, m_out, z_out, ahead, i, r1, stream_end, logits.data(),
-              logits.data() + row_floats);
+          if constexpr (kPairs8x8)
+            return pair_rows_8x8<index_t, decltype(gatv2_c)::value, decltype(keep_c)::value>(
+                A, q, k, v, att, rowptr, col, out, m_out, z_out, ahead, i, r1, stream_end, logits.data(),
+                logits.data() + row_floats);
+          else if constexpr (kRows4x64)
+            return pair_rows_4x64<index_t, decltype(gatv2_c)::value, decltype(keep_c)::value>(
+                A, q, k, v, att, rowptr, col, out, m_out, z_out, ahead, i, r1, stream_end, logits.data(),
+                logits.data() + row_floats);
+          else
+            return r1;
         };
         using yes = std::true_type;
         using no = std::false_type;

@@ -603,6 +603,7 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_4x64(const Pair& A, const float* __restr
   const Int16Lanes edge_lane{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
   const float slope = float(P.slope), scale = A.gatv2 ? 1.0f : float(A.qk_scale);
   const HV ninf = HV{} - std::numeric_limits<float>::infinity();
+  const __m512i lane0_of_chunks = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
   struct Logits {
     HV m;
     bool self;
@@ -620,7 +621,7 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_4x64(const Pair& A, const float* __restr
       const int64_t j = e < n ? int64_t(nbr[e]) : i;
       self |= (j == i) & (e < n);
       const float* x = k + j * HF;
-      HV s;
+      __m512 t[4];
 #pragma GCC unroll 4
       for (int h = 0; h < 4; ++h) {
         V p[4];
@@ -634,8 +635,20 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_4x64(const Pair& A, const float* __restr
             p[c] = load_vec(qi + f) * load_vec(x + f);
           }
         }
-        s[h] = 0.0f + lane_sum((p[0] + p[1]) + (p[2] + p[3]));  // head_dots: a zero-filled entry += the sum
+        t[h] = (__m512)((p[0] + p[1]) + (p[2] + p[3]));
       }
+      // the four heads' lane sums together, in lane_sum's tree (GCC's _mm512_reduce_add_ps: 256-bit halves
+      // added, then 128-bit halves, then elements {2, 3} to {0, 1}, then element 1 to 0): the same bits
+      const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)),
+                                      _mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)));
+      const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2)),
+                                      _mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0)));
+      const __m512 t6 = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)),
+                                      _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)));
+      const __m512 t8 = _mm512_add_ps(t6, _mm512_permute_ps(t6, _MM_SHUFFLE(1, 0, 3, 2)));
+      const __m512 sums = _mm512_add_ps(t8, _mm512_permute_ps(t8, _MM_SHUFFLE(0, 0, 0, 1)));
+      // head_dots: a zero-filled entry += the sum
+      HV s = HV{} + (HV)_mm512_castps512_ps128(_mm512_permutexvar_ps(lane0_of_chunks, sums));
       s = s * scale;
       store_heads<4>(wr + e * 4, s);
       m = s > m ? s : m;

@@ -1,4 +1,4 @@
-"""The CPU pair forward's one-loop rows at 8 heads x 8 and 4 x 64 (csrc/pair_attention.cpp, pair_rows_8x8,
+"""The CPU pair forward's one-loop rows at 8 heads x 8 and 4 x 64 (csrc/pair_rows.h, pair_rows_8x8,
 pair_rows_4x64): a
 thread's rows in one loop, pipelined by rows (row i + 1's logits before row i's sums), rows with an
 edge to itself to skip handed to the general path. GATv2 and the dot product with and without self

@@ -121,3 +121,66 @@ def test_rows_without_edges_give_zeros():
     assert not out.any() and not m.any() and not z.any()
     out, m, z = ext().pair_forward(x, x, x, None, None, csr.rowptr, csr.col, None, False, False, SLOPE, 0.3, 0.0, 0)
     assert not out.any() and not m.any() and not z.any()
+
+
+def csr_rows_keyed(ei, num_src, num_dst, dtype):
+    """The CSR of edge_index ei with index type dtype, and each CSR position's edge as dst * num_src + src."""
+    csr = csr_for_edge_index(ei, num_src, num_dst)
+    rows = torch.repeat_interleave(torch.arange(num_dst), csr.rowptr.diff())
+    return csr.rowptr.to(dtype), csr.col.to(dtype), rows * num_src + csr.col.long()
+
+
+@pytest.mark.parametrize("heads,width", [(8, 8), (4, 64)])
+@pytest.mark.parametrize("index", [torch.int64, torch.int32])
+@pytest.mark.parametrize("terms", ["none", "edge", "edge+loop"])
+@pytest.mark.parametrize("sizes", [(300, 300), (200, 300), (300, 200)])
+def test_rows_in_one_loop_match_the_general_rows_bit_for_bit(heads, width, index, terms, sizes):
+    """At 8 x 8 and 4 x 64 the float forward walks a thread's rows in one loop (gat_rows_8x8 /
+    gat_rows_4x64) and hands a row with an edge to itself to skip to the general row path. The same
+    graph with such an edge in every third row (general path there) and without (one loop): the same
+    out, m and z bit for bit, with and without edge and loop terms, with rows past N_src (no virtual
+    loop; sizes are (N_src, N_dst)), empty rows and every row length mod 4."""
+    num_src, num_dst = sizes
+    g = torch.Generator().manual_seed(4)
+    deg = torch.arange(num_dst) % 13  # 0 .. 12 edges a row
+    dst = torch.repeat_interleave(torch.arange(num_dst), deg)
+    src = torch.randint(0, num_src, (len(dst),), generator=g)
+    key = torch.unique(dst * num_src + src)
+    key = key[key // num_src != key % num_src]  # no self edges, no duplicates
+    ei = torch.stack([key % num_src, key // num_src])
+    own = torch.arange(0, min(num_src, num_dst), 3)
+    ei_self = torch.cat([ei, torch.stack([own, own])], 1)  # every third row: an edge to itself (skipped)
+    x = torch.randn(num_src, heads, width, generator=g)
+    a_src, a_dst = torch.randn(num_src, heads, generator=g) * 2, torch.randn(num_dst, heads, generator=g) * 2
+    edge_value = dict(zip(key.tolist(), torch.randn(len(key), heads, generator=g)))
+    a_loop = torch.randn(num_dst, heads, generator=g) if terms == "edge+loop" else None
+    results = []
+    for edges in (ei, ei_self):
+        rowptr, col, keys = csr_rows_keyed(edges, num_src, num_dst, index)
+        a_edge = None
+        if terms != "none":  # each real edge's term at its CSR position (a skipped edge's is unused)
+            a_edge = torch.stack([edge_value.get(k, torch.full((heads,), float("nan"))) for k in keys.tolist()])
+        results.append(ext().gat_forward(x, a_src, a_dst, a_edge, a_loop, rowptr, col, True, SLOPE, 0.0, 5))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("heads,width", [(8, 8), (4, 64)])
+@pytest.mark.parametrize("index", [torch.int64, torch.int32])
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_rows_in_one_loop_with_edge_terms_and_int32_match_float64(heads, width, index, dropout):
+    """The one-loop rows (with edges to themselves to skip, so some rows take the general path
+    between them) with edge and loop terms, dropout and int32 indices, against the float64 kernels."""
+    csr, transpose, nodes = every_degree_graph()
+    csr32 = type("C", (), {"rowptr": csr.rowptr.to(index), "col": csr.col.to(index), "num_edges": csr.num_edges})
+    g = torch.Generator().manual_seed(6)
+    x, a_src, a_dst, a_loop = (torch.randn(*s, generator=g, dtype=torch.float64)
+                               for s in ((nodes, heads, width), (nodes, heads), (nodes, heads), (nodes, heads)))
+    a_edge = torch.randn(csr.num_edges, heads, generator=g, dtype=torch.float64)
+
+    def run(dtype):
+        args = [t.to(dtype) for t in (x, a_src, a_dst, a_edge, a_loop)]
+        return ext().gat_forward(*args, csr32.rowptr, csr32.col, True, SLOPE, dropout, 9)
+
+    for a, b in zip(run(torch.float32), run(torch.float64)):
+        close(a, b)

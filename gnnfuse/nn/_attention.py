@@ -78,8 +78,9 @@ class GATConv(pyg_nn.GATConv):
         res = self.res(x_dst) if self.res is not None else None
         lin = submodule(self, "lin")
         lin_src, lin_dst = (lin, lin) if lin is not None else (self.lin_src, self.lin_dst)
-        params = self.gnnfuse_fused_projections and lin_src is lin_dst and x_src is x_dst and linear_params(lin_src)
-        default = bool(params) and params[1] is None  # PyG's default layer (one bias-free linear)
+        shared = self.gnnfuse_fused_projections and lin_src is lin_dst and x_src is x_dst
+        params = linear_params(lin_src) if shared else None  # (no bool() of a tuple: torch 2.11's dynamo rejects it)
+        default = params is not None and params[1] is None  # PyG's default layer (one bias-free linear)
         dropout = self.dropout if self.training else 0.0
         if default and (edge_attr is None or self.lin_edge is None) and node_applies(self, x_src, params[0]):
             bias = param(self, "bias")

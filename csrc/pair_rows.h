@@ -106,6 +106,34 @@ GNNFUSE_ALWAYS_INLINE HeadVec<8> pair_logits_8x8(const Row& edges, const float* 
   return (HeadVec<8>)_mm256_max_ps(hi, lo);
 }
 
+// Rows r0 .. r1 software-pipelined by rows (pair_rows_8x8, pair_rows_4x64): row i + 1's logits
+// (row_logits(i + 1, its buffer) -> {row_max, self}) come before row i's sums (row_sums(i, its buffer,
+// its row_max)) in program order, so the sums (whose exps wait on nothing: the max is known) and the next
+// logits are ready together and a row's chains (logits -> max -> exps, z -> 1 / z -> stores) overlap the
+// next row's work. w, w2: a row's logits each, swapped row by row. Returns the first row not done: r1, or
+// a row with an edge to itself to skip (self_loops), which the caller takes on the general path.
+template <typename LogitsFn, typename SumsFn>
+GNNFUSE_ALWAYS_INLINE int64_t rows_pipelined(int64_t r0, int64_t r1, bool self_loops, float* w, float* w2,
+                                             LogitsFn& row_logits, SumsFn& row_sums) {
+  using Logits = decltype(row_logits(r0, w));
+  if (r0 >= r1) return r1;
+  Logits cur = row_logits(r0, w);
+  if (self_loops && cur.self) [[unlikely]]
+    return r0;
+  float* wc = w;
+  float* wn = w2;
+  for (int64_t i = r0; i < r1; ++i) {
+    Logits next{};
+    if (i + 1 < r1) next = row_logits(i + 1, wn);
+    row_sums(i, wc, cur.row_max);
+    if (self_loops && next.self) [[unlikely]]
+      return i + 1;
+    cur = next;
+    std::swap(wc, wn);
+  }
+  return r1;
+}
+
 // The pair forward at 8 heads x 8 features, rows r0 .. r1 in one loop with nothing called per row (as
 // attention.cpp's gat_rows_8x8): a row's logits two edges at a time (pair_sums_8x8) with their max and,
 // in the same walk, the test for edges to itself to skip (self loops); then one exp vector per two
@@ -151,7 +179,7 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
   }
   // Row i's logits into wr (returns their max on the lanes, mm, and whether the row has an edge to itself)
   struct Logits {
-    V mm;
+    V row_max;
     bool self;
   };
   auto row_logits = [&](int64_t i, float* __restrict wr) __attribute__((always_inline)) {
@@ -227,25 +255,7 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_8x8(const Pair& A, const float* __restri
     for (int c4 = 0; c4 < 4; ++c4)
       store_vec(out + i * 64 + 16 * c4, a[c4] * (V)_mm512_permutexvar_ps(inv_idx[c4], inv));
   };
-  // Software-pipelined by rows: row i + 1's logits come before row i's sums in program order, so the
-  // sums (whose exps wait on nothing: the max is known) and the next logits are ready together and a
-  // row's chains (logits -> max -> exps, z -> 1 / z -> stores) overlap the next row's work.
-  if (r0 >= r1) return r1;
-  Logits cur = row_logits(r0, w);
-  if (self_loops && cur.self) [[unlikely]]
-    return r0;
-  float* wc = w;
-  float* wn = w2;
-  for (int64_t i = r0; i < r1; ++i) {
-    Logits next{V{}, false};
-    if (i + 1 < r1) next = row_logits(i + 1, wn);
-    row_sums(i, wc, cur.mm);
-    if (self_loops && next.self) [[unlikely]]
-      return i + 1;
-    cur = next;
-    std::swap(wc, wn);
-  }
-  return r1;
+  return rows_pipelined(r0, r1, self_loops, w, w2, row_logits, row_sums);
 }
 
 // The pair forward at 4 heads x 64 features in the form of pair_rows_8x8 (one loop over a thread's
@@ -281,7 +291,7 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_4x64(const Pair& A, const float* __restr
   const HV ninf = HV{} - std::numeric_limits<float>::infinity();
   const __m512i lane0_of_chunks = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
   struct Logits {
-    HV m;
+    HV row_max;
     bool self;
   };
   auto row_logits = [&](int64_t i, float* __restrict wr) __attribute__((always_inline)) {
@@ -375,22 +385,7 @@ GNNFUSE_ALWAYS_INLINE int64_t pair_rows_4x64(const Pair& A, const float* __restr
       for (int c = 0; c < 4; ++c) store_vec(out + i * HF + 64 * h + 16 * c, a[4 * h + c] * iv);
     }
   };
-  if (r0 >= r1) return r1;
-  Logits cur = row_logits(r0, w);
-  if (self_loops && cur.self) [[unlikely]]
-    return r0;
-  float* wc = w;
-  float* wn = w2;
-  for (int64_t i = r0; i < r1; ++i) {
-    Logits next{HV{}, false};
-    if (i + 1 < r1) next = row_logits(i + 1, wn);
-    row_sums(i, wc, cur.m);
-    if (self_loops && next.self) [[unlikely]]
-      return i + 1;
-    cur = next;
-    std::swap(wc, wn);
-  }
-  return r1;
+  return rows_pipelined(r0, r1, self_loops, w, w2, row_logits, row_sums);
 }
 #else
 constexpr bool kPairLogits = false;

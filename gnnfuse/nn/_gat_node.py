@@ -24,10 +24,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..ops._library import resolve_backend
+from ..ops._library import resolve_backend, triton_module
 from ..ops._opdef import _scan
 from ..ops._torch_private import function_apply
-from ..ops._library import triton_module
 from ..ops.attention import checked_graph
 from . import _recompute
 from ._projections import param, project

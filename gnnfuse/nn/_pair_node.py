@@ -21,7 +21,7 @@ torch's sum of such a buffer over its rows allocated a temporary of twice its si
 rfc-uniform at 8 x 8, and took as long as the three sums on an H100 (101 us in the profiler against
 3 x 32-58): benchmarks/results/attention-profile_h100_2026-11-24_hostcut.md.)
 
-Where (:func:`applies`): plain linears without hooks (nn/_projections.plain_linear), no edge
+Where (:func:`applies`): plain linears without hooks (nn/_projections.linear_params), no edge
 features, GATv2Conv without shared weights, the Triton backend, the eager route's conditions
 (ops/_opdef.py), a gradient wanted. Else the layer's default path. Double backward raises.
 """
@@ -31,10 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..ops._library import resolve_backend
+from ..ops._library import resolve_backend, triton_module
 from ..ops._opdef import eager_route_ok
 from ..ops._torch_private import function_apply
-from ..ops._library import triton_module
 from ..ops.attention import checked_graph
 from ._gat_node import _wants_grad, node_memo, once_differentiable_eager
 from ._projections import linear_params, submodule
@@ -44,15 +43,7 @@ from ._projections import linear_params, submodule
 # with the transpose made in C++: one Python call less per linear)
 _linear = F.linear
 _kernels = triton_module("pair_attention")  # gnnfuse.triton.pair_attention, imported on the first call
-_EMPTY: dict = {}  # (device, dtype) -> an empty tensor: dot attention's "out not kept" marker
-
-
-def _empty(like: Tensor) -> Tensor:
-    key = (like.device, like.dtype)
-    empty = _EMPTY.get(key)
-    if empty is None:
-        empty = _EMPTY[key] = like.new_empty(0)
-    return empty
+_launches = triton_module("attention_launches")  # (shared_empty: dot attention's "out not kept" marker)
 
 
 def _linear_grads(g: Tensor, x: Tensor, weight: Tensor, need_w: bool, need_b: bool):
@@ -83,7 +74,7 @@ class PairNode(torch.autograd.Function):
         # (the graph's tensors as plain attributes, as GATNode's: the cached CSR, never modified in place
         # and no output of this node; each saved tensor costs the host every step)
         ctx.scalars, ctx.heads, ctx.graph, ctx.memo = scalars, heads, graph, memo
-        kept = out if gatv2 else _empty(out)  # dot attention's Triton backward recomputes what it reads of out
+        kept = out if gatv2 else _launches().shared_empty(out)  # dot attention's Triton backward recomputes what it reads of out
         ctx.save_for_backward(x_src, x_dst, w_q, w_k, w_v, q, k, v, att_, kept, m, z, w_s)
         if w_s is None:  # (b_s alone: GATv2Conv's bias, PyG's out + bias)
             return out if b_s is None else torch.add(out.view(out.shape[0], -1), b_s)

@@ -76,33 +76,21 @@ def project_backward(x, weight, att, w, g_h: Tensor | None, g_src: Tensor | None
     return g_x, g_weight, g_att_src, g_att_dst
 
 
-def plain_linear(lin) -> bool:
-    """Whether ``lin`` is a plain, initialised linear layer without hooks (its forward is
-    ``F.linear(x, weight, bias)``, so GATProjection's product may stand in for it)."""
-    weight = getattr(lin, "weight", None)
-    if type(lin) not in (PygLinear, torch.nn.Linear) or lin._forward_hooks or lin._forward_pre_hooks:
-        return False
-    if type(weight) in _PLAIN_WEIGHTS:  # (the common case, without Parameter's metaclass isinstance)
-        return True
-    return isinstance(weight, Tensor) and not isinstance(weight, torch.nn.parameter.UninitializedParameter)
-
-
 _PLAIN_WEIGHTS = (torch.nn.Parameter, Tensor)
 
 
 def linear_params(lin) -> tuple[Tensor, Tensor | None] | None:
-    """``(lin.weight, lin.bias)`` where ``lin`` is a plain linear layer (:func:`plain_linear`), else
-    None. The parameters are read from the module's registry (``_parameters``, where
-    ``Module.__setattr__`` keeps them), not through ``Module.__getattr__``'s fallback lookup: the
-    one-node routes read six to eight of them a call on a host-bound step."""
+    """``(lin.weight, lin.bias)`` where ``lin`` is a plain, initialised linear layer without hooks (its
+    forward is ``F.linear(x, weight, bias)``, so a fused product may stand in for it), else None. The
+    parameters are read from the module's registry (:func:`param`): the one-node routes read six to
+    eight of them a call on a host-bound step."""
     if type(lin) not in (PygLinear, torch.nn.Linear) or lin._forward_hooks or lin._forward_pre_hooks:
         return None
-    params = lin._parameters
-    weight = params["weight"] if "weight" in params else getattr(lin, "weight", None)
-    if type(weight) not in _PLAIN_WEIGHTS and (not isinstance(weight, Tensor)
-                                               or isinstance(weight, torch.nn.parameter.UninitializedParameter)):
+    weight = param(lin, "weight")
+    if type(weight) not in _PLAIN_WEIGHTS and (  # (the common case, without Parameter's metaclass isinstance)
+            not isinstance(weight, Tensor) or isinstance(weight, torch.nn.parameter.UninitializedParameter)):
         return None
-    return weight, params["bias"] if "bias" in params else getattr(lin, "bias", None)
+    return weight, param(lin, "bias")
 
 
 def submodule(module, name: str):

@@ -247,12 +247,7 @@ class BoundLaunches:
 
     @staticmethod
     def usable(*varying: torch.Tensor) -> bool:
-        if not _ENABLED or _hooks_set():
-            return False
-        for t in varying:
-            if t.data_ptr() & 15:
-                return False
-        return True
+        return BoundLaunches.enabled() and _aligned(varying)
 
     @staticmethod
     def enabled() -> bool:

@@ -95,7 +95,8 @@ _EMPTY: dict = {}  # (device, dtype) -> an empty tensor (shared_empty)
 
 def shared_empty(like: torch.Tensor) -> torch.Tensor:
     """One empty tensor of ``like``'s device and dtype, shared: the one-node routes' marker for the
-    gradients they did not ask for (they drop them), one allocation less per backward."""
+    gradients they did not ask for (they drop them) and for dot attention's output not kept for the
+    backward (nn/_pair_node.py), one allocation less each."""
     key = (like.device, like.dtype)
     empty = _EMPTY.get(key)
     if empty is None:

@@ -196,8 +196,8 @@ def loop_attr(edge_attr: Tensor, edge_index, csr: CSR | None, num_dst: int, fill
     ``fill`` (a scatter over every edge on each call otherwise); ``csr``: edge_index's (None: not cached)."""
     if csr is None or not isinstance(fill, str) or not constant_edge_attr(edge_attr):
         return self_loop_attr(edge_attr, edge_index, num_dst, fill)
-    return cached("self_loop_edge_attr", (edge_attr, csr.perm), (num_dst, fill),
-                  lambda: self_loop_attr(edge_attr, edge_index, num_dst, fill))
+    return cached("self_loop_edge_attr", (edge_attr, csr.perm, csr.rowptr, csr.col), (num_dst, fill),
+                  lambda: self_loop_attr(edge_attr, edge_index, num_dst, fill))  # (the graph: all three of its parts)
 
 
 def self_loop_attr(edge_attr: Tensor, graph, num_dst: int, fill) -> Tensor:

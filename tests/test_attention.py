@@ -265,6 +265,39 @@ def test_gatconv_matches_pyg(name, backend):
         torch.testing.assert_close(g, r, **tol)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("edge_dim,fill", [(3, "mean"), (1, 0.5), (2, "max")])
+def test_gatconv_edge_terms_in_csr_order_match_pyg(edge_dim, fill, backend, monkeypatch):
+    """GATConv's edge terms go to the op in CSR order: a constant edge_attr's reorder (and its self
+    loops' features) cached per graph, picked up again after an in-place change and for another edge
+    order; an edge_attr with a gradient reordered on every call (edge_dim 1 < H: the raw features, else
+    the [E, H] terms), its gradient PyG's; the same with the cache off (EDGES_IN_CSR_ORDER False)."""
+    from gnnfuse.nn import _attention
+
+    stock, ours = gat_pair(6, 4, heads=2, edge_dim=edge_dim, fill_value=fill)
+    dev = on(backend)
+    stock, ours = stock.to(dev), ours.to(dev)
+    ours.gnnfuse_backend = backend
+    x = torch.randn(N, 6, dtype=torch.float64, device=dev, requires_grad=True)
+    ei = graph().to(dev)
+    tol = dict(atol=1e-8, rtol=1e-8)
+    for cache in (True, False):
+        monkeypatch.setattr(_attention, "EDGES_IN_CSR_ORDER", cache)
+        ea = torch.randn(E, edge_dim, dtype=torch.float64, device=dev)
+        for case in (lambda: (ei, ea), lambda: (ei, ea.mul_(-0.5)), lambda: (ei.flip(1), ea.flip(0))):
+            edge_index, attr = case()  # (the second: ea changed in place after a call)
+            (out, grads), (ref, ref_grads) = layer_run(ours, x, edge_index, attr), layer_run(stock, x, edge_index, attr)
+            torch.testing.assert_close(out, ref, **tol)
+            for g, r in zip(grads, ref_grads):
+                torch.testing.assert_close(g, r, **tol)
+        ea_grad = ea.clone().requires_grad_()
+        out, ref = ours(x, ei, ea_grad), stock(x, ei, ea_grad)
+        torch.testing.assert_close(out, ref, **tol)
+        weight = out.detach().cos()
+        torch.testing.assert_close(torch.autograd.grad((out * weight).sum(), ea_grad)[0],
+                                   torch.autograd.grad((ref * weight).sum(), ea_grad)[0], **tol)
+
+
 def test_gatconv_recomputes_its_projection_in_the_backward(monkeypatch):
     """The fused op's saved projection is made again from x in the backward (not kept from the
     forward), and the result still matches PyG."""
@@ -398,10 +431,14 @@ def test_gatconv_compiles_fullgraph():
     csr = CSR.from_edge_index(graph(), N)
     _, conv = gat_pair(6, 4, torch.float32, heads=2, edge_dim=3)
     conv.eval()  # training mode with dropout draws its seed with a host read (a graph break)
-    x, ea = torch.randn(N, 6, requires_grad=True), torch.randn(E, 3)
-    out, eager = torch.compile(conv, fullgraph=True)(x, csr, ea), conv(x, csr, ea)
-    torch.testing.assert_close(out, eager)
-    torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(eager.sum(), x)[0])
+    x = torch.randn(N, 6, requires_grad=True)
+    for ea_grad in (False, True):  # (eager: a constant edge_attr's copy in CSR order is cached)
+        ea = torch.randn(E, 3, requires_grad=ea_grad)
+        out, eager = torch.compile(conv, fullgraph=True)(x, csr, ea), conv(x, csr, ea)
+        torch.testing.assert_close(out, eager)
+        leaves = (x, ea) if ea_grad else (x,)
+        for g, r in zip(torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(eager.sum(), leaves)):
+            torch.testing.assert_close(g, r)
 
 
 @pytest.mark.parametrize("in_channels", [-1, (-1, -1)])

@@ -87,7 +87,17 @@ def test_loop_table_reaches_the_launch():
                                               base + edge + (("DROPOUT", False),), is_pair)
                 ahead = kernels.FORWARD_LOOP.get((width <= 16, logit, "float32-edge"), (0,))[0]
                 assert setup.meta["AHEAD"] == ahead and "maxnreg" not in setup.meta, (heads, width, logit)
-            # GAT's edge terms, the other edge-feature paths and float64 keep the plain loop and the tile's rows
+            # GAT's edge terms with the self loops' terms in float32 (GATConv with edge_dim): their own entries
+            if not is_pair:
+                for dropout in (False, True):
+                    flags_el = (("HAS_EDGE", True), ("HAS_LOOP_TERM", True), ("SELF_LOOPS", True), ("DROPOUT", dropout))
+                    setup = kernels.forward_setup(f"loop-table-{logit}", kernel, x, csr.rowptr, csr.col, flags_el)
+                    path = "float32-edge-loop" + ("-dropout" if dropout else "")
+                    ahead, cap, rows = kernels.FORWARD_LOOP.get((width <= 16, logit, path), (0, 0, 0))[:3]
+                    got = setup.meta["AHEAD"], setup.meta.get("maxnreg", 0), setup.meta["R"]
+                    assert got == (ahead, cap, rows or kernels._one_pass_config(heads, width)["rows"]), (width, path)
+            # GAT's edge terms without the loops', the other edge-feature paths and float64 keep the plain loop and
+            # the tile's rows
             plain = [(x.double(), (("DROPOUT", False),)), (x, edge + (("DROPOUT", True),)),
                      (x.bfloat16(), edge + (("DROPOUT", False),))]
             if not is_pair:

@@ -227,7 +227,7 @@ def test_edge_features_in_csr_order_match_edge_order(name, backend, monkeypatch)
     """The layers' edge features in CSR order (EDGES_IN_CSR_ORDER: the raw edge_attr reordered, cached
     when constant) against the edge_index order: the same outputs and gradients; a constant edge_attr
     changed in place after a call is picked up (the cache's stamp), as is another graph."""
-    from gnnfuse.nn import _pair_attention
+    from gnnfuse.nn import _attention
 
     dev = on(backend)
     _, ours = make_pair(name, 6, dtype=torch.float32)
@@ -237,7 +237,7 @@ def test_edge_features_in_csr_order_match_edge_order(name, backend, monkeypatch)
     ei = graph().to(dev)
     results = {}
     for csr_order in (False, True):
-        monkeypatch.setattr(_pair_attention, "EDGES_IN_CSR_ORDER", csr_order)
+        monkeypatch.setattr(_attention, "EDGES_IN_CSR_ORDER", csr_order)
         ea = torch.randn(E, 3, generator=torch.Generator().manual_seed(3)).to(dev)  # constant: cached
         first = layer_run(ours, x, ei, ea)
         with torch.no_grad():

@@ -8,8 +8,11 @@ Same constructor, parameters, state_dict and forward signature as
   the graph's own loops and adds one virtual loop per node (PyG's remove + add semantics, same
   numbers), so the graph's CSR is sorted once and shared by every layer and epoch;
 * the edge term ``att_edge . lin_edge(edge_attr)`` is computed as ``edge_attr @ w_eff.T`` with
-  ``w_eff [H, edge_dim]`` folded from lin_edge and att_edge (no [E, H * C] tensor); the self
-  loops' edge features follow ``fill_value`` exactly as PyG's ``add_self_loops``;
+  ``w_eff [H, edge_dim]`` folded from lin_edge and att_edge (no [E, H * C] tensor), in CSR order
+  (the order the kernels walk the edges): a constant edge_attr is reordered once per graph, cached
+  (EDGES_IN_CSR_ORDER), one with a gradient on every call, the narrower of edge_attr [E, edge_dim]
+  and the terms [E, H]; the self loops' edge features follow ``fill_value`` exactly as PyG's
+  ``add_self_loops`` (for a constant edge_attr, cached too);
 * the attention logits' node terms are ``x @ w_att.T`` with ``w_att [H, in]`` folded from the
   projection's weight and ``att_src`` / ``att_dst`` (no [N, H, C] product, forward or backward),
   and the projection ``lin(x)`` the kernel saves is recomputed in the backward from ``x``
@@ -33,8 +36,11 @@ from torch_geometric.nn import MessagePassing
 from torch import Tensor
 from torch_geometric.utils import scatter
 
+from .._tensor_cache import cached
 from ..csr import CSR
-from ..ops.attention import gat_attention
+from ..ops._edge_order import in_csr_order
+from ..ops.attention import _run as gat_run
+from ..ops.gather_scatter import _as_csr
 from ._layers import FUSED_CLASSES
 from ._mixin import _HOOK_DICTS, csr_to_edge_index, edge_endpoints
 from ._gat_node import applies as node_applies
@@ -108,28 +114,35 @@ class GATConv(pyg_nn.GATConv):
             alpha_src = attention_logits(lin_src, x_src, self.att_src)
             alpha_dst = attention_logits(lin_dst, x_dst, self.att_dst)
         alpha_edge = alpha_loop = None
+        graph = edge_index
         if edge_attr is not None and self.lin_edge is not None:
-            alpha_edge, alpha_loop = self._edge_terms(edge_attr, edge_index, x_dst.shape[0])
+            alpha_edge, alpha_loop, graph = self._edge_terms(edge_attr, edge_index, h_src, x_dst.shape[0])
         # the op saves h_src for its backward: keep x_src (kept anyway) and make h_src again there
         with recompute(h_src, lambda: F.linear(x_src, lin_src.weight, lin_src.bias).view(-1, H, C),
                        (x_src, lin_src.weight) if lin_src.bias is None else (x_src, lin_src.weight, lin_src.bias)):
-            return gat_attention(
-                h_src, alpha_src, alpha_dst, edge_index, alpha_edge=alpha_edge, alpha_loop=alpha_loop,
-                negative_slope=self.negative_slope, dropout=dropout, add_self_loops=self.add_self_loops,
-                backend=self.gnnfuse_backend,
-            )
+            return gat_run(h_src, alpha_src, alpha_dst, graph, alpha_edge, alpha_loop, self.negative_slope, dropout,
+                           None, self.add_self_loops, self.gnnfuse_backend, csr_edges=True)
 
-    def _edge_terms(self, edge_attr: Tensor, graph, num_dst: int) -> tuple[Tensor, Tensor | None]:
-        """alpha_edge [E, H] and, with self loops, alpha_loop [N_dst, H] (PyG's fill_value rules)."""
+    def _edge_terms(self, edge_attr: Tensor, edge_index, like: Tensor, num_dst: int):
+        """(alpha_edge [E, H] in CSR order, with self loops alpha_loop [N_dst, H] (PyG's fill_value
+        rules) else None, the graph as a CSR). A constant edge_attr's reorder is cached
+        (raw_in_csr_order); one with a gradient is reordered on every call, whichever of edge_attr
+        [E, edge_dim] and alpha_edge [E, H] is narrower (in_csr_order's gradient takes it back)."""
         H, C = self.heads, self.out_channels
         if edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
         weight = self.lin_edge.weight  # [H * C, edge_dim]; lin_edge has no bias in GATConv
         w_eff = (weight.view(H, C, -1) * self.att_edge.view(H, C, 1)).sum(1)  # [H, edge_dim]
-        alpha_edge = edge_attr @ w_eff.t()
+        csr = _as_csr(edge_index, like, num_dst)
+        if csr_order_applies(edge_attr):
+            alpha_edge = raw_in_csr_order(edge_attr, csr) @ w_eff.t()
+        elif edge_attr.shape[1] < H:
+            alpha_edge = in_csr_order(edge_attr, csr.perm) @ w_eff.t()
+        else:
+            alpha_edge = in_csr_order(edge_attr @ w_eff.t(), csr.perm)
         if not self.add_self_loops:
-            return alpha_edge, None
-        return alpha_edge, self_loop_attr(edge_attr, graph, num_dst, self.fill_value) @ w_eff.t()
+            return alpha_edge, None, csr
+        return alpha_edge, loop_attr(edge_attr, edge_index, csr, num_dst, self.fill_value) @ w_eff.t(), csr
 
     def _why_not_fused(self, x, edge_index, size, return_attention_weights) -> str | None:
         return why_not_fused(self, x, edge_index, size, return_attention_weights)
@@ -146,6 +159,45 @@ def attention_logits(lin, x: Tensor, att: Tensor) -> Tensor:
     w_att = torch.einsum("hci,hc->hi", lin.weight.view(H, C, -1), att.view(H, C))
     b_att = None if lin.bias is None else torch.einsum("hc,hc->h", lin.bias.view(H, C), att.view(H, C))
     return F.linear(x, w_att, b_att)
+
+
+# Edge features in CSR order (GATConv here, GATv2Conv and TransformerConv in _pair_attention.py): for a
+# constant edge_attr (no gradient, eager mode, not an inference tensor) the layers reorder the raw
+# features [E, edge_dim] once per (tensor, graph), cached (lin(a)[perm] == lin(a[perm])), and compute
+# their edge terms in the order the kernels walk the edges. GATConv's kernels read [E, H] terms in CSR
+# order only, so without the cache (an edge_attr with a gradient, EDGES_IN_CSR_ORDER False) it reorders
+# them on every call; the pair layers' kernels can read [E, H, C] rows through the CSR's perm instead, and
+# do so then (benchmarks/results/attention-edge-terms_h100_2026-11-24_edgefeat.md: a per-call reorder of
+# [E, 16] costs them more than the in-order read saves). The self loops' features of a constant edge_attr
+# (PyG's fill_value reduce) are cached as well.
+EDGES_IN_CSR_ORDER = True
+
+
+def constant_edge_attr(edge_attr: Tensor) -> bool:
+    """Whether values derived from ``edge_attr`` may be cached: no gradient, not compiling, not an
+    inference tensor (which has no version counter)."""
+    return (not torch.compiler.is_compiling() and not edge_attr.requires_grad
+            and not edge_attr.is_inference())  # (Dynamo cannot trace is_inference: compiling is asked first)
+
+
+def csr_order_applies(edge_attr: Tensor) -> bool:
+    """Whether the layers take ``edge_attr``'s cached copy in CSR order (see EDGES_IN_CSR_ORDER)."""
+    return EDGES_IN_CSR_ORDER and constant_edge_attr(edge_attr)
+
+
+def raw_in_csr_order(edge_attr: Tensor, csr: CSR) -> Tensor:
+    """The constant raw edge features [E, edge_dim] in CSR order, cached per (tensor, graph) as
+    ops.gather_scatter's edge weights (the cache's stamp sees in-place changes)."""
+    return cached("csr_order_edge_attr", (edge_attr, csr.perm), (), lambda: in_csr_order(edge_attr, csr.perm))
+
+
+def loop_attr(edge_attr: Tensor, edge_index, csr: CSR | None, num_dst: int, fill) -> Tensor:
+    """``self_loop_attr``, cached per (tensor, graph) for a constant edge_attr with a reduce
+    ``fill`` (a scatter over every edge on each call otherwise); ``csr``: edge_index's (None: not cached)."""
+    if csr is None or not isinstance(fill, str) or not constant_edge_attr(edge_attr):
+        return self_loop_attr(edge_attr, edge_index, num_dst, fill)
+    return cached("self_loop_edge_attr", (edge_attr, csr.perm, csr.rowptr, csr.col), (num_dst, fill),
+                  lambda: self_loop_attr(edge_attr, edge_index, num_dst, fill))  # (the graph: all three of its parts)
 
 
 def self_loop_attr(edge_attr: Tensor, graph, num_dst: int, fill) -> Tensor:

@@ -12,9 +12,10 @@ Edge features (``edge_dim``): the projection ``lin_edge(edge_attr)`` [E, H * C] 
 computes it (for GATv2Conv over the edges and then the self loops' features, whose rows follow
 ``fill_value`` as PyG's ``add_self_loops``: the small [E + N, edge_dim] raw features are
 concatenated, not the projection); a constant edge_attr is put in CSR order first, once per graph
-(EDGES_IN_CSR_ORDER: the kernel then reads the projected rows in the order it walks the edges), one
-with a gradient stays in edge_index order and the kernel reads it through the CSR's permutation; the
-kernel writes the projection's gradient directly. No [E, H, C] message, key or value tensor exists.
+(_attention.EDGES_IN_CSR_ORDER: the kernel then reads the projected rows in the order it walks the
+edges; its self loops' features are cached too), one with a gradient stays in edge_index order and the
+kernel reads it through the CSR's permutation; the kernel writes the projection's gradient directly.
+No [E, H, C] message, key or value tensor exists.
 
 Falls back to PyG's own forward, with a one-time warning naming the reason, for
 ``return_attention_weights``, sparse adjacency tensors, ``x_dst=None``, explain mode, hooks and
@@ -29,12 +30,10 @@ import torch_geometric.nn as pyg_nn
 from torch_geometric.nn import MessagePassing
 from torch import Tensor
 
-from .._tensor_cache import cached
 from ..csr import CSR
-from ..ops._edge_order import in_csr_order
 from ..ops.gather_scatter import _as_csr
 from ..ops.pair_attention import _run, dot_attention, gatv2_attention
-from ._attention import _warn_once, self_loop_attr, why_not_fused
+from ._attention import _warn_once, csr_order_applies, loop_attr, raw_in_csr_order, why_not_fused
 from ._layers import FUSED_CLASSES
 from ._mixin import csr_to_edge_index
 from ._pair_node import applies as node_applies
@@ -43,29 +42,13 @@ from ._projections import submodule
 
 __all__ = ["GATv2Conv", "TransformerConv"]
 
-# Edge features in CSR order: for a constant edge_attr (no gradient, eager mode, not an inference
-# tensor) the layers reorder the raw features [E, edge_dim] once per (tensor, graph), cached
-# (lin_edge(a)[perm] == lin_edge(a[perm])), and the kernels then read the projected rows [E, H, C] in
-# the order they walk the edges, row k for CSR position k, instead of row perm[k] (a dependent load,
-# then a scattered row). H100, float32 forward kernels: 2-10% faster on 7 of 8 rows (GATv2 and the dot
-# product, arxiv-like and rfc-uniform, 8x8 and 4x64), 2.5% slower on one (dot, arxiv-like 8x8). A
-# reorder on every call (an edge_attr with a gradient) costs more than that (90 us on arxiv-like at
-# edge_dim 16 against 10-30 us saved), so such a tensor stays in edge_index order
-# (benchmarks/results/attention-edge-terms_h100_2026-11-24_edgefeat.md).
-EDGES_IN_CSR_ORDER = True
-
-
-def _csr_order_applies(edge_attr: Tensor) -> bool:
-    """Whether the layers pass ``edge_attr``'s projection in CSR order: a constant tensor whose
-    reorder the cache keeps (see EDGES_IN_CSR_ORDER)."""
-    return (EDGES_IN_CSR_ORDER and not torch.compiler.is_compiling() and not edge_attr.requires_grad
-            and not edge_attr.is_inference())  # (Dynamo cannot trace is_inference: compiling is asked first)
-
-
-def _raw_in_csr_order(edge_attr: Tensor, csr: CSR) -> Tensor:
-    """The constant raw edge features [E, edge_dim] in CSR order, cached per (tensor, graph) as
-    ops.gather_scatter's edge weights (the cache's stamp sees in-place changes)."""
-    return cached("csr_order_edge_attr", (edge_attr, csr.perm), (), lambda: in_csr_order(edge_attr, csr.perm))
+# Edge features in CSR order (_attention.EDGES_IN_CSR_ORDER, shared with GATConv): the kernels read the
+# projected rows [E, H, C] of a constant edge_attr in the order they walk the edges, row k for CSR
+# position k, instead of row perm[k] (a dependent load, then a scattered row). H100, float32 forward
+# kernels: 2-10% faster on 7 of 8 rows (GATv2 and the dot product, arxiv-like and rfc-uniform, 8x8 and
+# 4x64), 2.5% slower on one (dot, arxiv-like 8x8). A reorder on every call (an edge_attr with a gradient)
+# costs more than that (90 us on arxiv-like at edge_dim 16 against 10-30 us saved), so such a tensor stays
+# in edge_index order (benchmarks/results/attention-edge-terms_h100_2026-11-24_edgefeat.md).
 
 
 def _edge_terms(layer, edge_attr: Tensor, edge_index, like: Tensor, num_dst: int, loops: int):
@@ -73,13 +56,13 @@ def _edge_terms(layer, edge_attr: Tensor, edge_index, like: Tensor, num_dst: int
     order): lin_edge of the raw features, the self loops' rows last (``loops`` of them, PyG's fill)."""
     edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
     graph, csr_order = edge_index, False
-    if _csr_order_applies(edge_attr):
+    if csr_order_applies(edge_attr):
         graph = _as_csr(edge_index, like, num_dst)
-        raw, csr_order = _raw_in_csr_order(edge_attr, graph), True
+        raw, csr_order = raw_in_csr_order(edge_attr, graph), True
     else:
         raw = edge_attr
     if loops:  # PyG's add_self_loops: the loops' features last (made from the edge_index order's rows)
-        raw = torch.cat([raw, self_loop_attr(edge_attr, edge_index, loops, layer.fill_value)])
+        raw = torch.cat([raw, loop_attr(edge_attr, edge_index, graph if csr_order else None, loops, layer.fill_value)])
     return layer.lin_edge(raw).view(-1, layer.heads, layer.out_channels), graph, csr_order
 
 

@@ -216,6 +216,15 @@ def gat_attention(
         a_src, a_dst = (h * att_src).sum(-1), (h * att_dst).sum(-1)   # [N, H] each
         out = gnnfuse.gat_attention(h, a_src, a_dst, edge_index, add_self_loops=True, dropout=0.6)
     """
+    return _run(x, alpha_src, alpha_dst, edge_index_or_csr, alpha_edge, alpha_loop, negative_slope, dropout, seed,
+                add_self_loops, backend)
+
+
+def _run(x, alpha_src, alpha_dst, graph, alpha_edge, alpha_loop, negative_slope, dropout, seed, add_self_loops,
+         backend, csr_edges: bool = False) -> torch.Tensor:
+    """gat_attention's checks, then the op (or the reference). alpha_edge [E, H]: rows in edge_index
+    order, put in CSR order here (a copy; its gradient reordered back), or with ``csr_edges`` (the
+    layer, nn/_attention.py, which keeps a constant edge_attr in CSR order) already in CSR order."""
     x = require_tensor("x", x)
     require_floating("x", x)
     require_shape("x", x, "[N_src, H, F]", x.dim() == 3)
@@ -225,11 +234,12 @@ def gat_attention(
     alpha_dst = _alpha("alpha_dst", alpha_dst, x, lambda t: t.dim() == 2 and t.shape[1] == heads,
                        lambda: f"[N_dst, {heads}]")
     num_dst = alpha_dst.shape[0]
-    csr, seed = checked_graph(x, num_dst, edge_index_or_csr, negative_slope, dropout, seed)
+    csr, seed = checked_graph(x, num_dst, graph, negative_slope, dropout, seed)
     if alpha_edge is not None:
         alpha_edge = _alpha("alpha_edge", alpha_edge, x, lambda t: t.shape == (csr.num_edges, heads),
                             lambda: f"[E, H] = [{csr.num_edges}, {heads}]")
-        alpha_edge = in_csr_order(alpha_edge, csr.perm)
+        if not csr_edges:
+            alpha_edge = in_csr_order(alpha_edge, csr.perm)
     if alpha_loop is not None:
         alpha_loop = _alpha("alpha_loop", alpha_loop, x, lambda t: t.shape == (num_dst, heads),
                             lambda: f"[N_dst, H] = [{num_dst}, {heads}]")

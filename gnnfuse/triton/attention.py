@@ -207,16 +207,20 @@ def _forward_loop(F: int, flags: tuple, pair: bool, dtype: torch.dtype) -> tuple
     """The forward loop's (AHEAD, MAXNREG, ROWS[, HEADS]) for heads of F features, the kernel's ``flags`` and
     the features' dtype: FORWARD_LOOP's entry for the width, the kind of logit and the path (float32 or a half
     type, with or without dropout; float16's own entry where it has one; "float32-edge": the pair kernels'
-    [E, H, F] edge features in float32 without dropout), (0, 0, 0) where it has none (GAT's edge terms,
-    the other edge-feature paths, float64, entries not measured)."""
+    [E, H, F] edge features in float32 without dropout; "float32-edge-loop[-dropout]": GAT's [E, H] edge terms
+    with the self loops' terms, float32), (0, 0, 0) where it has none (GAT's edge terms without the loops'
+    or the loops' without edge terms, the other edge-feature paths, float64, entries not measured)."""
     f = dict(flags)
-    if f.get("HAS_LOOP_TERM") or not (dtype == torch.float32 or dtype in HALF_DTYPES):
+    edge, loop, drop = f.get("HAS_EDGE"), f.get("HAS_LOOP_TERM"), f.get("DROPOUT")
+    gat_edge_loop = not pair and edge and loop and dtype == torch.float32
+    if (loop and not gat_edge_loop) or not (dtype == torch.float32 or dtype in HALF_DTYPES):
         return 0, 0, 0
-    if f.get("HAS_EDGE") and not (pair and dtype == torch.float32 and not f.get("DROPOUT")):
+    if edge and not (gat_edge_loop or (pair and dtype == torch.float32 and not drop)):
         return 0, 0, 0
     logit = ("gatv2" if f.get("GATV2") else "dot") if pair else "gat"
-    path = ("float32" if dtype == torch.float32 else "half") + ("-dropout" if f.get("DROPOUT") else "")
-    path = "float32-edge" if f.get("HAS_EDGE") else path
+    path = ("float32" if dtype == torch.float32 else "half") + ("-dropout" if drop else "")
+    if edge:
+        path = ("float32-edge-loop" + ("-dropout" if drop else "")) if gat_edge_loop else "float32-edge"
     narrow = next_power_of_2(F) <= 16
     own = FORWARD_LOOP.get((narrow, logit, "float16" + path[4:])) if dtype == torch.float16 else None
     return own or FORWARD_LOOP.get((narrow, logit, path), (0, 0, 0))

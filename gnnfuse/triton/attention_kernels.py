@@ -86,7 +86,8 @@ def _edge_terms(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, ids,
                 HAS_EDGE: tl.constexpr, HAS_LOOP_TERM: tl.constexpr, SELF_LOOPS: tl.constexpr, ACC: tl.constexpr):
     """_edge_block's loads: (other endpoint [BE], valid [BE, HB], real edge (not the virtual loop)
     [BE], edge id [BE], the logit's terms [BE, HB]: the other endpoint's, the edge's and the self
-    loop's (0 where absent; without HAS_EDGE / HAS_LOOP_TERM the other endpoint's again, unused))."""
+    loop's (0 where absent; without HAS_EDGE / HAS_LOOP_TERM the other endpoint's again, unused; with
+    both, the edge's term holds the self loop's on the virtual edge, one load, and the loop's is unused))."""
     real = ks < end
     other = tl.where(real, ids.to(node.dtype), node)  # the virtual loop's other endpoint is the node itself
     valid = ks < stop
@@ -103,8 +104,13 @@ def _edge_terms(ks, end, stop, node, heads, hmask, a_other, a_edge, a_loop, ids,
     t_edge = t_other
     t_loop = t_other
     if HAS_EDGE:
-        t_edge = tl.load(a_edge + k[:, None] * H + heads[None, :], mask=v2 & real[:, None], other=0).to(ACC)
-    if HAS_LOOP_TERM:
+        if HAS_LOOP_TERM:  # one load: the edge's term, on the virtual self loop the loop's (t_edge, _edge_logit)
+            loop_row = node + 0 * ks
+            rows = tl.where(real[:, None], a_edge + k[:, None] * H, a_loop + loop_row[:, None] * H)
+            t_edge = tl.load(rows + heads[None, :], mask=v2, other=0).to(ACC)
+        else:
+            t_edge = tl.load(a_edge + k[:, None] * H + heads[None, :], mask=v2 & real[:, None], other=0).to(ACC)
+    elif HAS_LOOP_TERM:
         loop_row = node + 0 * ks
         t_loop = tl.load(a_loop + loop_row[:, None] * H + heads[None, :], mask=v2 & ~real[:, None], other=0).to(ACC)
     return other, v2, real, k, t_other, t_edge, t_loop
@@ -117,8 +123,8 @@ def _edge_logit(t_other, t_edge, t_loop, ad_node, v2, real, k, node, heads, N_ED
     """_edge_block's maths on _edge_terms' loads: (s pre-activation logit, e logit or -inf, keep)."""
     s = t_other + ad_node
     if HAS_EDGE:
-        s += t_edge
-    if HAS_LOOP_TERM:
+        s += t_edge  # (with HAS_LOOP_TERM, the self loop's term on the virtual edge: see _edge_terms)
+    elif HAS_LOOP_TERM:
         s += t_loop
     e = tl.where(s > 0, s, s * slope)
     e = tl.where(v2, e, NEG_INF)

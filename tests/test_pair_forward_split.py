@@ -22,7 +22,7 @@ GROUPS = dict(rows=8, seg=64, short_max=64, warps=1)  # every row in a row group
 PIECES = dict(rows=8, seg=3, short_max=2, warps=1)  # row groups, whole-row pieces and split rows
 
 
-def _forward(mode, ins, csr, dropout=0.3):
+def _forward(mode, ins, csr, dropout=0.3, slope=0.2):
     if mode == "gatv2":  # the values are the keys (one gather for both)
         q, k, v, att = ins["x_dst"], ins["x_src"], ins["x_src"], ins["att"]
     else:
@@ -30,7 +30,7 @@ def _forward(mode, ins, csr, dropout=0.3):
     flags = pair_kernels._flags(k, v, True, mode == "gatv2", dropout, None, None, csr.num_edges)
     split = kernels.forward_setup("split-test", None, k, csr.rowptr, csr.col, flags, pair=True).meta["SPLIT"]
     out = pair_kernels.forward(q, k, v, att, None, csr.rowptr, csr.col, None, *csr.transpose_parts(), True,
-                               mode == "gatv2", 0.2, 0.35, dropout, 7)
+                               mode == "gatv2", slope, 0.35, dropout, 7)
     return split, out
 
 
@@ -52,6 +52,22 @@ def test_split_loop_gives_the_3d_loop_results(monkeypatch, mode, width, dtype, c
         # outputs round once more
         tol = dict(atol=2e-6, rtol=2e-5) if dtype == torch.float32 or name != "out" else dict(atol=8e-3, rtol=8e-3)
         torch.testing.assert_close(a.float(), b.float(), **tol, msg=name)
+
+
+@pytest.mark.parametrize("slope", [0.0, -0.5, 1.0, 2.5])
+def test_split_gatv2_logit_holds_for_any_slope(monkeypatch, slope):
+    """_logit5's GATv2 form (slope (a . k) + (1 - slope) (a . max(k, -q)) + a . q) against the 3D loop's
+    a . leaky_relu(k + q), slopes of either sign and above 1 included."""
+    monkeypatch.setattr(pair, "F", 8)
+    csr = hub_graph().to(DEVICE)
+    ins = {k: v.detach().float().to(DEVICE) for k, v in pair.inputs("gatv2").items()}
+    got = {}
+    for split in (1, 2):
+        force(monkeypatch, **GROUPS, split=split)
+        got[split] = _forward("gatv2", ins, csr, dropout=0.0, slope=slope)
+    assert got[2][0] == 2
+    for name, a, b in zip(("out", "row max", "row sum"), got[1][1], got[2][1]):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=2e-5, msg=name)
 
 
 @pytest.mark.parametrize("mode", ["gatv2", "dot"])

@@ -36,7 +36,10 @@ from .pair_forward_split import _pair_split_loop
 # vectors of one (row, head) pair instead of one vector of 2 pairs (half the per-pair work a thread; where it applies:
 # pair_forward_split.split_for; wide GATv2 in half types with dropout, 4 heads x 8 rows, loads not ahead and a
 # 96-register cap (spill-free, 5 programs an SM):
-# benchmarks/results/attention-forward-paths_h100_2026-11-24_gpugatv2.md). Chosen on an H100 (kernel time against our
+# benchmarks/results/attention-forward-paths_h100_2026-11-24_gpugatv2.md; the other wide GATv2 / dot paths but
+# GATv2 in half types without dropout (whose 64-register cap the SPLIT loop spills under), the half-type dot with 16
+# rows: 2-22% faster, float32 GATv2 without dropout 1.3% slower on arxiv-like and 10% faster on rfc-uniform,
+# benchmarks/results/attention-forward-paths_h100_2026-11-24_gpulrelu.md). Chosen on an H100 (kernel time against our
 # sum of the same dtype, arxiv-like and rfc-uniform): float32 in
 # benchmarks/results/attention-forward_h100_2026-11-23_gpukern.md, the other paths in
 # benchmarks/results/attention-forward-paths_h100_2026-11-24_gpudrop.md (half types measured in bfloat16; float16
@@ -48,12 +51,14 @@ from .pair_forward_split import _pair_split_loop
 # and from more rows.
 FORWARD_LOOP = {(True, "gat", "float32"): (0, 64, 0), (True, "gatv2", "float32"): (1, 80, 0),
                 (True, "dot", "float32"): (0, 0, 0), (False, "gat", "float32"): (1, 72, 0),
-                (False, "gatv2", "float32"): (1, 72, 0), (False, "dot", "float32"): (0, 72, 0),
+                (False, "gatv2", "float32"): (1, 72, 0, 0, 2), (False, "dot", "float32"): (0, 0, 0, 0, 2),
                 (True, "gatv2", "float32-dropout"): (1, 0, 0), (True, "dot", "float32-dropout"): (1, 0, 0),
-                (False, "gat", "float32-dropout"): (1, 0, 8),
+                (False, "gat", "float32-dropout"): (1, 0, 8), (False, "gatv2", "float32-dropout"): (0, 0, 0, 0, 2),
+                (False, "dot", "float32-dropout"): (0, 0, 0, 0, 2),
                 (True, "gatv2", "half"): (1, 0, 0), (False, "gat", "half"): (0, 0, 16),
-                (False, "gatv2", "half"): (1, 64, 0),
+                (False, "gatv2", "half"): (1, 64, 0), (False, "dot", "half"): (0, 0, 16, 0, 2),
                 (False, "gat", "half-dropout"): (0, 168, 32), (False, "gatv2", "half-dropout"): (0, 96, 8, 4, 2),
+                (False, "dot", "half-dropout"): (0, 0, 16, 0, 2),
                 (True, "gat", "float16"): (1, 0, 0),
                 # [E, H, F] edge features, float32: AHEAD 1 3-30% faster for GATv2 and for the wide dot product,
                 # 2.5-10% slower for the narrow one (`.a1` rows of

@@ -92,6 +92,14 @@ def _pair_logit(ov, ev, node_vec, att, v2, real, k, node, heads, N_EDGES, H, slo
         e = tl.sum((ov + ev) * node_vec, 2) * qk_scale
     else:
         e = tl.sum(ov * node_vec, 2) * qk_scale
+    return _masked_logit(e, v2, real, k, node, heads, N_EDGES, H, seed, threshold, scale, DROPOUT, ACC)
+
+
+@triton.jit
+def _masked_logit(e, v2, real, k, node, heads, N_EDGES, H, seed, threshold, scale, DROPOUT: tl.constexpr,
+                  ACC: tl.constexpr):
+    """A step's logits e [R, HB] with -inf where invalid, and their dropout factor (edge ids k where real, the
+    virtual self loop's E + node else): the end of _pair_logit and of pair_forward_split._logit5."""
     e = tl.where(v2, e, NEG_INF)
     if DROPOUT:
         keep = _dropout_scale(seed, tl.where(real, k, N_EDGES + node), heads, H, threshold, scale)

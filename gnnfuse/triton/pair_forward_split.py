@@ -11,15 +11,18 @@ contiguous axis (V) the vector, then fills lanes and warps along the other axes 
 the last one inside a thread: here T, R and HB take the lanes and warps and SPLIT stays in the thread, so
 SPLIT x fewer threads share a pair and a thread does a pair's work once for SPLIT vectors (the wide GATv2
 loop with dropout: 213 instructions a step for one pair of 16 bfloat16 features a thread, against 253 for
-two pairs of 8; sm_90 SASS, see the results file named in FORWARD_LOOP's comment).
+two pairs of 8; 190 since the logit's rewrite and _widen; sm_90 SASS, see the results files named in
+FORWARD_LOOP's comment).
 
-Bits: the logit's sum is written in the 3D kernel's order (each thread's vector in order, then the threads'
-sums by the butterfly: here the SPLIT pieces of a thread first, which is the butterfly's first step there). On an
-H100 (Triton 3.6) the wide GATv2 half-type entry then gave the 3D loop's bits for every row in a row group
-(arxiv-like and rfc-uniform, bfloat16 and float16), but the compiler may fuse another product of a thread's sum
-into an FMA (float32 GATv2 at 3 x 16 differed in the last bit), so the order is kept where the compiler keeps it,
-not promised. A split row's lanes fold in another order (R lanes over threads, not warps), so its sums round
-differently (about 1% of arxiv-like's long rows, by one unit in the last place). Same bits run to run.
+Bits: the dot product's logit sum is written in the 3D kernel's order (each thread's vector in order, then the
+threads' sums by the butterfly: here the SPLIT pieces of a thread first, which is the butterfly's first step there),
+kept where the compiler keeps it, not promised (it may fuse another product of a thread's sum into an FMA: float32
+at 3 x 16 differed in the last bit on an H100). GATv2's logit is computed another way than the 3D loop's
+(_logit5: a . leaky_relu(k + q) as slope (a . k) + (1 - slope) (a . max(k, -q)) + a . q, one instruction a
+feature fewer), so its logits, hence its outputs and saved row statistics, differ from the 3D loop's and the
+backward's recomputed logits by rounding (the backward normalises its recomputed weights by the saved max and sum;
+the tests' reference tolerances hold). A split row's lanes fold in another order (R lanes over threads, not warps),
+so its sums round differently too. Same bits run to run.
 Only SPLIT 2 (the in-thread step that matches the butterfly's first), 16-byte loads (DENSE) and rows
 filling the program's threads (R >= 32 * num_warps / (T * HB)); the kernel checks the first two. Loads
 one step ahead or not (AHEAD 0 or 1; a larger AHEAD, e.g. attention.FORWARD_AHEAD = 2, runs as 1).
@@ -29,7 +32,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .attention_kernels import NEG_INF, _dropout_scale, _endpoints, _piece_at
+from .attention_kernels import NEG_INF, _endpoints, _piece_at
+from .pair_attention_kernels import _masked_logit
+
+# bfloat16 widened by a shift and a mask in inline PTX (_widen) where the kernels are compiled; the interpreter
+# runs no PTX (triton.jit makes interpreted functions by the same setting, read at import as here)
+BF16_BITS = tl.constexpr(not triton.knobs.runtime.interpret)
 
 
 @triton.jit
@@ -46,7 +54,18 @@ def _gather5(t, j, v2, heads, f5, H, FB: tl.constexpr, ACC: tl.constexpr):
     """[T, R, HB, SPLIT, V]: rows ``j`` [R] of a [N, H, FB] tensor where v2 [R, HB], 0 elsewhere."""
     ptrs = t + j[None, :, None, None, None] * H * FB + heads[None, None, :, None, None] * FB + f5
     mask = tl.broadcast_to(v2[None, :, :, None, None], ptrs.shape)
-    return tl.load(ptrs, mask=mask, other=0).to(ACC)
+    return _widen(tl.load(ptrs, mask=mask, other=0), ACC)
+
+
+@triton.jit
+def _widen(x, ACC: tl.constexpr):
+    """x as ACC. bfloat16 (with float32 ACC): each 32-bit register of two, a thread's consecutive elements, by a
+    shift (the first) and a mask (the second), one instruction an element; the conversion takes 1.5 (the second
+    half moved down, then shifted up: PRMT and IMAD.U32 in sm_90 SASS)."""
+    if BF16_BITS and x.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise("shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000;", "=r,=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=2)
+    return x.to(ACC)
 
 
 @triton.jit
@@ -70,24 +89,20 @@ def _loads5(ks, ids, end, stop, node, heads, hmask, f5, k, v, H, SELF_LOOPS: tl.
 
 
 @triton.jit
-def _logit5(kv, qi, a, v2, real, ks, node, heads, N_EDGES, H, slope, qk_scale, seed, threshold, scale,
+def _logit5(kv, qi, a, aq, v2, real, ks, node, heads, N_EDGES, H, slope, qk_scale, seed, threshold, scale,
             DROPOUT: tl.constexpr, GATV2: tl.constexpr, ACC: tl.constexpr):
-    """_pair_logit's maths on [T, R, HB, SPLIT, V] tiles: (e [R, HB], -inf where invalid; dropout factor)."""
+    """_pair_logit's maths on [T, R, HB, SPLIT, V] tiles: (e [R, HB], -inf where invalid; dropout factor).
+    GATv2 as a . leaky_relu(k + q) = slope (a . k) + (1 - slope) (a . max(k, -q)) + a . q (leaky_relu(u) =
+    slope u + (1 - slope) relu(u), relu(k + q) = max(k, -q) + q, any slope): qi holds -q and aq [R, HB] the row's
+    a . q, so that a feature takes a max and two FMAs instead of an add, a compare, a multiply and an FMA."""
     if GATV2:
-        u = kv + qi
-        x = tl.where(u > 0, u, u * slope) * a
+        s1 = tl.sum(tl.sum(kv * a, 4), 3)  # [T, R, HB]: a thread's vectors in order, then its SPLIT pieces
+        s2 = tl.sum(tl.sum(tl.maximum(kv, qi) * a, 4), 3)
+        e = tl.sum(s2 + (s1 - s2) * slope, 0) + aq  # then its T threads
     else:
-        x = kv * qi
-    # a thread's vectors in order, its SPLIT pieces, then its T threads (the 3D sum's order)
-    e = tl.sum(tl.sum(tl.sum(x, 4), 3), 0)
-    if not GATV2:
-        e = e * qk_scale
-    e = tl.where(v2, e, NEG_INF)
-    if DROPOUT:
-        keep = _dropout_scale(seed, tl.where(real, ks, N_EDGES + node), heads, H, threshold, scale)
-    else:
-        keep = tl.full(e.shape, 1.0, ACC)
-    return e, keep
+        # a thread's vectors in order, its SPLIT pieces, then its T threads (the 3D sum's order)
+        e = tl.sum(tl.sum(tl.sum(kv * qi, 4), 3), 0) * qk_scale
+    return _masked_logit(e, v2, real, ks, node, heads, N_EDGES, H, seed, threshold, scale, DROPOUT, ACC)
 
 
 @triton.jit
@@ -122,6 +137,11 @@ def _pair_split_loop(q, k, v, att, rowptr, col, out, m_out, z_out, seg_row, seg_
                     mask=tl.broadcast_to(hmask[None, None, :, None, None], (T, 1, HB, SPLIT, V)), other=0).to(ACC)
     else:
         a = tl.zeros((T, 1, HB, SPLIT, V), ACC)
+    if GATV2:  # _logit5's terms: -q and the row's a . q
+        aq = tl.sum(tl.sum(tl.sum(qi * a, 4), 3), 0)
+        qi = -qi
+    else:
+        aq = tl.zeros((R, HB), ACC)
     m = tl.full((R, HB), NEG_INF, ACC)
     z = tl.zeros((R, HB), ACC)
     acc = tl.zeros((T, R, HB, SPLIT, V), ACC)
@@ -140,7 +160,7 @@ def _pair_split_loop(q, k, v, att, rowptr, col, out, m_out, z_out, seg_row, seg_
             ids = _endpoints(col, ks + step, end)
             v2, real, kv, xv = _loads5(ks, ids_this, end, stop, node, heads, hmask, f5, k, v, H, SELF_LOOPS, KV_SAME,
                                        FB, ACC)
-        e, keep = _logit5(kv, qi, a, v2, real, ks, node, heads, N_EDGES, H, slope, qk_scale, seed, threshold, scale,
+        e, keep = _logit5(kv, qi, a, aq, v2, real, ks, node, heads, N_EDGES, H, slope, qk_scale, seed, threshold, scale,
                           DROPOUT, GATV2, ACC)
         m, z, acc = _step5(m, z, acc, e, keep, xv)
     _finish5(group, code, node, used, seg_row, seg_ptr, slot, rowptr, out, m_out, z_out, p_acc, p_m, p_z, heads,

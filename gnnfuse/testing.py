@@ -45,6 +45,19 @@ def outputs_at_thread_counts(run, counts=None) -> list:
     return results
 
 
+def assert_compiled_like_eager(conv, x, graph, num_edges: int, edge_dim: int) -> None:
+    """``torch.compile(conv, fullgraph=True)`` against eager ``conv`` on an edge_attr [num_edges, edge_dim]
+    with and without a gradient (eager keeps a constant edge_attr's copy in CSR order, compiled code does
+    not): outputs, and the gradients of x and of an edge_attr that asks for one."""
+    for ea_grad in (False, True):
+        ea = torch.randn(num_edges, edge_dim, requires_grad=ea_grad)
+        out, eager = torch.compile(conv, fullgraph=True)(x, graph, ea), conv(x, graph, ea)
+        torch.testing.assert_close(out, eager)
+        leaves = (x, ea) if ea_grad else (x,)
+        for g, r in zip(torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(eager.sum(), leaves)):
+            torch.testing.assert_close(g, r)
+
+
 class TwoLayerNet(torch.nn.Module):
     """``conv2(relu(conv1(x, graph)), graph)`` for any conv class: the model the nn tests and the
     end-to-end benchmark compare between stock PyG and gnnfuse.nn."""

@@ -11,6 +11,7 @@ import torch_geometric.nn as pyg_nn
 
 import gnnfuse.nn as G
 from gnnfuse import CSR
+from gnnfuse.testing import assert_compiled_like_eager
 from test_attention import BACKENDS, E, N, graph, on
 
 
@@ -259,11 +260,4 @@ def test_edge_features_compile_fullgraph():
     for name in ("gatv2-edge", "transformer-edge"):
         _, conv = make_pair(name, 6, dtype=torch.float32)
         conv.eval()
-        x = torch.randn(N, 6, requires_grad=True)
-        for ea_grad in (True, False):  # (eager: a constant edge_attr is passed in CSR order)
-            ea = torch.randn(E, 3, requires_grad=ea_grad)
-            out, eager = torch.compile(conv, fullgraph=True)(x, csr, ea), conv(x, csr, ea)
-            torch.testing.assert_close(out, eager)
-            leaves = (x, ea) if ea_grad else (x,)
-            for g, r in zip(torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(eager.sum(), leaves)):
-                torch.testing.assert_close(g, r)
+        assert_compiled_like_eager(conv, torch.randn(N, 6, requires_grad=True), csr, E, 3)

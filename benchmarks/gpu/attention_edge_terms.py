@@ -36,7 +36,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention_forward import DEVICE, _iqr, device_timer, emit, with_variant  # noqa: E402
+from attention_forward import DEVICE, _iqr, device_timer, emit, rotating_rounds, with_variant  # noqa: E402
 
 
 def case_fns(layer, h, att, edge_index, perm, edge, raw):
@@ -92,12 +92,8 @@ def run_case(gname, edge_index, nodes, heads, width, layer, rounds, calls, compi
         diffs = {n: float((outs[n].float() - ref).abs().max()) for n in ("before", "perm", "csr", "perm.a1", "csr.a1")
                  if n in outs}
         timers = {name: device_timer(fn, calls) for name, fn in fns.items()}
-        dev = {name: [] for name in fns}
+        dev, _ = rotating_rounds(fns, timers, rounds, wall=lambda name: False)
         names = list(fns)
-        for r in range(rounds):
-            for k in range(len(names)):
-                name = names[(r + k) % len(names)]
-                dev[name].append(timers[name]())
     med = {n: statistics.median(dev[n]) for n in names}
     return [dict(graph=gname, HxF=f"{heads}x{width}", layer=layer, variant=n, device_us=med[n],
                  device_iqr_us=_iqr(dev[n]), per_sum=med[n] / med["sum"], per_floor=med[n] / med["sum+read"],

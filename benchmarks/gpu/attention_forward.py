@@ -143,6 +143,21 @@ def wall_us(fn):
     return (time.perf_counter() - t0) * 1e6
 
 
+def rotating_rounds(fns: dict, timers: dict, rounds: int, wall=lambda name: True) -> tuple[dict, dict]:
+    """Device samples of every timer, ``rounds`` rounds in rotating order (round r starts at name r), and a
+    synchronised wall sample of the names ``wall`` picks: ({name: [device us]}, {name: [wall us]})."""
+    dev = {name: [] for name in fns}
+    walls = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            dev[name].append(timers[name]())
+            if wall(name):
+                walls[name].append(wall_us(fns[name]))
+    return dev, walls
+
+
 def run_case(graph_name, edge_index, nodes, heads, width, layer, variants, rounds, calls_per_graph, compile_only,
              dropout=0.0, dtype=torch.float32, edge_terms=False):
     import gnnfuse
@@ -163,14 +178,8 @@ def run_case(graph_name, edge_index, nodes, heads, width, layer, variants, round
         diffs = {v: float((outs[v].float() - first.float()).abs().max()) for v in variants}
         rerun = {v: torch.equal(fns[v](), outs[v]) for v in variants}  # the same bits on a second call
         timers = {name: device_timer(fn, calls_per_graph) for name, fn in fns.items()}
-        dev = {name: [] for name in fns}
-        wall = {name: [] for name in fns}
+        dev, wall = rotating_rounds(fns, timers, rounds)
         names = list(fns)
-        for r in range(rounds):
-            for k in range(len(names)):
-                name = names[(r + k) % len(names)]
-                dev[name].append(timers[name]())
-                wall[name].append(wall_us(fns[name]))
     med = {name: (statistics.median(dev[name]), statistics.median(wall[name])) for name in names}
     rows = []
     for name in names:

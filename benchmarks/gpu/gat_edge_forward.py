@@ -34,7 +34,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention_forward import DEVICE, _iqr, device_timer, wall_us, with_variant  # noqa: E402
+from attention_forward import DEVICE, _iqr, device_timer, rotating_rounds, with_variant  # noqa: E402
 
 # forward-loop knobs tried per head width F (--variants)
 VARIANTS = {8: ("m64", "a1", "a1.m64"), 64: ("a1", "a1.m72", "a1.r8")}
@@ -87,15 +87,8 @@ def run_case(gname, edge_index, nodes, heads, width, dropout, rounds, calls, edg
     diffs = {n: float((o.float() - ref).abs().max()) for n, o in outs.items() if n.startswith("op.csr.loop.")}
     del outs
     timers = {name: device_timer(fn, calls) for name, fn in fns.items()}
-    dev = {name: [] for name in fns}
-    wall = {name: [] for name in fns}
+    dev, wall = rotating_rounds(fns, timers, rounds, wall=lambda name: name.startswith("layer") or name == "sum")
     names = list(fns)
-    for r in range(rounds):
-        for k in range(len(names)):
-            name = names[(r + k) % len(names)]
-            dev[name].append(timers[name]())
-            if name.startswith("layer") or name == "sum":
-                wall[name].append(wall_us(fns[name]))
     s = statistics.median(dev["sum"])
     return [dict(tag=tag, graph=gname, HxF=f"{heads}x{width}", dropout=dropout, row=n,
                  device_us=statistics.median(dev[n]), device_iqr_us=_iqr(dev[n]), per_sum=statistics.median(dev[n]) / s,

@@ -81,6 +81,21 @@ def test_split_loop_matches_reference(monkeypatch, mode, cfg):
                                   "triton", dtype=torch.float32, add_self_loops=True, dropout=0.3, seed=8)
 
 
+@pytest.mark.parametrize("mode", ["gatv2", "dot"])
+@pytest.mark.parametrize("width,dtype,split", [(64, torch.bfloat16, 2), (32, torch.float32, 2), (24, torch.bfloat16, 1)])
+def test_wide_loop_table_entries_match_reference(monkeypatch, mode, width, dtype, split):
+    """The wide pair paths' FORWARD_LOOP entries as the launch takes them (nothing forced), with dropout: the SPLIT
+    loop at power-of-two widths, and at a wide width that is not one (24 features: no 16-byte loads) the 3D loop
+    with the entry's rows (the half-type dot's 16), outputs and gradients against the float64 reference."""
+    monkeypatch.setattr(pair, "F", width)
+    ins, csr = pair.inputs(mode, dtype), hub_graph()
+    k, on_device = (ins["x_src"] if mode == "gatv2" else ins["key"]).detach().to(DEVICE), csr.to(DEVICE)
+    flags = pair_kernels._flags(k, k, True, mode == "gatv2", 0.3, None, None, csr.num_edges)
+    setup = kernels.forward_setup("wide-table", None, k, on_device.rowptr, on_device.col, flags, pair=True)
+    assert setup.meta["SPLIT"] == split
+    pair.assert_matches_reference(mode, ins, csr, "triton", dtype, add_self_loops=True, dropout=0.3, seed=5)
+
+
 def test_split_for_applies_only_where_the_loop_fits():
     plain = (("HAS_EDGE", False),)
     assert split_for(2, 64, 64, 4, 8, 4, 2, plain) == 2  # wide GATv2, half types: 4 threads x 8 rows x 4 heads

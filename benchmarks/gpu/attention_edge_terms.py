@@ -29,14 +29,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention_forward import DEVICE, _iqr, device_timer, emit, rotating_rounds, with_variant  # noqa: E402
+from attention_forward import (DEVICE, _iqr, device_timer, emit, rotating_rounds, shard_of,  # noqa: E402
+                               warm_in_shards, with_variant)
 
 
 def case_fns(layer, h, att, edge_index, perm, edge, raw):
@@ -120,17 +120,10 @@ def main(argv=None):
 
     cases = [(g, w, l) for g in args.graphs.split(",") for w in args.widths.split(",") for l in args.layers.split(",")]
     if args.warm and not args.shard:
-        t0 = time.time()
-        base = [sys.executable, __file__, "--graphs", args.graphs, "--widths", args.widths, "--layers", args.layers,
-                "--scale", str(args.scale)]
-        procs = [subprocess.Popen(base + ["--shard", f"{i}/{args.warm}"]) for i in range(args.warm)]
-        print(f"warm: {[p.wait() for p in procs]} in {time.time() - t0:.0f}s", flush=True)
-    if args.shard:
-        i, n = map(int, args.shard.split("/"))
-        cases = cases[i::n]
+        warm_in_shards(__file__, argv or sys.argv[1:], args.warm)
     graphs = {}
     rows = []
-    for gname, w, layer in cases:
+    for gname, w, layer in shard_of(cases, args.shard):
         if gname not in graphs:
             graphs[gname] = suite_graph(gname, scale=args.scale, device=DEVICE)
         ei, nodes = graphs[gname]

@@ -143,6 +143,23 @@ def wall_us(fn):
     return (time.perf_counter() - t0) * 1e6
 
 
+def warm_in_shards(script: str, argv: list[str], warm: int) -> None:
+    """Compile every case first in ``warm`` processes: ``script`` again with ``argv`` and ``--shard i/warm``,
+    each compiling its share of the cases (:func:`shard_of`) and timing nothing, so that the timed process
+    finds Triton's cache warm."""
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, script, *argv, "--shard", f"{i}/{warm}"]) for i in range(warm)]
+    print(f"warm-up: {[p.wait() for p in procs]} in {time.time() - t0:.0f} s", flush=True)
+
+
+def shard_of(cases: list, shard: str) -> list:
+    """The cases a ``--shard i/n`` process compiles (every case without ``shard``)."""
+    if not shard:
+        return cases
+    i, n = map(int, shard.split("/"))
+    return cases[i::n]
+
+
 def rotating_rounds(fns: dict, timers: dict, rounds: int, wall=lambda name: True) -> tuple[dict, dict]:
     """Device samples of every timer, ``rounds`` rounds in rotating order (round r starts at name r), and a
     synchronised wall sample of the names ``wall`` picks: ({name: [device us]}, {name: [wall us]})."""
@@ -224,19 +241,12 @@ def main(argv=None):
     cases = [(g, tuple(map(int, w.split("x"))), layer) for g in args.graphs.split(",")
              for w in args.widths.split(",") for layer in args.layers.split(",")]
     if args.warm and not args.shard:
-        t0 = time.time()
-        procs = [subprocess.Popen([sys.executable, *sys.argv[:1], *[a for a in (argv or sys.argv[1:])],
-                                   "--shard", f"{i}/{args.warm}"]) for i in range(args.warm)]
-        print(f"warm-up: {[p.wait() for p in procs]} in {time.time() - t0:.0f} s", flush=True)
+        warm_in_shards(__file__, argv or sys.argv[1:], args.warm)
     if args.compile_only and not args.shard:
         return
     graphs = {}
     rows = []
-    for idx, (gname, (heads, width), layer) in enumerate(cases):
-        if args.shard:
-            i, n = map(int, args.shard.split("/"))
-            if idx % n != i:
-                continue
+    for gname, (heads, width), layer in shard_of(cases, args.shard):
         if gname not in graphs:
             graphs[gname] = suite_graph(gname, scale=args.scale, device=DEVICE)
         edge_index, nodes = graphs[gname]

@@ -27,14 +27,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention_forward import DEVICE, _iqr, device_timer, rotating_rounds, with_variant  # noqa: E402
+from attention_forward import (DEVICE, _iqr, device_timer, rotating_rounds, shard_of,  # noqa: E402
+                               warm_in_shards, with_variant)
 
 # forward-loop knobs tried per head width F (--variants)
 VARIANTS = {8: ("m64", "a1", "a1.m64"), 64: ("a1", "a1.m72", "a1.r8")}
@@ -160,17 +160,11 @@ def main(argv=None):
     cases = [(g, w, float(p)) for g in args.graphs.split(",") for w in args.widths.split(",")
              for p in args.dropouts.split(",")]
     if args.warm and not args.shard:
-        t0 = time.time()
-        procs = [subprocess.Popen([sys.executable, __file__, *(argv or sys.argv[1:]), "--shard", f"{i}/{args.warm}"])
-                 for i in range(args.warm)]
-        print(f"warm: {[p.wait() for p in procs]} in {time.time() - t0:.0f}s", flush=True)
+        warm_in_shards(__file__, argv or sys.argv[1:], args.warm)
         if args.compile_only:
             return
-    if args.shard:
-        i, n = map(int, args.shard.split("/"))
-        cases = cases[i::n]
     graphs, rows = {}, []
-    for gname, w, p in cases:
+    for gname, w, p in shard_of(cases, args.shard):
         if gname not in graphs:
             graphs[gname] = suite_graph(gname, scale=args.scale, device=DEVICE)
         ei, nodes = graphs[gname]
